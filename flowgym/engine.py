@@ -1,0 +1,643 @@
+"""The token-level engine: one slot of LLM serving under a KV-cache budget ``M``.
+
+This module implements ``shared/spec/model.md`` exactly, with no Gymnasium in
+sight. A slot ``t`` runs five phases in this order:
+
+1. **Arrive.** Requests with ``a_i == t`` join the waiting queue; one with
+   ``l_i + o_i > M`` can never complete and is *rejected* (counted, never queued).
+2. **Admit.** Up to ``B_t`` requests leave the head of the queue and become
+   active. The queue is FIFO by ``(a_i, i)``; an evicted request keeps its
+   arrival and so goes back ahead of later arrivals. With per-class budgets
+   (Algorithm 1) each class has its own FIFO lane and classes are admitted in
+   order ``k = 0..m-1``.
+3. **Evict on overflow.** The demand ``D_t = sum_active (l_i + j_i + 1)``; while
+   ``D_t > M`` the eviction rule removes requests (they lose their ``j_i``
+   generated tokens and rejoin the queue).
+4. **Decode.** Every active request generates one token; one reaching
+   ``j_i == o_i`` finishes with ``f_i = t + 1`` and frees its memory.
+5. **Record.** ``U_t = D_t`` after eviction, queue length and active count.
+
+:class:`Engine` splits a slot at the decision point: :meth:`Engine.arrive` runs
+phase 1 and :meth:`Engine.serve` phases 2-5, so a controller sees slot ``t``'s
+arrivals before choosing ``B_t``.
+
+State is a struct of numpy arrays: a request table (one entry per request,
+appended chunk by chunk from the workload), the queue lanes (sorted id
+buffers) and the active set (ids, activation slots and finish slots in
+admission order). Per slot the work is a handful of vectorised operations and
+scalar bookkeeping (``held`` tokens, counts), never a Python object per request.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any, NamedTuple
+
+import numpy as np
+
+from flowgym.workloads import CHUNK_SLOTS, Trace, Workload, make_workload
+
+__all__ = [
+    "Engine",
+    "SlotStats",
+    "EvictionRule",
+    "LIFOEviction",
+    "EvictAll",
+    "EVICTION_RULES",
+    "make_eviction_rule",
+    "replay",
+]
+
+_I64 = np.int64
+
+
+class SlotStats(NamedTuple):
+    """What happened in one slot (all plain ints)."""
+
+    t: int  #: the slot
+    usage: int  #: ``U_t``: KV tokens held in the slot after eviction (``D_t``)
+    admitted: int  #: requests activated
+    evicted: int  #: requests evicted
+    wasted_tokens: int  #: generated tokens lost to eviction
+    completed: int  #: requests that finished (``f_i = t + 1``)
+    completed_tokens: int  #: their output tokens
+    queue_len: int  #: waiting requests at the end of the slot
+    active: int  #: active requests at the end of the slot
+
+
+# --------------------------------------------------------------------------- eviction rules
+
+
+class EvictionRule:
+    """Chooses which active requests to evict when the demand exceeds ``M``.
+
+    ``select`` receives the active requests in admission order (oldest first):
+    their ids and their demand ``l_i + j_i + 1`` this slot, and ``excess =
+    D_t - M > 0``. It returns positions (into those arrays) of the requests to
+    evict; together they must free at least ``excess`` tokens.
+    """
+
+    name = "base"
+
+    def select(self, ids: np.ndarray, demand: np.ndarray, excess: int) -> np.ndarray:
+        raise NotImplementedError
+
+    @staticmethod
+    def prefix_covering(order: np.ndarray, demand: np.ndarray, excess: int) -> np.ndarray:
+        """The shortest prefix of ``order`` whose demand sums to at least ``excess``."""
+        c = np.cumsum(demand[order])
+        k = int(np.searchsorted(c, excess, side="left")) + 1
+        return order[:k]
+
+
+class LIFOEviction(EvictionRule):
+    """Evict the most recently activated request first (Algorithm 2's rule).
+
+    Within one slot the last admitted goes first; requests are evicted one at
+    a time until ``D_t <= M``.
+    """
+
+    name = "lifo"
+
+    def select(self, ids: np.ndarray, demand: np.ndarray, excess: int) -> np.ndarray:
+        return self.prefix_covering(np.arange(ids.size - 1, -1, -1), demand, excess)
+
+
+class EvictAll(EvictionRule):
+    """Evict every active request (the alpha-protection greedy's memory reset)."""
+
+    name = "all"
+
+    def select(self, ids: np.ndarray, demand: np.ndarray, excess: int) -> np.ndarray:
+        return np.arange(ids.size)
+
+
+#: Eviction rules by name.
+EVICTION_RULES: dict[str, type[EvictionRule]] = {"lifo": LIFOEviction, "all": EvictAll}
+
+
+def make_eviction_rule(rule: str | EvictionRule) -> EvictionRule:
+    """An :class:`EvictionRule` from its name (``"lifo"``, ``"all"``) or as given."""
+    if isinstance(rule, EvictionRule):
+        return rule
+    try:
+        return EVICTION_RULES[rule]()
+    except (KeyError, TypeError):
+        raise ValueError(f"eviction must be one of {sorted(EVICTION_RULES)}, got {rule!r}") from None
+
+
+# --------------------------------------------------------------------------- queue lanes
+
+
+class _Lane:
+    """One FIFO lane: request ids sorted ascending in ``buf[head:tail]``.
+
+    Request ids are given in order of arrival, so ascending id is ascending
+    ``(a_i, i)``: the queue order of the spec.
+    """
+
+    __slots__ = ("buf", "head", "tail")
+
+    def __init__(self, capacity: int = 256) -> None:
+        self.buf = np.empty(capacity, dtype=_I64)
+        self.head = 0
+        self.tail = 0
+
+    def __len__(self) -> int:
+        return self.tail - self.head
+
+    def items(self) -> np.ndarray:
+        return self.buf[self.head : self.tail]
+
+    def _room(self, k: int) -> None:
+        if self.tail + k <= self.buf.size:
+            return
+        n = self.tail - self.head
+        cap = max(self.buf.size, 2 * (n + k))
+        new = np.empty(cap, dtype=_I64)
+        new[:n] = self.buf[self.head : self.tail]
+        self.buf, self.head, self.tail = new, 0, n
+
+    def append(self, ids: np.ndarray) -> None:
+        """Add ids that come after everything queued (new arrivals)."""
+        k = ids.size
+        self._room(k)
+        self.buf[self.tail : self.tail + k] = ids
+        self.tail += k
+
+    def append_range(self, lo: int, hi: int) -> None:
+        k = hi - lo
+        self._room(k)
+        self.buf[self.tail : self.tail + k] = np.arange(lo, hi, dtype=_I64)
+        self.tail += k
+
+    def insert(self, ids: np.ndarray) -> None:
+        """Merge ids (sorted ascending) into the lane at their FIFO places."""
+        k = ids.size
+        cur = self.buf[self.head : self.tail]
+        if cur.size == 0 or ids[-1] < cur[0]:
+            if self.head >= k:  # room in front: the usual case for requeued requests
+                self.head -= k
+                self.buf[self.head : self.head + k] = ids
+                return
+        merged = np.concatenate([ids, cur])
+        merged.sort(kind="stable")
+        n = merged.size
+        if n > self.buf.size:
+            self.buf = np.empty(2 * n, dtype=_I64)
+        self.buf[:n] = merged
+        self.head, self.tail = 0, n
+
+    def pop(self, k: int) -> np.ndarray:
+        """Remove and return the first ``k`` ids (``k <= len``)."""
+        out = self.buf[self.head : self.head + k].copy()
+        self.head += k
+        if self.head == self.tail:
+            self.head = self.tail = 0
+        return out
+
+
+# --------------------------------------------------------------------------- engine
+
+
+class Engine:
+    """The slot-by-slot simulator of ``shared/spec/model.md``.
+
+    Args:
+        M: KV-cache budget in tokens.
+        workload: a :class:`~flowgym.workloads.Workload` or its mapping form.
+        eviction: eviction rule, ``"lifo"`` (default) or ``"all"``, or an
+            :class:`EvictionRule`.
+        per_class: admit with per-class budgets (Algorithm 1): one FIFO lane per
+            class; :meth:`serve` then takes an array of ``m`` budgets.
+        track_class_queue: keep per-class queue counts (for observations).
+
+    Call :meth:`reset` with a numpy ``Generator`` (it draws the workload), then
+    alternate :meth:`arrive` and :meth:`serve`.
+    """
+
+    def __init__(
+        self,
+        M: int,
+        workload: Workload | dict[str, Any],
+        *,
+        eviction: str | EvictionRule = "lifo",
+        per_class: bool = False,
+        track_class_queue: bool = False,
+    ) -> None:
+        if isinstance(M, bool) or not isinstance(M, (int, np.integer)) or M < 1:
+            raise ValueError(f"M (the KV-cache budget in tokens) must be a positive integer, got {M!r}")
+        self.M = int(M)
+        self.workload = make_workload(workload)
+        self.eviction = make_eviction_rule(eviction)
+        self.m = self.workload.num_classes
+        if per_class and self.m == 0:
+            raise ValueError("per_class budgets need a workload with request classes")
+        self.per_class = bool(per_class)
+        self.track_class_queue = bool(track_class_queue) and self.m > 0
+        self._rng: np.random.Generator | None = None
+        self.t = 0
+
+    # ------------------------------------------------------------------ setup
+
+    def reset(self, rng: np.random.Generator) -> None:
+        """Empty the system and start a new run at slot 0, drawing requests from ``rng``."""
+        self._rng = rng
+        self.t = 0
+        cap = 1024
+        self.arrival = np.empty(cap, _I64)
+        self.prompt = np.empty(cap, _I64)
+        self.output = np.empty(cap, _I64)
+        self.cls = np.empty(cap, _I64)
+        self.finish = np.empty(cap, _I64)
+        self.evictions = np.empty(cap, _I64)
+        self.rejected = np.empty(cap, bool)
+        self.n_req = 0  # requests generated (some not arrived yet)
+        self.n_arrived = 0  # ids < n_arrived have arrived
+        self._gen_t = 0  # next slot to generate
+        self._bounds: list[int] = [0]  # offsets of slots [_chunk_t0, _gen_t]
+        self._rej_cum: list[int] = [0]
+        self._tok_cum: list[int] = [0]
+        self._chunk_t0 = 0
+        self._chunk_base = 0
+        self._total_requests = len(self.workload) if isinstance(self.workload, Trace) else None
+
+        self.lanes = [_Lane() for _ in range(self.m if self.per_class else 1)]
+        self.class_queue = np.zeros(max(self.m, 1), _I64)
+
+        acap = 256
+        self._a_id = np.empty(acap, _I64)
+        self._a_start = np.empty(acap, _I64)
+        self._a_fin = np.empty(acap, _I64)
+        self.n_active = 0
+        self.held = 0  # sum over active of l_i + j_i (tokens held at the start of a slot)
+        self.n_queued = 0
+        self.queued_prompt_tokens = 0
+        self._min_fin = np.iinfo(_I64).max
+
+        # running totals
+        self.total_arrived = 0
+        self.total_rejected = 0
+        self.total_completed = 0
+        self.total_evictions = 0
+        self.overflow_events = 0
+        self.wasted_tokens = 0
+        self.generated_tokens = 0
+        self.last_arrivals = 0
+        self._rec = np.zeros((256, len(SlotStats._fields)), _I64)
+
+    # ------------------------------------------------------------------ request table
+
+    def _grow_table(self, need: int) -> None:
+        cap = self.arrival.size
+        if need <= cap:
+            return
+        new_cap = max(2 * cap, need)
+        for name in ("arrival", "prompt", "output", "cls", "finish", "evictions", "rejected"):
+            old = getattr(self, name)
+            new = np.empty(new_cap, old.dtype)
+            new[: self.n_req] = old[: self.n_req]
+            setattr(self, name, new)
+
+    def _generate(self) -> None:
+        """Draw the next chunk of requests from the workload."""
+        assert self._rng is not None, "call reset() first"
+        t0 = self._gen_t
+        t1 = t0 + CHUNK_SLOTS
+        req = self.workload.sample(self._rng, t0, t1)
+        k = req.arrival.size
+        base = self.n_req
+        self._grow_table(base + k)
+        s = slice(base, base + k)
+        self.arrival[s] = req.arrival
+        self.prompt[s] = req.prompt_len
+        self.output[s] = req.output_len
+        self.cls[s] = req.cls
+        self.finish[s] = -1
+        self.evictions[s] = 0
+        rej = (req.prompt_len + req.output_len) > self.M
+        self.rejected[s] = rej
+        self.n_req = base + k
+        self._chunk_t0, self._gen_t, self._chunk_base = t0, t1, base
+        self._bounds = (base + np.searchsorted(req.arrival, np.arange(t0, t1 + 1), side="left")).tolist()
+        self._rej_cum = np.concatenate([[0], np.cumsum(rej)]).tolist()
+        self._tok_cum = np.concatenate([[0], np.cumsum(np.where(rej, 0, req.prompt_len))]).tolist()
+
+    # ------------------------------------------------------------------ phases
+
+    def arrive(self) -> int:
+        """Phase 1 of slot ``t``: queue its arrivals, reject the impossible. Returns the count."""
+        t = self.t
+        while t >= self._gen_t:
+            self._generate()
+        i = t - self._chunk_t0
+        lo, hi = self._bounds[i], self._bounds[i + 1]
+        self.n_arrived = hi
+        k = hi - lo
+        self.last_arrivals = k
+        if k == 0:
+            return 0
+        b = self._chunk_base
+        n_rej = self._rej_cum[hi - b] - self._rej_cum[lo - b]
+        self.total_arrived += k
+        self.queued_prompt_tokens += self._tok_cum[hi - b] - self._tok_cum[lo - b]
+        if n_rej:
+            self.total_rejected += n_rej
+            ids = lo + np.flatnonzero(~self.rejected[lo:hi])
+            if ids.size == 0:
+                return k
+        else:
+            ids = None
+        n_new = k - n_rej
+        self.n_queued += n_new
+        if self.per_class or self.track_class_queue:
+            if ids is None:
+                ids = np.arange(lo, hi, dtype=_I64)
+            c = self.cls[ids]
+            if self.per_class:
+                for kk in range(self.m):
+                    sel = ids[c == kk]
+                    if sel.size:
+                        self.lanes[kk].append(sel)
+            else:
+                self.lanes[0].append(ids)
+            if self.track_class_queue:
+                self.class_queue += np.bincount(c, minlength=self.m)
+        elif ids is None:
+            self.lanes[0].append_range(lo, hi)
+        else:
+            self.lanes[0].append(ids)
+        return k
+
+    def _admit(self, budget: Any) -> np.ndarray | None:
+        if self.per_class:
+            parts = []
+            for lane, b in zip(self.lanes, budget):
+                k = min(int(b), len(lane))
+                if k:
+                    parts.append(lane.pop(k))
+            if not parts:
+                return None
+            ids = parts[0] if len(parts) == 1 else np.concatenate(parts)
+        else:
+            lane = self.lanes[0]
+            k = min(int(budget), len(lane))
+            if k == 0:
+                return None
+            ids = lane.pop(k)
+        k = ids.size
+        n = self.n_active
+        if n + k > self._a_id.size:
+            self._grow_active(n + k)
+        t = self.t
+        self._a_id[n : n + k] = ids
+        self._a_start[n : n + k] = t
+        fin = self.output[ids] + t  # finishes at f_i = t + o_i unless evicted
+        self._a_fin[n : n + k] = fin
+        fmin = int(fin.min())
+        if fmin < self._min_fin:
+            self._min_fin = fmin
+        p = int(self.prompt[ids].sum())
+        self.held += p
+        self.queued_prompt_tokens -= p
+        self.n_queued -= k
+        self.n_active = n + k
+        if self.track_class_queue:
+            self.class_queue -= np.bincount(self.cls[ids], minlength=self.m)
+        return ids
+
+    def _grow_active(self, need: int) -> None:
+        cap = max(2 * self._a_id.size, need)
+        for name in ("_a_id", "_a_start", "_a_fin"):
+            old = getattr(self, name)
+            new = np.empty(cap, _I64)
+            new[: self.n_active] = old[: self.n_active]
+            setattr(self, name, new)
+
+    def _remove_active(self, pos: np.ndarray) -> None:
+        n = self.n_active
+        keep = np.ones(n, bool)
+        keep[pos] = False
+        m = n - pos.size
+        for arr in (self._a_id, self._a_start, self._a_fin):
+            arr[:m] = arr[:n][keep]
+        self.n_active = m
+        self._min_fin = int(self._a_fin[:m].min()) if m else np.iinfo(_I64).max
+
+    def _evict(self, excess: int) -> tuple[int, int]:
+        n, t = self.n_active, self.t
+        ids = self._a_id[:n]
+        gen = t - self._a_start[:n]  # j_i: tokens generated before this slot
+        demand = self.prompt[ids] + gen + 1
+        pos = np.asarray(self.eviction.select(ids, demand, excess), dtype=_I64)
+        if pos.size == 0 or int(demand[pos].sum()) < excess:
+            raise RuntimeError(f"eviction rule {self.eviction.name!r} did not free {excess} tokens")
+        victims = ids[pos].copy()
+        j = gen[pos]
+        freed_held = int((demand[pos] - 1).sum())
+        wasted = int(j.sum())
+        self._remove_active(pos)
+        self.held -= freed_held
+        self.evictions[victims] += 1
+        self.wasted_tokens += wasted
+        self.total_evictions += victims.size
+        self.overflow_events += 1
+        # back to the queue at their FIFO places (they keep their arrival)
+        victims.sort()
+        self.n_queued += victims.size
+        self.queued_prompt_tokens += int(self.prompt[victims].sum())
+        if self.per_class:
+            c = self.cls[victims]
+            for kk in range(self.m):
+                sel = victims[c == kk]
+                if sel.size:
+                    self.lanes[kk].insert(sel)
+        else:
+            self.lanes[0].insert(victims)
+        if self.track_class_queue:
+            self.class_queue += np.bincount(self.cls[victims], minlength=self.m)
+        return victims.size, wasted
+
+    def serve(self, budget: int | Sequence[int] | np.ndarray) -> SlotStats:
+        """Phases 2-5 of slot ``t`` with activation budget ``budget``; then ``t += 1``.
+
+        ``budget`` is ``B_t`` (an int), or with ``per_class`` one budget per class.
+        """
+        t = self.t
+        admitted = self._admit(budget)
+        n_adm = 0 if admitted is None else admitted.size
+        demand = self.held + self.n_active
+        n_ev = wasted = 0
+        if demand > self.M:
+            n_ev, wasted = self._evict(demand - self.M)
+            demand = self.held + self.n_active
+        # decode: every active request generates one token
+        self.held = demand
+        self.generated_tokens += self.n_active
+        n_done = done_tok = 0
+        if self._min_fin == t + 1:
+            n = self.n_active
+            pos = np.flatnonzero(self._a_fin[:n] == t + 1)
+            ids = self._a_id[pos]
+            self.finish[ids] = t + 1
+            out = self.output[ids]
+            done_tok = int(out.sum())
+            n_done = ids.size
+            self.held -= int(self.prompt[ids].sum()) + done_tok
+            self._remove_active(pos)
+            self.total_completed += n_done
+        st = SlotStats(t, demand, n_adm, n_ev, wasted, n_done, done_tok, self.n_queued, self.n_active)
+        if t >= self._rec.shape[0]:
+            self._rec = np.concatenate([self._rec, np.zeros_like(self._rec)])
+        self._rec[t] = st
+        self.t = t + 1
+        return st
+
+    # ------------------------------------------------------------------ reading
+
+    @property
+    def exhausted(self) -> bool:
+        """True when the workload is finite and every request has arrived."""
+        return self._total_requests is not None and self.n_arrived >= self._total_requests
+
+    @property
+    def in_system(self) -> int:
+        """Requests queued or active."""
+        return self.n_queued + self.n_active
+
+    def queue_ids(self) -> np.ndarray:
+        """Ids of queued requests in admission order (per-class lanes in class order)."""
+        if len(self.lanes) == 1:
+            return self.lanes[0].items().copy()
+        return np.concatenate([ln.items() for ln in self.lanes])
+
+    def active_ids(self) -> np.ndarray:
+        """Ids of active requests in activation order (oldest first)."""
+        return self._a_id[: self.n_active].copy()
+
+    def active_generated(self) -> np.ndarray:
+        """Tokens generated so far by each active request (activation order)."""
+        return self.t - self._a_start[: self.n_active]
+
+    def active_remaining(self) -> np.ndarray:
+        """Tokens each active request still has to generate (uses output lengths)."""
+        return self._a_fin[: self.n_active] - self.t
+
+    def series(self) -> dict[str, np.ndarray]:
+        """Per-slot records so far: one array per :class:`SlotStats` field."""
+        rec = self._rec[: self.t]
+        return {name: rec[:, i].copy() for i, name in enumerate(SlotStats._fields)}
+
+    def request_log(self) -> dict[str, np.ndarray]:
+        """Per-request arrays for every request that has arrived (by id).
+
+        Keys: ``arrival``, ``prompt_len``, ``output_len``, ``cls``, ``finish``
+        (``-1`` if unfinished), ``evictions``, ``rejected``.
+        """
+        n = self.n_arrived
+        return {
+            "arrival": self.arrival[:n].copy(),
+            "prompt_len": self.prompt[:n].copy(),
+            "output_len": self.output[:n].copy(),
+            "cls": self.cls[:n].copy(),
+            "finish": self.finish[:n].copy(),
+            "evictions": self.evictions[:n].copy(),
+            "rejected": self.rejected[:n].copy(),
+        }
+
+
+# --------------------------------------------------------------------------- replay
+
+
+def replay(
+    arrival: Sequence[int] | np.ndarray,
+    prompt_len: Sequence[int] | np.ndarray,
+    output_len: Sequence[int] | np.ndarray,
+    *,
+    M: int,
+    budgets: int | Sequence[int] | np.ndarray,
+    eviction: str | EvictionRule = "lifo",
+    horizon: int | None = None,
+    classes: Sequence[int] | np.ndarray | None = None,
+) -> dict[str, Any]:
+    """Replay a trace under given activation budgets; the reference entry point of the spec.
+
+    Args:
+        arrival, prompt_len, output_len: one entry per request (any order).
+        M: KV-cache budget.
+        budgets: ``B_t`` for every slot (an int), or a sequence with ``B_t`` per
+            slot (0 past its end); with ``classes``, a sequence of ``m``
+            per-class budgets ``b_k`` applied every slot (Algorithm 1).
+        eviction: ``"lifo"`` or ``"all"``.
+        horizon: slots to run; ``None`` runs until every request has arrived and
+            the system is empty (raising if that has not happened after
+            ``last arrival + 10 * sum of (l + o) + 100`` slots, e.g. a zero budget).
+        classes: class id per request (0..m-1) for per-class budgets.
+
+    Returns:
+        a dict with per-request arrays in the input's order (``finish``,
+        ``evictions``, ``rejected``, ``arrival``, ``prompt_len``,
+        ``output_len``), per-slot arrays (``usage``, ``queue_len``, ``active``,
+        ``completed``, ``evicted``, ``admitted``) and totals
+        (``wasted_tokens``, ``overflow_events``, ``slots``).
+    """
+    per_class = classes is not None
+    b = np.asarray(budgets, dtype=_I64)
+    trace = Trace(arrival, prompt_len, output_len, cls=classes, num_classes=b.size if per_class else None)
+    eng = Engine(M, trace, eviction=eviction, per_class=per_class)
+    if per_class:
+        if b.ndim != 1 or b.size != eng.m:
+            raise ValueError(f"with classes, budgets must hold one budget per class ({eng.m}), got {budgets!r}")
+
+        def budget_at(t: int) -> Any:
+            return b
+
+    elif np.ndim(budgets) == 0:
+        b0 = int(budgets)  # type: ignore[arg-type]
+
+        def budget_at(t: int) -> Any:
+            return b0
+
+    else:
+        bl = [int(x) for x in np.asarray(budgets).ravel()]
+
+        def budget_at(t: int) -> Any:
+            return bl[t] if t < len(bl) else 0
+
+    eng.reset(np.random.default_rng(0))
+    n = len(trace)
+    if horizon is None:
+        cap = trace.last_arrival + 10 * int((trace.prompt_len + trace.output_len).sum()) + 100
+        while not (eng.exhausted and eng.in_system == 0):
+            if eng.t >= cap:
+                raise RuntimeError(f"replay did not empty the system within {cap} slots (budgets too small?)")
+            eng.arrive()
+            eng.serve(budget_at(eng.t))
+    else:
+        for _ in range(int(horizon)):
+            eng.arrive()
+            eng.serve(budget_at(eng.t))
+    inv = np.empty(n, _I64)
+    inv[trace.row] = np.arange(n)
+    log = eng.request_log()
+    out: dict[str, Any] = {}
+    for key, default in (("finish", -1), ("evictions", 0), ("rejected", False)):
+        full = np.full(n, default, dtype=log[key].dtype)
+        full[: log[key].size] = log[key]
+        out[key] = full[inv]
+    out["arrival"] = np.asarray(trace.arrival)[inv]
+    out["prompt_len"] = np.asarray(trace.prompt_len)[inv]
+    out["output_len"] = np.asarray(trace.output_len)[inv]
+    s = eng.series()
+    out.update(
+        usage=s["usage"],
+        queue_len=s["queue_len"],
+        active=s["active"],
+        completed=s["completed"],
+        evicted=s["evicted"],
+        admitted=s["admitted"],
+        wasted_tokens=eng.wasted_tokens,
+        overflow_events=eng.overflow_events,
+        slots=eng.t,
+    )
+    return out

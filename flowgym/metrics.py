@@ -1,0 +1,70 @@
+"""The metrics of ``shared/spec/model.md`` over a horizon of ``T`` slots."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+
+__all__ = ["METRIC_NAMES", "compute_metrics"]
+
+#: Scalar metrics, in the order tables print them.
+METRIC_NAMES = (
+    "avg_latency",
+    "p95_latency",
+    "request_throughput",
+    "token_throughput",
+    "generated_token_throughput",
+    "completed",
+    "arrived",
+    "rejected",
+    "unfinished",
+    "evictions",
+    "overflow_events",
+    "wasted_tokens",
+    "mean_kv_usage",
+    "max_kv_usage",
+)
+
+
+def compute_metrics(log: dict[str, np.ndarray], series: dict[str, np.ndarray], M: int) -> dict[str, Any]:
+    """Metrics over the slots recorded in ``series`` (``T = len(series["usage"])``).
+
+    Args:
+        log: per-request arrays (``arrival``, ``output_len``, ``finish``,
+            ``evictions``, ``rejected``) of every request that arrived.
+        series: per-slot arrays (``usage``, ``evicted``, ``wasted_tokens``, ...).
+        M: the KV budget.
+
+    Returns:
+        a dict with the :data:`METRIC_NAMES` (latencies are ``nan`` when no
+        request completed; throughputs per slot), ``T``, and the series
+        ``kv_usage`` (``U_t / M``) for plots.
+    """
+    T = int(series["usage"].size)
+    finish = log["finish"]
+    done = (finish >= 0) & (finish <= T)
+    lat = (finish[done] - log["arrival"][done]).astype(np.float64)
+    n_done = int(done.sum())
+    rejected = int(log["rejected"].sum())
+    usage = series["usage"].astype(np.float64) / M
+    gen = float((series["active"] + series["completed"]).sum())  # tokens decoded, wasted ones included
+    out: dict[str, Any] = {
+        "T": T,
+        "avg_latency": float(lat.mean()) if n_done else float("nan"),
+        "p95_latency": float(np.percentile(lat, 95)) if n_done else float("nan"),
+        "request_throughput": n_done / T if T else float("nan"),
+        "token_throughput": float(log["output_len"][done].sum()) / T if T else float("nan"),
+        "generated_token_throughput": gen / T if T else float("nan"),
+        "completed": n_done,
+        "arrived": int(finish.size),
+        "rejected": rejected,
+        "unfinished": int(finish.size) - rejected - n_done,
+        "evictions": int(series["evicted"].sum()),
+        "overflow_events": int((series["evicted"] > 0).sum()),
+        "wasted_tokens": int(series["wasted_tokens"].sum()),
+        "mean_kv_usage": float(usage.mean()) if T else float("nan"),
+        "max_kv_usage": float(usage.max()) if T else float("nan"),
+        "kv_usage": usage,
+    }
+    return out

@@ -1,0 +1,207 @@
+"""Observation and action types of FlowControl-v0 (small classes, as in HighwayEnv).
+
+An observation type turns the engine's state at a decision point (after slot
+``t``'s arrivals, before ``B_t`` is chosen) into a Gymnasium observation; an
+action type turns the agent's action into the engine's budget. The features
+are computed once into one float32 vector; :class:`DictObservation` hands out
+named views of it and :class:`FlatObservation` the vector itself.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+import numpy as np
+from gymnasium import spaces
+
+from flowgym.engine import Engine
+
+__all__ = ["Features", "DictObservation", "FlatObservation", "GlobalBudget", "PerClassBudget"]
+
+
+class Features:
+    """The observation features, their bounds and how to compute them.
+
+    Always present (``name``: shape, bounds):
+
+    * ``kv_usage`` (1,) [0, 1]: KV tokens held by the active set, over ``M``.
+    * ``queue_len`` (1,) [0, queue_cap]: waiting requests (slot ``t``'s arrivals included).
+    * ``active`` (1,) [0, M]: active requests.
+    * ``queued_prompt_tokens`` (1,) [0, queue_token_cap]: prompt tokens waiting, over ``M``.
+    * ``generated_hist`` (K,) [0, M]: active requests by tokens generated so far,
+      bins ``[e_k, e_{k+1})`` of ``hist_edges`` (last bin open).
+    * ``arrival_rate`` (1,) [0, queue_cap]: exponential moving average of arrivals
+      per slot with time constant ``rate_window`` slots.
+
+    Only with ``output_length_known=True``:
+
+    * ``projected_usage`` (H,) [0, projection_cap]: demand ``D_{t+h} / M`` of the
+      current active set at each offset ``h`` of ``projection_offsets`` if nothing
+      were admitted or evicted (``h = 0`` is this slot's demand before admission).
+    * ``class_queue`` (m,) [0, queue_cap]: waiting requests per class (workloads with classes).
+
+    Counts above their cap are clipped to it.
+    """
+
+    def __init__(
+        self,
+        M: int,
+        *,
+        known: bool,
+        num_classes: int,
+        queue_cap: int,
+        queue_token_cap: float,
+        hist_edges: Sequence[int],
+        projection_offsets: Sequence[int],
+        projection_cap: float,
+    ) -> None:
+        self.M = M
+        self.known = known
+        self.queue_cap = float(queue_cap)
+        self.queue_token_cap = float(queue_token_cap)
+        self.edges = np.asarray(hist_edges, dtype=np.int64)
+        self.offsets = np.asarray(projection_offsets, dtype=np.int64)
+        self.projection_cap = float(projection_cap)
+        self.m = num_classes if known else 0
+        layout: list[tuple[str, int, float]] = [
+            ("kv_usage", 1, 1.0),
+            ("queue_len", 1, self.queue_cap),
+            ("active", 1, float(M)),
+            ("queued_prompt_tokens", 1, self.queue_token_cap),
+            ("generated_hist", self.edges.size, float(M)),
+            ("arrival_rate", 1, self.queue_cap),
+        ]
+        if known:
+            layout.append(("projected_usage", self.offsets.size, self.projection_cap))
+            if self.m:
+                layout.append(("class_queue", self.m, self.queue_cap))
+        self.slices: dict[str, slice] = {}
+        hi = []
+        i = 0
+        for name, size, cap in layout:
+            self.slices[name] = slice(i, i + size)
+            hi += [cap] * size
+            i += size
+        self.size = i
+        self.high = np.asarray(hi, dtype=np.float32)
+        self._s_hist = self.slices["generated_hist"]
+        self._s_proj = self.slices.get("projected_usage")
+        self._s_cls = self.slices.get("class_queue")
+
+    def compute(self, eng: Engine, rate: float) -> np.ndarray:
+        """A fresh float32 feature vector for the engine's current state."""
+        v = np.empty(self.size, dtype=np.float32)
+        M = self.M
+        qc = self.queue_cap
+        v[0] = eng.held / M
+        v[1] = min(eng.n_queued, qc)
+        v[2] = eng.n_active
+        v[3] = min(eng.queued_prompt_tokens / M, self.queue_token_cap)
+        v[self._s_hist.stop] = min(rate, qc)
+        if eng.n_active:
+            gen = eng.active_generated()
+            idx = np.searchsorted(self.edges, gen, side="right") - 1
+            v[self._s_hist] = np.bincount(idx, minlength=self.edges.size)
+        else:
+            v[self._s_hist] = 0.0
+        if self.known:
+            if eng.n_active:
+                rem = eng.active_remaining()
+                base = eng.prompt[eng.active_ids()] + eng.active_generated() + 1
+                h = self.offsets
+                alive = rem[:, None] > h[None, :]
+                proj = ((base[:, None] + h[None, :]) * alive).sum(axis=0) / M
+                v[self._s_proj] = np.minimum(proj, self.projection_cap)
+            else:
+                v[self._s_proj] = 0.0
+            if self.m:
+                counts = (
+                    [len(ln) for ln in eng.lanes] if eng.per_class else eng.class_queue[: self.m]
+                )
+                v[self._s_cls] = np.minimum(counts, qc)
+        return v
+
+
+class DictObservation:
+    """A ``Dict`` of float32 ``Box``es, one per feature (see :class:`Features`)."""
+
+    def __init__(self, features: Features) -> None:
+        self.features = features
+        self._items = list(features.slices.items())
+
+    def space(self) -> spaces.Dict:
+        f = self.features
+        return spaces.Dict(
+            {
+                name: spaces.Box(0.0, f.high[s], shape=(s.stop - s.start,), dtype=np.float32)
+                for name, s in self._items
+            }
+        )
+
+    def observe(self, vec: np.ndarray) -> dict[str, np.ndarray]:
+        return {name: vec[s] for name, s in self._items}
+
+
+class FlatObservation:
+    """All features in one float32 ``Box`` (for ``MlpPolicy``), in :class:`Features` order."""
+
+    def __init__(self, features: Features) -> None:
+        self.features = features
+
+    def space(self) -> spaces.Box:
+        f = self.features
+        return spaces.Box(np.zeros(f.size, dtype=np.float32), f.high, dtype=np.float32)
+
+    def observe(self, vec: np.ndarray) -> np.ndarray:
+        return vec
+
+
+def _bad_action(action: Any, space: spaces.Space) -> ValueError:
+    return ValueError(f"action {action!r} is not in the action space {space}")
+
+
+class GlobalBudget:
+    """``Discrete(max_budget + 1)``: the action is ``B_t``, how many queued requests may start."""
+
+    def __init__(self, max_budget: int) -> None:
+        self.max_budget = int(max_budget)
+        self._space = spaces.Discrete(self.max_budget + 1)
+
+    def space(self) -> spaces.Discrete:
+        return self._space
+
+    def budget(self, action: Any) -> int:
+        """Validate and convert; raises ``ValueError`` naming the action and the space."""
+        if isinstance(action, (int, np.integer)) and not isinstance(action, bool):
+            b = int(action)
+        elif isinstance(action, np.ndarray) and action.size == 1 and np.issubdtype(action.dtype, np.integer):
+            b = int(action.reshape(()))
+        else:
+            raise _bad_action(action, self._space)
+        if not 0 <= b <= self.max_budget:
+            raise _bad_action(action, self._space)
+        return b
+
+
+class PerClassBudget:
+    """``MultiDiscrete([max_budget + 1] * m)``: per-class budgets ``b_k`` (Algorithm 1)."""
+
+    def __init__(self, max_budget: int, num_classes: int) -> None:
+        self.max_budget = int(max_budget)
+        self.m = int(num_classes)
+        self._space = spaces.MultiDiscrete(np.full(self.m, self.max_budget + 1, dtype=np.int64))
+
+    def space(self) -> spaces.MultiDiscrete:
+        return self._space
+
+    def budget(self, action: Any) -> np.ndarray:
+        try:
+            a = np.asarray(action)
+        except Exception:  # pragma: no cover - exotic objects
+            raise _bad_action(action, self._space) from None
+        if a.shape != (self.m,) or not np.issubdtype(a.dtype, np.integer):
+            raise _bad_action(action, self._space)
+        if (a < 0).any() or (a > self.max_budget).any():
+            raise _bad_action(action, self._space)
+        return a.astype(np.int64)

@@ -1,0 +1,702 @@
+"""Workloads: where requests come from.
+
+A workload produces requests ``(arrival slot, prompt length l, output length o,
+class)`` for the engine. Three kinds ship here:
+
+* :class:`MultiClassPoisson` - the paper's synthetic setting (Section 4.1): ``m``
+  classes with fixed ``(l_k, o_k)``, class ``k`` arriving as a Poisson process
+  with ``lambda_k`` requests per slot.
+* :class:`IIDPoisson` - Poisson arrivals at ``rate`` requests per slot with
+  ``(l, o)`` drawn i.i.d. from a :class:`LengthDistribution`
+  (:class:`EmpiricalLengths` or :class:`LogNormalLengths`).
+* :class:`Trace` - replay of a finite list of requests, from arrays or a CSV.
+
+Workloads are sampled in fixed chunks of :data:`CHUNK_SLOTS` slots from the
+generator the engine passes in, so the same seed always gives the same requests,
+whatever the agent does. Every workload can be described by a plain,
+JSON-serialisable mapping (see :func:`make_workload`), which is what
+``gym.make("FlowControl-v0", workload=...)`` stores in its spec.
+"""
+
+from __future__ import annotations
+
+import csv
+import math
+import os
+from abc import ABC, abstractmethod
+from collections.abc import Mapping, Sequence
+from typing import Any, NamedTuple
+
+import numpy as np
+
+__all__ = [
+    "CHUNK_SLOTS",
+    "Requests",
+    "Workload",
+    "MultiClassPoisson",
+    "IIDPoisson",
+    "LengthDistribution",
+    "EmpiricalLengths",
+    "LogNormalLengths",
+    "Trace",
+    "TraceError",
+    "make_workload",
+    "request_work",
+]
+
+#: Slots generated per call to :meth:`Workload.sample`. Fixed so that the random
+#: stream, and hence the workload, depends on the seed only.
+CHUNK_SLOTS = 256
+
+
+class TraceError(ValueError):
+    """A trace (arrays or CSV) holds a value the model cannot take; the message names it."""
+
+
+class Requests(NamedTuple):
+    """A batch of requests sorted by arrival slot (struct of arrays)."""
+
+    arrival: np.ndarray  #: int64 arrival slot
+    prompt_len: np.ndarray  #: int64 prompt length ``l`` (tokens, >= 1)
+    output_len: np.ndarray  #: int64 output length ``o`` (tokens, >= 1)
+    cls: np.ndarray  #: int64 class id (0..m-1), or -1 where the workload has no classes
+
+    @staticmethod
+    def empty() -> Requests:
+        z = np.zeros(0, dtype=np.int64)
+        return Requests(z, z, z, z)
+
+
+def request_work(prompt_len: Any, output_len: Any) -> Any:
+    """KV token-slots a request uses over its life: ``w = l*o + (o + o^2)/2``.
+
+    This is the per-request workload of Proposition 1 of the paper (a request
+    holds ``l + j`` tokens while generating its ``j``-th token, ``j = 1..o``).
+    Works on scalars and numpy arrays.
+    """
+    l = np.asarray(prompt_len, dtype=np.float64)
+    o = np.asarray(output_len, dtype=np.float64)
+    w = l * o + (o + o * o) / 2.0
+    return float(w) if w.ndim == 0 else w
+
+
+def _positive_int(name: str, value: Any) -> int:
+    try:
+        ok = float(value) == int(value) and int(value) >= 1
+    except (TypeError, ValueError, OverflowError):
+        ok = False
+    if not ok or isinstance(value, bool):
+        raise ValueError(f"{name} must be a positive integer, got {value!r}")
+    return int(value)
+
+
+def _rate(name: str, value: Any) -> float:
+    try:
+        v = float(value)
+    except (TypeError, ValueError):
+        raise ValueError(f"{name} must be a non-negative finite number, got {value!r}") from None
+    if not math.isfinite(v) or v < 0 or isinstance(value, bool):
+        raise ValueError(f"{name} must be a non-negative finite number, got {value!r}")
+    return v
+
+
+class Workload(ABC):
+    """Source of requests for the engine.
+
+    Subclasses implement :meth:`sample`. ``classes`` is the ``(m, 2)`` array of
+    class ``(l_k, o_k)`` when the workload has known classes, else ``None``.
+    """
+
+    classes: np.ndarray | None = None
+    #: True when the workload ends (a trace); its requests are then all known.
+    finite: bool = False
+
+    @property
+    def num_classes(self) -> int:
+        """Number of request classes ``m`` (0 when the workload has none)."""
+        return 0 if self.classes is None else int(self.classes.shape[0])
+
+    @abstractmethod
+    def sample(self, rng: np.random.Generator, t0: int, t1: int) -> Requests:
+        """Requests arriving in slots ``t0 <= a < t1``, sorted by arrival.
+
+        The engine calls this with consecutive windows of :data:`CHUNK_SLOTS`
+        slots starting at 0, so the draws depend only on ``rng``'s seed.
+        """
+
+    def arrival_rate(self) -> float | None:
+        """Mean arrivals per slot, when known."""
+        return None
+
+    def mean_work(self) -> float | None:
+        """``E[w]``, the mean of :func:`request_work` per request, when known."""
+        return None
+
+    def load(self, M: int) -> float | None:
+        """The load ``rho = lambda * E[w] / M`` of Propositions 1 and 2, when known.
+
+        ``rho > 1`` means no policy can keep the queue stable.
+        """
+        lam, w = self.arrival_rate(), self.mean_work()
+        if lam is None or w is None:
+            return None
+        return lam * w / M
+
+    def max_request_tokens(self) -> int | None:
+        """Largest ``l + o`` the workload can produce, when bounded."""
+        return None
+
+    def to_spec(self) -> dict[str, Any]:
+        """A JSON-serialisable mapping that :func:`make_workload` turns back into this workload."""
+        raise NotImplementedError(f"{type(self).__name__} has no mapping form")
+
+
+# --------------------------------------------------------------------------- Poisson, classes
+
+
+class MultiClassPoisson(Workload):
+    """The paper's synthetic workload: ``m`` classes, independent Poisson arrivals.
+
+    Class ``k`` has prompt length ``l_k`` and output length ``o_k`` and brings
+    ``Poisson(lambda_k)`` requests each slot. Within a slot, the arrivals of all
+    classes are put in a uniformly random order (independent Poisson processes
+    interleave at random), so no class is favoured by FIFO.
+
+    Args:
+        classes: sequence of ``(l_k, o_k)`` pairs, positive integers.
+        rates: ``lambda_k`` per slot, one number for every class or one per class.
+    """
+
+    def __init__(self, classes: Sequence[Sequence[int]], rates: float | Sequence[float]) -> None:
+        cls = list(classes) if classes is not None else []
+        if len(cls) == 0:
+            raise ValueError("classes must be a non-empty list of (prompt_len, output_len) pairs")
+        pairs = []
+        for k, pair in enumerate(cls):
+            if not isinstance(pair, (Sequence, np.ndarray)) or len(pair) != 2:
+                raise ValueError(f"classes[{k}] must be a (prompt_len, output_len) pair, got {pair!r}")
+            pairs.append(
+                (
+                    _positive_int(f"classes[{k}] prompt_len", pair[0]),
+                    _positive_int(f"classes[{k}] output_len", pair[1]),
+                )
+            )
+        self.classes = np.asarray(pairs, dtype=np.int64)
+        m = len(pairs)
+        if isinstance(rates, (Sequence, np.ndarray)) and not isinstance(rates, str):
+            rl = list(rates)
+            if len(rl) != m:
+                raise ValueError(f"rates has {len(rl)} entries but there are {m} classes")
+            self.rates = np.asarray([_rate(f"rates[{k}]", r) for k, r in enumerate(rl)])
+        else:
+            self.rates = np.full(m, _rate("rates", rates))
+
+    def sample(self, rng: np.random.Generator, t0: int, t1: int) -> Requests:
+        n_slots = t1 - t0
+        m = self.num_classes
+        counts = rng.poisson(self.rates, size=(n_slots, m))  # (slot, class)
+        flat = counts.ravel()
+        total = int(flat.sum())
+        slot = np.repeat(np.repeat(np.arange(t0, t1, dtype=np.int64), m), flat)
+        cls = np.repeat(np.tile(np.arange(m, dtype=np.int64), n_slots), flat)
+        order = np.lexsort((rng.random(total), slot))
+        slot, cls = slot[order], cls[order]
+        return Requests(slot, self.classes[cls, 0], self.classes[cls, 1], cls)
+
+    def arrival_rate(self) -> float:
+        return float(self.rates.sum())
+
+    def class_work(self) -> np.ndarray:
+        """``w_k`` of every class."""
+        return request_work(self.classes[:, 0], self.classes[:, 1])
+
+    def mean_work(self) -> float | None:
+        lam = self.rates.sum()
+        if lam == 0:
+            return None
+        return float((self.rates * self.class_work()).sum() / lam)
+
+    def max_request_tokens(self) -> int:
+        return int(self.classes.sum(axis=1).max())
+
+    def to_spec(self) -> dict[str, Any]:
+        return {
+            "kind": "poisson",
+            "classes": self.classes.tolist(),
+            "rates": self.rates.tolist(),
+        }
+
+    def __repr__(self) -> str:
+        return f"MultiClassPoisson(classes={self.classes.tolist()}, rates={self.rates.tolist()})"
+
+
+# --------------------------------------------------------------------------- i.i.d. lengths
+
+
+class LengthDistribution(ABC):
+    """A distribution of ``(prompt_len, output_len)`` pairs (positive integers)."""
+
+    @abstractmethod
+    def sample(self, rng: np.random.Generator, n: int) -> tuple[np.ndarray, np.ndarray]:
+        """``n`` i.i.d. pairs as two int64 arrays."""
+
+    @abstractmethod
+    def mean_work(self) -> float:
+        """Exact ``E[l*o + (o + o^2)/2]``."""
+
+    @abstractmethod
+    def max_tokens(self) -> int:
+        """Largest ``l + o`` the distribution can produce."""
+
+    @abstractmethod
+    def to_spec(self) -> dict[str, Any]:
+        """JSON-serialisable mapping form."""
+
+
+class EmpiricalLengths(LengthDistribution):
+    """Pairs drawn from a table of ``(l, o)`` with optional weights.
+
+    Args:
+        pairs: sequence of ``(prompt_len, output_len)``.
+        weights: non-negative weights (normalised), uniform by default.
+    """
+
+    def __init__(self, pairs: Sequence[Sequence[int]], weights: Sequence[float] | None = None) -> None:
+        arr = np.asarray(pairs)
+        if arr.ndim != 2 or arr.shape[1] != 2 or arr.shape[0] == 0:
+            raise ValueError("pairs must be a non-empty list of (prompt_len, output_len) pairs")
+        for k, (l, o) in enumerate(arr.tolist()):
+            _positive_int(f"pairs[{k}] prompt_len", l)
+            _positive_int(f"pairs[{k}] output_len", o)
+        self.pairs = arr.astype(np.int64)
+        if weights is None:
+            w = np.ones(len(arr))
+        else:
+            w = np.asarray([_rate(f"weights[{k}]", x) for k, x in enumerate(weights)])
+            if len(w) != len(arr):
+                raise ValueError(f"weights has {len(w)} entries but pairs has {len(arr)}")
+            if w.sum() <= 0:
+                raise ValueError("weights must not all be zero")
+        self.p = w / w.sum()
+        self._cdf = np.cumsum(self.p)
+        self._cdf[-1] = 1.0
+
+    def sample(self, rng: np.random.Generator, n: int) -> tuple[np.ndarray, np.ndarray]:
+        idx = np.searchsorted(self._cdf, rng.random(n), side="right")
+        idx = np.minimum(idx, len(self.pairs) - 1)
+        return self.pairs[idx, 0], self.pairs[idx, 1]
+
+    def mean_work(self) -> float:
+        return float((self.p * request_work(self.pairs[:, 0], self.pairs[:, 1])).sum())
+
+    def max_tokens(self) -> int:
+        return int(self.pairs[self.p > 0].sum(axis=1).max())
+
+    def to_spec(self) -> dict[str, Any]:
+        return {"kind": "empirical", "pairs": self.pairs.tolist(), "weights": self.p.tolist()}
+
+
+def _rounded_lognormal_pmf(median: float, sigma: float, lo: int, hi: int) -> tuple[np.ndarray, np.ndarray]:
+    """Support and pmf of ``clip(round(X), lo, hi)`` with ``X ~ LogNormal(ln median, sigma)``."""
+    support = np.arange(lo, hi + 1, dtype=np.float64)
+    if sigma == 0:
+        v = min(max(int(round(median)), lo), hi)
+        return support, (support == v).astype(np.float64)
+    edges = np.concatenate([[0.0], support[:-1] + 0.5])  # round(x) == k  <=>  k-0.5 <= x < k+0.5
+    mu = math.log(median)
+    z = np.full(edges.shape, -np.inf)
+    pos = edges > 0
+    z[pos] = (np.log(edges[pos]) - mu) / (sigma * math.sqrt(2.0))
+    cdf = 0.5 * (1.0 + np.array([math.erf(v) if np.isfinite(v) else -1.0 for v in z]))
+    cdf = np.concatenate([cdf, [1.0]])
+    return support, np.diff(cdf)
+
+
+class LogNormalLengths(LengthDistribution):
+    """Independent log-normal prompt and output lengths, rounded and clipped.
+
+    Each length is ``clip(round(exp(N(ln median, sigma^2))), 1, max)``. Give a
+    ``*_mean`` instead of ``*_sigma`` to fit the pair (median, mean):
+    ``sigma = sqrt(2 ln(mean/median))`` (the mean must exceed the median).
+
+    Args:
+        prompt_median, output_median: medians (tokens).
+        prompt_sigma, output_sigma: log-scale standard deviations.
+        prompt_mean, output_mean: alternative to the sigmas.
+        max_prompt, max_output: upper clip (tokens).
+    """
+
+    def __init__(
+        self,
+        prompt_median: float,
+        output_median: float,
+        *,
+        prompt_sigma: float | None = None,
+        output_sigma: float | None = None,
+        prompt_mean: float | None = None,
+        output_mean: float | None = None,
+        max_prompt: int = 4096,
+        max_output: int = 4096,
+    ) -> None:
+        self.prompt_median = self._median("prompt_median", prompt_median)
+        self.output_median = self._median("output_median", output_median)
+        self.prompt_sigma = self._sigma("prompt", self.prompt_median, prompt_sigma, prompt_mean)
+        self.output_sigma = self._sigma("output", self.output_median, output_sigma, output_mean)
+        self.max_prompt = _positive_int("max_prompt", max_prompt)
+        self.max_output = _positive_int("max_output", max_output)
+        sp, pp = _rounded_lognormal_pmf(self.prompt_median, self.prompt_sigma, 1, self.max_prompt)
+        so, po = _rounded_lognormal_pmf(self.output_median, self.output_sigma, 1, self.max_output)
+        el, eo, eo2 = (sp * pp).sum(), (so * po).sum(), (so * so * po).sum()
+        self._mean_work = float(el * eo + (eo + eo2) / 2.0)  # l and o independent
+
+    @staticmethod
+    def _median(name: str, v: Any) -> float:
+        x = _rate(name, v)
+        if x <= 0:
+            raise ValueError(f"{name} must be positive, got {v!r}")
+        return x
+
+    @staticmethod
+    def _sigma(which: str, median: float, sigma: float | None, mean: float | None) -> float:
+        if sigma is not None and mean is not None:
+            raise ValueError(f"give {which}_sigma or {which}_mean, not both")
+        if sigma is not None:
+            return _rate(f"{which}_sigma", sigma)
+        if mean is None:
+            raise ValueError(f"give {which}_sigma or {which}_mean")
+        mean = _rate(f"{which}_mean", mean)
+        if mean < median:
+            raise ValueError(f"{which}_mean ({mean}) must be at least {which}_median ({median})")
+        return math.sqrt(2.0 * math.log(mean / median))
+
+    def _draw(self, rng: np.random.Generator, n: int, median: float, sigma: float, hi: int) -> np.ndarray:
+        x = np.rint(rng.lognormal(math.log(median), sigma, size=n))
+        return np.clip(x, 1, hi).astype(np.int64)
+
+    def sample(self, rng: np.random.Generator, n: int) -> tuple[np.ndarray, np.ndarray]:
+        l = self._draw(rng, n, self.prompt_median, self.prompt_sigma, self.max_prompt)
+        o = self._draw(rng, n, self.output_median, self.output_sigma, self.max_output)
+        return l, o
+
+    def mean_work(self) -> float:
+        return self._mean_work
+
+    def max_tokens(self) -> int:
+        return self.max_prompt + self.max_output
+
+    def to_spec(self) -> dict[str, Any]:
+        return {
+            "kind": "lognormal",
+            "prompt_median": self.prompt_median,
+            "output_median": self.output_median,
+            "prompt_sigma": self.prompt_sigma,
+            "output_sigma": self.output_sigma,
+            "max_prompt": self.max_prompt,
+            "max_output": self.max_output,
+        }
+
+
+def _make_lengths(spec: LengthDistribution | Mapping[str, Any]) -> LengthDistribution:
+    if isinstance(spec, LengthDistribution):
+        return spec
+    if not isinstance(spec, Mapping):
+        raise ValueError(f"lengths must be a LengthDistribution or a mapping, got {type(spec).__name__}")
+    kw = dict(spec)
+    kind = kw.pop("kind", None)
+    if kind == "empirical":
+        return EmpiricalLengths(**kw)
+    if kind == "lognormal":
+        return LogNormalLengths(**kw)
+    raise ValueError(f"lengths kind must be 'empirical' or 'lognormal', got {kind!r}")
+
+
+class IIDPoisson(Workload):
+    """Poisson arrivals at ``rate`` per slot; ``(l, o)`` i.i.d. from ``lengths``.
+
+    This is the unknown-length model of Section 3.3 of the paper (no classes).
+
+    Args:
+        rate: mean arrivals per slot (``lambda``).
+        lengths: a :class:`LengthDistribution` or its mapping form
+            (``{"kind": "lognormal", ...}`` or ``{"kind": "empirical", ...}``).
+    """
+
+    def __init__(self, rate: float, lengths: LengthDistribution | Mapping[str, Any]) -> None:
+        self.rate = _rate("rate", rate)
+        self.lengths = _make_lengths(lengths)
+
+    def sample(self, rng: np.random.Generator, t0: int, t1: int) -> Requests:
+        counts = rng.poisson(self.rate, size=t1 - t0)
+        slot = np.repeat(np.arange(t0, t1, dtype=np.int64), counts)
+        l, o = self.lengths.sample(rng, slot.size)
+        return Requests(slot, l, o, np.full(slot.size, -1, dtype=np.int64))
+
+    def arrival_rate(self) -> float:
+        return self.rate
+
+    def mean_work(self) -> float:
+        return self.lengths.mean_work()
+
+    def max_request_tokens(self) -> int:
+        return self.lengths.max_tokens()
+
+    def to_spec(self) -> dict[str, Any]:
+        return {"kind": "iid", "rate": self.rate, "lengths": self.lengths.to_spec()}
+
+
+# --------------------------------------------------------------------------- trace replay
+
+
+def _trace_column(name: str, values: Any, *, allow_zero: bool, rows: np.ndarray | None = None) -> np.ndarray:
+    """Validate one integer column; errors name the column and the (CSV data) row."""
+    arr = np.asarray(values)
+    if arr.ndim != 1:
+        raise TraceError(f"column {name!r} must be one-dimensional, got shape {arr.shape}")
+
+    def where(i: int) -> str:
+        return f"row {int(rows[i])}" if rows is not None else f"index {i}"
+
+    try:
+        f = arr.astype(np.float64)
+    except (TypeError, ValueError):
+        for i, v in enumerate(arr.tolist()):
+            try:
+                float(v)
+            except (TypeError, ValueError):
+                raise TraceError(f"column {name!r}, {where(i)}: {v!r} is not a number") from None
+        raise
+    bad = ~np.isfinite(f)
+    if bad.any():
+        i = int(np.flatnonzero(bad)[0])
+        raise TraceError(f"column {name!r}, {where(i)}: {arr[i]!r} is not a finite number")
+    bad = f < (0 if allow_zero else 1)
+    if bad.any():
+        i = int(np.flatnonzero(bad)[0])
+        need = "non-negative" if allow_zero else "at least 1"
+        raise TraceError(f"column {name!r}, {where(i)}: {arr[i]!r} must be {need}")
+    bad = f != np.floor(f)
+    if bad.any():
+        i = int(np.flatnonzero(bad)[0])
+        raise TraceError(f"column {name!r}, {where(i)}: {arr[i]!r} must be a whole number")
+    return f.astype(np.int64)
+
+
+class Trace(Workload):
+    """A finite list of requests replayed as given.
+
+    Requests are kept sorted by arrival (a stable sort, so requests arriving in
+    the same slot keep their order); request ``i`` of the engine is row
+    ``trace.row[i]`` of the input. The episode ends (``terminated``) once every
+    request has arrived and the system is empty.
+
+    Args:
+        arrival: arrival slot of each request (integers >= 0).
+        prompt_len: prompt lengths (integers >= 1).
+        output_len: output lengths (integers >= 1).
+        cls: optional class ids (integers >= 0).
+        num_classes: number of classes ``m`` (default: largest class id + 1).
+            A class's ``(l_k, o_k)`` (in :attr:`classes`) is the median of its requests'.
+
+    Raises:
+        TraceError: naming the column and row of the first bad value.
+    """
+
+    finite = True
+
+    def __init__(
+        self,
+        arrival: Any,
+        prompt_len: Any,
+        output_len: Any,
+        cls: Any | None = None,
+        *,
+        num_classes: int | None = None,
+        _rows: np.ndarray | None = None,
+        _source: dict[str, Any] | None = None,
+    ) -> None:
+        a = _trace_column("arrival", arrival, allow_zero=True, rows=_rows)
+        l = _trace_column("prompt_len", prompt_len, allow_zero=False, rows=_rows)
+        o = _trace_column("output_len", output_len, allow_zero=False, rows=_rows)
+        n = len(a)
+        if len(l) != n or len(o) != n:
+            raise TraceError(
+                f"columns differ in length: arrival {n}, prompt_len {len(l)}, output_len {len(o)}"
+            )
+        if cls is not None:
+            c = _trace_column("cls", cls, allow_zero=True, rows=_rows)
+            if len(c) != n:
+                raise TraceError(f"column 'cls' has {len(c)} rows, arrival has {n}")
+        else:
+            c = np.full(n, -1, dtype=np.int64)
+        order = np.argsort(a, kind="stable")
+        self.row = order  #: input row of each (sorted) request
+        self.arrival, self.prompt_len, self.output_len, self.cls = a[order], l[order], o[order], c[order]
+        if cls is not None:
+            m = int(c.max()) + 1 if n else 0
+            if num_classes is not None:
+                if int(num_classes) < m:
+                    raise TraceError(f"num_classes={num_classes} but the trace has class id {m - 1}")
+                m = int(num_classes)
+            self.classes = self._class_lengths(m)
+        self._source = _source
+
+    def _class_lengths(self, m: int) -> np.ndarray:
+        out = np.zeros((m, 2), dtype=np.int64)
+        for k in range(m):
+            sel = self.cls == k
+            if sel.any():
+                out[k] = (int(np.median(self.prompt_len[sel])), int(np.median(self.output_len[sel])))
+        return out
+
+    def __len__(self) -> int:
+        return int(self.arrival.size)
+
+    @classmethod
+    def from_csv(
+        cls,
+        path: str | os.PathLike[str],
+        *,
+        arrival: str = "arrival",
+        prompt_len: str = "prompt_len",
+        output_len: str = "output_len",
+        cls_column: str | None = None,
+    ) -> Trace:
+        """Read a trace from a CSV file with a header row.
+
+        Args:
+            path: the file.
+            arrival, prompt_len, output_len: names of the columns holding them.
+            cls_column: optional name of a class-id column.
+
+        Raises:
+            TraceError: a missing column, or a bad value (naming its row, counting
+                the header as row 1, and its column).
+        """
+        path = os.fspath(path)
+        try:
+            fh = open(path, newline="", encoding="utf-8")
+        except OSError as e:
+            raise TraceError(f"cannot read trace CSV {path!r}: {e.strerror}") from None
+        with fh:
+            reader = csv.reader(fh)
+            header = next(reader, None)
+            if header is None:
+                raise TraceError(f"trace CSV {path!r} is empty (no header row)")
+            header = [h.strip() for h in header]
+            wanted = {"arrival": arrival, "prompt_len": prompt_len, "output_len": output_len}
+            if cls_column is not None:
+                wanted["cls"] = cls_column
+            idx = {}
+            for field, col in wanted.items():
+                if col not in header:
+                    raise TraceError(
+                        f"trace CSV {path!r} has no column {col!r} (for {field}); columns are {header}"
+                    )
+                idx[field] = header.index(col)
+            cols: dict[str, list[str]] = {f: [] for f in wanted}
+            rows = []
+            for rown, rec in enumerate(reader, start=2):
+                if not rec or all(not x.strip() for x in rec):
+                    continue
+                if len(rec) < len(header):
+                    raise TraceError(f"trace CSV {path!r}, row {rown}: {len(rec)} fields, header has {len(header)}")
+                for f, j in idx.items():
+                    cols[f].append(rec[j].strip())
+                rows.append(rown)
+        rows_a = np.asarray(rows, dtype=np.int64)
+        try:
+            return cls(
+                np.asarray(cols["arrival"], dtype=object),
+                np.asarray(cols["prompt_len"], dtype=object),
+                np.asarray(cols["output_len"], dtype=object),
+                np.asarray(cols["cls"], dtype=object) if "cls" in cols else None,
+                _rows=rows_a,
+                _source={
+                    "kind": "trace",
+                    "path": path,
+                    "arrival": arrival,
+                    "prompt_len": prompt_len,
+                    "output_len": output_len,
+                    "cls_column": cls_column,
+                },
+            )
+        except TraceError as e:
+            msg = str(e)
+            for field, col in wanted.items():
+                msg = msg.replace(f"column {field!r}", f"column {col!r}")
+            raise TraceError(f"trace CSV {path!r}: {msg}") from None
+
+    def sample(self, rng: np.random.Generator, t0: int, t1: int) -> Requests:
+        lo, hi = np.searchsorted(self.arrival, [t0, t1], side="left")
+        s = slice(int(lo), int(hi))
+        return Requests(self.arrival[s], self.prompt_len[s], self.output_len[s], self.cls[s])
+
+    @property
+    def last_arrival(self) -> int:
+        """Slot of the last arrival (-1 for an empty trace)."""
+        return int(self.arrival[-1]) if len(self) else -1
+
+    def arrival_rate(self) -> float | None:
+        if len(self) == 0:
+            return None
+        return len(self) / (self.last_arrival + 1)
+
+    def mean_work(self) -> float | None:
+        if len(self) == 0:
+            return None
+        return float(request_work(self.prompt_len, self.output_len).mean())
+
+    def max_request_tokens(self) -> int:
+        return int((self.prompt_len + self.output_len).max()) if len(self) else 0
+
+    def to_spec(self) -> dict[str, Any]:
+        if self._source is not None:
+            return dict(self._source)
+        out: dict[str, Any] = {
+            "kind": "trace",
+            "arrival": self.arrival.tolist(),
+            "prompt_len": self.prompt_len.tolist(),
+            "output_len": self.output_len.tolist(),
+        }
+        if (self.cls >= 0).any():
+            out["cls"] = self.cls.tolist()
+        return out
+
+    def __repr__(self) -> str:
+        return f"Trace({len(self)} requests, last arrival {self.last_arrival})"
+
+
+# --------------------------------------------------------------------------- mapping form
+
+
+def make_workload(spec: Workload | Mapping[str, Any]) -> Workload:
+    """Build a workload from its mapping form (or return a workload as is).
+
+    Mapping forms (``kind`` selects):
+
+    * ``{"kind": "poisson", "classes": [[l, o], ...], "rates": lam or [lam_k, ...]}``
+    * ``{"kind": "iid", "rate": lam, "lengths": {"kind": "lognormal", ...}}``
+      or ``"lengths": {"kind": "empirical", "pairs": [[l, o], ...], "weights": [...]}``
+    * ``{"kind": "trace", "arrival": [...], "prompt_len": [...], "output_len": [...], "cls": [...]}``
+    * ``{"kind": "trace", "path": "file.csv", "arrival": "col", "prompt_len": "col",
+      "output_len": "col", "cls_column": "col"}`` (column names optional)
+    """
+    if isinstance(spec, Workload):
+        return spec
+    if not isinstance(spec, Mapping):
+        raise ValueError(f"workload must be a Workload or a mapping with a 'kind', got {type(spec).__name__}")
+    kw = dict(spec)
+    kind = kw.pop("kind", None)
+    try:
+        if kind == "poisson":
+            return MultiClassPoisson(**kw)
+        if kind == "iid":
+            return IIDPoisson(**kw)
+        if kind == "trace":
+            if "path" in kw:
+                path = kw.pop("path")
+                return Trace.from_csv(path, **{k: v for k, v in kw.items() if v is not None})
+            return Trace(**kw)
+    except TypeError as e:  # unexpected or missing keys
+        raise ValueError(f"workload {kind!r}: {e}") from None
+    raise ValueError(f"workload kind must be 'poisson', 'iid' or 'trace', got {kind!r}")

@@ -1,0 +1,281 @@
+"""Deliberately simple pure-Python reference implementation of the slot model.
+
+This is the test oracle for ``flowgym.replay``.  It follows
+``/work/shared/spec/model.md`` ("One slot t, in this order") literally, with
+one Python object per request, and favours obviousness over speed.  It must
+not import anything from ``flowgym``.
+
+Phases of slot t (t = 0, 1, ..., T-1):
+
+1. Arrive.  Requests with ``a_i == t`` arrive.  ``l_i + o_i > M`` -> rejected
+   (counted, never queued).  Otherwise they join the waiting queue.
+2. Admit.  Queue order is ascending ``(a_i, i)``.  Without classes, the first
+   ``B_t`` queued requests become active.  With classes and per-class
+   budgets ``b_k`` (Algorithm 1) classes are visited in order k = 0..m-1 and
+   the first ``b_k`` queued requests *of class k* (same ``(a_i, i)`` order)
+   become active.  Each activation gets an increasing sequence number.
+3. Evict on overflow.  ``D_t = sum over active of (l_i + j_i + 1)``.  If
+   ``D_t > M`` the slot is an overflow event and
+   - ``lifo``: while ``D_t > M``, evict the active request with the largest
+     activation sequence number (most recently activated; within a slot the
+     last admitted);
+   - ``all``: evict every active request.
+   An evicted request: ``wasted_tokens += j_i``, ``j_i = 0``, ``evictions_i
+   += 1``, back into the waiting queue with its original ``a_i``.
+4. Decode.  Every active request: ``j_i += 1``; if ``j_i == o_i`` it
+   completes with ``finish_i = t + 1`` and leaves the active set.
+5. Record.  ``usage[t] = D_t`` after eviction (tokens held in slot t,
+   including the token being generated and including requests that complete
+   in this slot), ``queue_len[t]`` and ``active[t]`` after decode/completions.
+
+Readings chosen where the spec is silent or ambiguous (an LLM-serving
+person's reading):
+
+* ``U_t`` counts ``l_i + j_i + 1`` for every request active after eviction,
+  i.e. the memory of the token generated this slot is included, and a request
+  finishing in slot t is still counted in ``U_t`` (its memory is freed at the
+  end of the slot, so it is *not* counted in ``U_{t+1}``).
+* ``l_i + o_i == M`` is admissible (only ``> M`` is rejected).
+* ``rejected[i]`` is set at the request's arrival slot.  A request whose
+  arrival slot is >= the number of slots run never arrives, so it is neither
+  rejected nor finished (``finish = -1``, ``rejected = False``).
+* An evicted request is not re-admitted in the slot it was evicted in
+  (admission for that slot already happened); from the next slot on it
+  competes by its original ``(a_i, i)`` key, i.e. ahead of later arrivals.
+* Several evictions in one slot count as one overflow event but as several
+  evictions (one per evicted request, per eviction).
+* "Most recently activated" refers to the latest activation: a request that
+  was evicted and re-admitted counts as activated at its re-admission.
+* With classes, the within-slot admission order (which drives LIFO) is class
+  0 first, then class 1, ...; FIFO within a class.  Class budgets apply every
+  slot.  An int ``budgets`` is not accepted together with ``classes``.
+* A per-slot budget list shorter than the run gives ``B_t = 0`` afterwards.
+* ``horizon=None``: slots t = 0, 1, ... are run until, at the start of a
+  slot, every request has arrived (all ``a_i < t``) and the queue and active
+  set are empty; the number of slots run is that t (0 for an empty trace).
+  If that does not happen within a generous cap (e.g. budget 0 forever, or
+  the livelock that ``all`` eviction can produce) a RuntimeError is raised.
+* ``queue_len`` counts waiting requests that have arrived and are not
+  rejected, evicted ones included; ``active`` counts requests still active
+  after the decode phase (completed ones excluded).
+"""
+
+from __future__ import annotations
+
+import numbers
+
+import numpy as np
+
+__all__ = ["simulate"]
+
+EVICTION_RULES = ("lifo", "all")
+
+
+class _Request:
+    """Mutable state of one request (clarity over speed)."""
+
+    def __init__(self, idx, arrival, prompt, output, cls):
+        self.idx = idx
+        self.arrival = arrival
+        self.l = prompt
+        self.o = output
+        self.cls = cls
+        self.j = 0  # output tokens generated so far (since last eviction)
+        self.activation_seq = -1  # order of the latest activation
+        self.evictions = 0
+        self.finish = -1
+        self.rejected = False
+
+    def queue_key(self):
+        return (self.arrival, self.idx)
+
+    def demand(self):
+        """Tokens held at the end of this slot if it stays active."""
+        return self.l + self.j + 1
+
+
+def _as_int_list(name, values):
+    out = []
+    for v in values:
+        if isinstance(v, (bool, np.bool_)) or not isinstance(v, numbers.Integral):
+            raise TypeError(f"{name} must contain integers, got {v!r}")
+        out.append(int(v))
+    return out
+
+
+def _default_cap(arrival, output_len):
+    # Under lifo with positive budgets the run ends within
+    # max(arrival) + 1 + sum(o_i) + n slots; this is far above that.
+    n = len(arrival)
+    last = max(arrival) if n else 0
+    return last + 2 + 4 * (sum(output_len) + n) + 1000
+
+
+def simulate(
+    arrival,
+    prompt_len,
+    output_len,
+    *,
+    M,
+    budgets,
+    eviction="lifo",
+    horizon=None,
+    classes=None,
+):
+    """Replay a trace through the slot model; see the module docstring.
+
+    Returns a dict with per-request ``finish`` (int, -1 if unfinished),
+    ``evictions`` (int), ``rejected`` (bool); per-slot ``usage``,
+    ``queue_len``, ``active`` (int arrays of length = slots run); and ints
+    ``wasted_tokens``, ``overflow_events``.
+    """
+    arrival = _as_int_list("arrival", arrival)
+    prompt_len = _as_int_list("prompt_len", prompt_len)
+    output_len = _as_int_list("output_len", output_len)
+    n = len(arrival)
+    if len(prompt_len) != n or len(output_len) != n:
+        raise ValueError("arrival, prompt_len and output_len must have equal length")
+    if any(a < 0 for a in arrival):
+        raise ValueError("arrival slots must be >= 0")
+    if any(x < 1 for x in prompt_len) or any(x < 1 for x in output_len):
+        raise ValueError("prompt and output lengths must be >= 1")
+    if isinstance(M, bool) or not isinstance(M, numbers.Integral) or M < 1:
+        raise ValueError("M must be a positive integer")
+    M = int(M)
+    if eviction not in EVICTION_RULES:
+        raise ValueError(f"eviction must be one of {EVICTION_RULES}, got {eviction!r}")
+    if horizon is not None:
+        if isinstance(horizon, bool) or not isinstance(horizon, numbers.Integral) or horizon < 0:
+            raise ValueError("horizon must be a non-negative integer or None")
+        horizon = int(horizon)
+
+    # ---- budgets -------------------------------------------------------------
+    class_budgets = None
+    slot_budgets = None
+    const_budget = None
+    if classes is not None:
+        if isinstance(budgets, numbers.Integral):
+            raise TypeError("with classes, budgets must be a sequence of per-class budgets")
+        class_budgets = _as_int_list("budgets", budgets)
+        classes = _as_int_list("classes", classes)
+        if len(classes) != n:
+            raise ValueError("classes must have one entry per request")
+        m = len(class_budgets)
+        if any(c < 0 or c >= m for c in classes):
+            raise ValueError("class ids must be in 0..len(budgets)-1")
+        if any(b < 0 for b in class_budgets):
+            raise ValueError("budgets must be >= 0")
+    elif isinstance(budgets, numbers.Integral) and not isinstance(budgets, bool):
+        const_budget = int(budgets)
+        if const_budget < 0:
+            raise ValueError("budgets must be >= 0")
+    else:
+        slot_budgets = _as_int_list("budgets", budgets)
+        if any(b < 0 for b in slot_budgets):
+            raise ValueError("budgets must be >= 0")
+
+    def budget_at(t):
+        if const_budget is not None:
+            return const_budget
+        return slot_budgets[t] if t < len(slot_budgets) else 0
+
+    # ---- state -----------------------------------------------------------------
+    reqs = [
+        _Request(i, arrival[i], prompt_len[i], output_len[i],
+                 None if classes is None else classes[i])
+        for i in range(n)
+    ]
+    queue = []  # waiting requests, kept sorted by (a_i, i)
+    active = []  # active requests
+    activation_counter = 0
+    usage, queue_len, active_len = [], [], []
+    wasted_tokens = 0
+    overflow_events = 0
+    last_arrival = max(arrival) if n else -1
+    cap = _default_cap(arrival, output_len)
+
+    def evict(r):
+        nonlocal wasted_tokens
+        active.remove(r)
+        wasted_tokens += r.j
+        r.j = 0
+        r.evictions += 1
+        r.activation_seq = -1
+        queue.append(r)
+
+    t = 0
+    while True:
+        if horizon is not None:
+            if t >= horizon:
+                break
+        else:
+            if t > last_arrival and not queue and not active:
+                break
+            if t >= cap:
+                raise RuntimeError(
+                    f"reference simulation did not drain within {cap} slots "
+                    "(budget 0 forever, or an 'all'-eviction livelock?)"
+                )
+
+        # 1. Arrive.
+        for r in reqs:
+            if r.arrival == t:
+                if r.l + r.o > M:
+                    r.rejected = True
+                else:
+                    queue.append(r)
+        queue.sort(key=_Request.queue_key)
+
+        # 2. Admit (queue is in (a_i, i) order).
+        if class_budgets is None:
+            admitted = queue[: budget_at(t)]
+        else:
+            admitted = []
+            for k, b_k in enumerate(class_budgets):
+                of_class_k = [r for r in queue if r.cls == k]
+                admitted.extend(of_class_k[:b_k])
+        for r in admitted:
+            queue.remove(r)
+            activation_counter += 1
+            r.activation_seq = activation_counter
+            active.append(r)
+
+        # 3. Evict on overflow.
+        demand = sum(r.demand() for r in active)
+        if demand > M:
+            overflow_events += 1
+            if eviction == "lifo":
+                while demand > M:
+                    victim = max(active, key=lambda r: r.activation_seq)
+                    evict(victim)
+                    demand = sum(r.demand() for r in active)
+            else:  # "all"
+                for r in list(active):
+                    evict(r)
+                demand = 0
+            queue.sort(key=_Request.queue_key)
+        assert demand <= M
+
+        # 4. Decode.
+        for r in list(active):
+            r.j += 1
+            if r.j == r.o:
+                r.finish = t + 1
+                active.remove(r)
+
+        # 5. Record.
+        usage.append(demand)
+        queue_len.append(len(queue))
+        active_len.append(len(active))
+        t += 1
+
+    return {
+        "finish": np.array([r.finish for r in reqs], dtype=np.int64),
+        "evictions": np.array([r.evictions for r in reqs], dtype=np.int64),
+        "rejected": np.array([r.rejected for r in reqs], dtype=bool),
+        "usage": np.array(usage, dtype=np.int64),
+        "queue_len": np.array(queue_len, dtype=np.int64),
+        "active": np.array(active_len, dtype=np.int64),
+        "wasted_tokens": int(wasted_tokens),
+        "overflow_events": int(overflow_events),
+    }
