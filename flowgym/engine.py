@@ -60,7 +60,6 @@ class SlotStats(NamedTuple):
     evicted: int  #: requests evicted
     wasted_tokens: int  #: generated tokens lost to eviction
     completed: int  #: requests that finished (``f_i = t + 1``)
-    completed_tokens: int  #: their output tokens
     queue_len: int  #: waiting requests at the end of the slot
     active: int  #: active requests at the end of the slot
 
@@ -265,15 +264,25 @@ class Engine:
         self.lanes = [_Lane() for _ in range(self.m if self.per_class else 1)]
         self.class_queue = np.zeros(max(self.m, 1), _I64)
 
+        # Active set: entries in activation order in [_h, _tail) of the _a_* arrays.
+        # An entry is alive while _a_fin > t (its finish slot is ahead); evicted
+        # entries get _a_fin = -1. Dead entries are dropped by _compact().
         acap = 256
         self._a_id = np.empty(acap, _I64)
         self._a_start = np.empty(acap, _I64)
         self._a_fin = np.empty(acap, _I64)
+        self._h = 0
+        self._tail = 0
         self.n_active = 0
+        # Completion calendar: requests (and their l + o tokens) finishing at
+        # slot f are counted at index f & _cal_mask (ring longer than any o).
+        R = 1 << max(6, int(self.M).bit_length())
+        self._cal_mask = R - 1
+        self._cal_n = np.zeros(R, _I64)
+        self._cal_tok = np.zeros(R, _I64)
         self.held = 0  # sum over active of l_i + j_i (tokens held at the start of a slot)
         self.n_queued = 0
         self.queued_prompt_tokens = 0
-        self._min_fin = np.iinfo(_I64).max
 
         # running totals
         self.total_arrived = 0
@@ -283,7 +292,8 @@ class Engine:
         self.overflow_events = 0
         self.wasted_tokens = 0
         self.generated_tokens = 0
-        self.last_arrivals = 0
+        self.last_arrivals = 0  # requests that arrived in the last arrive() call
+        self.last_rejected = 0  # of which rejected
         self._rec = np.zeros((256, len(SlotStats._fields)), _I64)
 
     # ------------------------------------------------------------------ request table
@@ -335,6 +345,7 @@ class Engine:
         self.n_arrived = hi
         k = hi - lo
         self.last_arrivals = k
+        self.last_rejected = 0
         if k == 0:
             return 0
         b = self._chunk_base
@@ -343,6 +354,7 @@ class Engine:
         self.queued_prompt_tokens += self._tok_cum[hi - b] - self._tok_cum[lo - b]
         if n_rej:
             self.total_rejected += n_rej
+            self.last_rejected = n_rej
             ids = lo + np.flatnonzero(~self.rejected[lo:hi])
             if ids.size == 0:
                 return k
@@ -386,64 +398,81 @@ class Engine:
                 return None
             ids = lane.pop(k)
         k = ids.size
-        n = self.n_active
-        if n + k > self._a_id.size:
-            self._grow_active(n + k)
+        tail = self._tail
+        if tail + k > self._a_id.size:
+            self._compact(room=k)
+            tail = self._tail
         t = self.t
-        self._a_id[n : n + k] = ids
-        self._a_start[n : n + k] = t
-        fin = self.output[ids] + t  # finishes at f_i = t + o_i unless evicted
-        self._a_fin[n : n + k] = fin
-        fmin = int(fin.min())
-        if fmin < self._min_fin:
-            self._min_fin = fmin
-        p = int(self.prompt[ids].sum())
+        self._a_id[tail : tail + k] = ids
+        self._a_start[tail : tail + k] = t
+        out = self.output[ids]
+        fin = out + t  # finishes at f_i = t + o_i unless evicted
+        self._a_fin[tail : tail + k] = fin
+        self.finish[ids] = fin  # provisional: reads report -1 until f_i <= t
+        slot = fin & self._cal_mask
+        np.add.at(self._cal_n, slot, 1)
+        prompt = self.prompt[ids]
+        np.add.at(self._cal_tok, slot, prompt + out)
+        p = sum(prompt.tolist())
         self.held += p
         self.queued_prompt_tokens -= p
         self.n_queued -= k
-        self.n_active = n + k
+        self.n_active += k
+        self._tail = tail + k
         if self.track_class_queue:
             self.class_queue -= np.bincount(self.cls[ids], minlength=self.m)
         return ids
 
-    def _grow_active(self, need: int) -> None:
-        cap = max(2 * self._a_id.size, need)
+    def _compact(self, room: int = 0) -> None:
+        """Drop dead entries from the active arrays (keeping order); make ``room``."""
+        h, tail = self._h, self._tail
+        alive = self._a_fin[h:tail] > self.t
+        n = self.n_active
+        cap = self._a_id.size
+        if n + room > cap // 2:
+            cap = max(2 * cap, 2 * (n + room))
         for name in ("_a_id", "_a_start", "_a_fin"):
             old = getattr(self, name)
-            new = np.empty(cap, _I64)
-            new[: self.n_active] = old[: self.n_active]
-            setattr(self, name, new)
+            kept = old[h:tail][alive]
+            if cap != old.size:
+                new = np.empty(cap, _I64)
+                new[:n] = kept
+                setattr(self, name, new)
+            else:
+                old[:n] = kept
+        self._h, self._tail = 0, n
 
-    def _remove_active(self, pos: np.ndarray) -> None:
-        n = self.n_active
-        keep = np.ones(n, bool)
-        keep[pos] = False
-        m = n - pos.size
-        for arr in (self._a_id, self._a_start, self._a_fin):
-            arr[:m] = arr[:n][keep]
-        self.n_active = m
-        self._min_fin = int(self._a_fin[:m].min()) if m else np.iinfo(_I64).max
+    def _alive(self) -> np.ndarray:
+        """Window positions (relative to ``_h``) of the alive active entries."""
+        return np.flatnonzero(self._a_fin[self._h : self._tail] > self.t)
 
     def _evict(self, excess: int) -> tuple[int, int]:
-        n, t = self.n_active, self.t
-        ids = self._a_id[:n]
-        gen = t - self._a_start[:n]  # j_i: tokens generated before this slot
+        t, h = self.t, self._h
+        wpos = self._alive()
+        ids = self._a_id[h:self._tail][wpos]
+        gen = t - self._a_start[h:self._tail][wpos]  # j_i: tokens generated before this slot
         demand = self.prompt[ids] + gen + 1
         pos = np.asarray(self.eviction.select(ids, demand, excess), dtype=_I64)
         if pos.size == 0 or int(demand[pos].sum()) < excess:
             raise RuntimeError(f"eviction rule {self.eviction.name!r} did not free {excess} tokens")
-        victims = ids[pos].copy()
+        victims = ids[pos]
         j = gen[pos]
         freed_held = int((demand[pos] - 1).sum())
         wasted = int(j.sum())
-        self._remove_active(pos)
+        fin = self._a_fin[h + wpos[pos]]
+        self._a_fin[h + wpos[pos]] = -1
+        slot = fin & self._cal_mask
+        np.subtract.at(self._cal_n, slot, 1)
+        np.subtract.at(self._cal_tok, slot, self.prompt[victims] + self.output[victims])
+        self.finish[victims] = -1
+        self.n_active -= victims.size
         self.held -= freed_held
         self.evictions[victims] += 1
         self.wasted_tokens += wasted
         self.total_evictions += victims.size
         self.overflow_events += 1
         # back to the queue at their FIFO places (they keep their arrival)
-        victims.sort()
+        victims = np.sort(victims)
         self.n_queued += victims.size
         self.queued_prompt_tokens += int(self.prompt[victims].sum())
         if self.per_class:
@@ -474,23 +503,21 @@ class Engine:
         # decode: every active request generates one token
         self.held = demand
         self.generated_tokens += self.n_active
-        n_done = done_tok = 0
-        if self._min_fin == t + 1:
-            n = self.n_active
-            pos = np.flatnonzero(self._a_fin[:n] == t + 1)
-            ids = self._a_id[pos]
-            self.finish[ids] = t + 1
-            out = self.output[ids]
-            done_tok = int(out.sum())
-            n_done = ids.size
-            self.held -= int(self.prompt[ids].sum()) + done_tok
-            self._remove_active(pos)
+        i = (t + 1) & self._cal_mask
+        n_done = int(self._cal_n[i])
+        if n_done:
+            self.held -= int(self._cal_tok[i])
+            self._cal_n[i] = 0
+            self._cal_tok[i] = 0
+            self.n_active -= n_done
             self.total_completed += n_done
-        st = SlotStats(t, demand, n_adm, n_ev, wasted, n_done, done_tok, self.n_queued, self.n_active)
+        st = SlotStats(t, demand, n_adm, n_ev, wasted, n_done, self.n_queued, self.n_active)
         if t >= self._rec.shape[0]:
             self._rec = np.concatenate([self._rec, np.zeros_like(self._rec)])
         self._rec[t] = st
         self.t = t + 1
+        if self._tail - self._h - self.n_active > max(256, self.n_active):
+            self._compact()
         return st
 
     # ------------------------------------------------------------------ reading
@@ -513,15 +540,35 @@ class Engine:
 
     def active_ids(self) -> np.ndarray:
         """Ids of active requests in activation order (oldest first)."""
-        return self._a_id[: self.n_active].copy()
+        return self._a_id[self._h : self._tail][self._alive()]
+
+    def active_starts(self) -> np.ndarray:
+        """Activation slot of each active request (activation order, so ascending)."""
+        h, tail = self._h, self._tail
+        if tail - h == self.n_active:
+            return self._a_start[h:tail].copy()
+        return self._a_start[h:tail][self._a_fin[h:tail] > self.t]
 
     def active_generated(self) -> np.ndarray:
         """Tokens generated so far by each active request (activation order)."""
-        return self.t - self._a_start[: self.n_active]
+        return self.t - self.active_starts()
 
     def active_remaining(self) -> np.ndarray:
         """Tokens each active request still has to generate (uses output lengths)."""
-        return self._a_fin[: self.n_active] - self.t
+        return self._a_fin[self._h : self._tail][self._alive()] - self.t
+
+    def generated_histogram(self, edges: np.ndarray) -> np.ndarray:
+        """Active requests by tokens generated, in bins ``[edges[k], edges[k+1])`` (last open).
+
+        ``edges`` ascending from 0. Uses that activation slots are sorted.
+        """
+        starts = self.active_starts()
+        # j = t - s is in [e_k, e_{k+1})  <=>  t - e_{k+1} < s <= t - e_k
+        P = np.searchsorted(starts, self.t - edges, side="right")
+        hist = np.empty(edges.size, _I64)
+        hist[:-1] = P[:-1] - P[1:]
+        hist[-1] = P[-1]
+        return hist
 
     def series(self) -> dict[str, np.ndarray]:
         """Per-slot records so far: one array per :class:`SlotStats` field."""
@@ -535,12 +582,14 @@ class Engine:
         (``-1`` if unfinished), ``evictions``, ``rejected``.
         """
         n = self.n_arrived
+        finish = self.finish[:n].copy()
+        finish[finish > self.t] = -1  # scheduled, not finished yet
         return {
             "arrival": self.arrival[:n].copy(),
             "prompt_len": self.prompt[:n].copy(),
             "output_len": self.output[:n].copy(),
             "cls": self.cls[:n].copy(),
-            "finish": self.finish[:n].copy(),
+            "finish": finish,
             "evictions": self.evictions[:n].copy(),
             "rejected": self.rejected[:n].copy(),
         }

@@ -100,9 +100,7 @@ class Features:
         v[3] = min(eng.queued_prompt_tokens / M, self.queue_token_cap)
         v[self._s_hist.stop] = min(rate, qc)
         if eng.n_active:
-            gen = eng.active_generated()
-            idx = np.searchsorted(self.edges, gen, side="right") - 1
-            v[self._s_hist] = np.bincount(idx, minlength=self.edges.size)
+            v[self._s_hist] = eng.generated_histogram(self.edges)
         else:
             v[self._s_hist] = 0.0
         if self.known:

@@ -1,0 +1,382 @@
+"""FlowControl-v0: activation-budget control of an LLM server with a KV-cache limit."""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+import gymnasium as gym
+import numpy as np
+
+from flowgym.engine import EVICTION_RULES, Engine, SlotStats
+from flowgym.metrics import compute_metrics
+from flowgym.spaces import DictObservation, Features, FlatObservation, GlobalBudget, PerClassBudget
+from flowgym.workloads import Workload, make_workload
+
+__all__ = ["FlowControlConfig", "FlowControlEnv", "PAPER_CLASSES", "DEFAULT_WORKLOAD"]
+
+#: The paper's three synthetic classes ``(l_k, o_k)`` (Section 4.1).
+PAPER_CLASSES = ((10, 20), (10, 40), (10, 60))
+
+#: Default workload: the paper's classes at ``lambda = 3.5`` per class per slot,
+#: a stable load ``rho = 3.5 * 4060 / 16492 = 0.86`` (the paper's ``lambda = 5``
+#: gives ``rho = 1.23``, beyond Proposition 1's stability limit).
+DEFAULT_WORKLOAD: dict[str, Any] = {"kind": "poisson", "classes": [list(c) for c in PAPER_CLASSES], "rates": 3.5}
+
+DEFAULT_REWARD_WEIGHTS: dict[str, float] = {
+    "in_system": 1.0,
+    "wasted_tokens": 1.0,
+    "evictions": 0.0,
+    "completed": 0.0,
+}
+
+
+def _default_workload() -> dict[str, Any]:
+    return {k: (list(map(list, v)) if k == "classes" else v) for k, v in DEFAULT_WORKLOAD.items()}
+
+
+@dataclass
+class FlowControlConfig:
+    """Every argument of :class:`FlowControlEnv`, with its default.
+
+    Pass them as keyword arguments to ``gym.make("FlowControl-v0", ...)``, or
+    as one ``config=`` mapping or instance. Plain values (mapping workloads)
+    keep ``env.spec.to_json()`` round-tripping.
+    """
+
+    #: KV-cache budget in tokens (the paper's ``M``; 16492 is Llama-2-70B on two A100s).
+    M: int = 16492
+    #: Where requests come from: a :class:`~flowgym.workloads.Workload` or its mapping form.
+    workload: Any = field(default_factory=_default_workload)
+    #: Slots per episode (``truncated`` after it). ``None`` only for finite traces.
+    horizon: int | None = 1000
+    #: Largest activation budget the action can ask for (per class with ``per_class_budget``).
+    max_budget: int = 64
+    #: Action is a ``MultiDiscrete`` of per-class budgets ``b_k`` (Algorithm 1); needs classes and known lengths.
+    per_class_budget: bool = False
+    #: Whether output lengths (and classes) may be observed; ``False`` is the paper's unknown case.
+    output_length_known: bool = False
+    #: Eviction rule on overflow: ``"lifo"`` (Algorithm 2) or ``"all"``.
+    eviction: str = "lifo"
+    #: ``"dict"`` (a ``Dict`` of ``Box``es) or ``"flat"`` (one ``Box``, for ``MlpPolicy``).
+    observation: str = "dict"
+    #: Cap for observed counts (queue length, per-class queues, arrival rate).
+    queue_cap: int = 4096
+    #: Cap for observed queued prompt tokens, in units of ``M``.
+    queue_token_cap: float = 64.0
+    #: Left edges of the bins of the generated-tokens histogram (first must be 0).
+    hist_edges: tuple[int, ...] = (0, 8, 16, 32, 64, 128, 256, 512)
+    #: Offsets ``h`` (slots) of the projected KV usage (known lengths only).
+    projection_offsets: tuple[int, ...] = (0, 1, 2, 4, 8, 16, 32, 64)
+    #: Cap of the projected usage, in units of ``M``.
+    projection_cap: float = 4.0
+    #: Time constant (slots) of the arrival-rate moving average.
+    rate_window: float = 32.0
+    #: Reward is divided by this.
+    reward_scale: float = 100.0
+    #: Reward weights: ``in_system``, ``wasted_tokens``, ``evictions`` (costs) and ``completed`` (a gain).
+    reward_weights: dict[str, float] = field(default_factory=lambda: dict(DEFAULT_REWARD_WEIGHTS))
+
+    @classmethod
+    def from_any(cls, config: FlowControlConfig | Mapping[str, Any] | None = None, **kwargs: Any) -> FlowControlConfig:
+        """Build from an instance, a mapping and/or keyword arguments (keywords win); validate."""
+        base: dict[str, Any] = {}
+        if isinstance(config, FlowControlConfig):
+            base = dataclasses.asdict(config)
+            base["workload"] = config.workload
+        elif isinstance(config, Mapping):
+            base = dict(config)
+        elif config is not None:
+            raise ValueError(f"config must be a FlowControlConfig or a mapping, got {type(config).__name__}")
+        base.update(kwargs)
+        names = {f.name for f in dataclasses.fields(cls)}
+        unknown = sorted(set(base) - names)
+        if unknown:
+            raise ValueError(f"unknown FlowControl-v0 argument(s) {unknown}; valid: {sorted(names)}")
+        cfg = cls(**base)
+        cfg.validate()
+        return cfg
+
+    def validate(self) -> None:
+        """Raise ``ValueError`` naming the first invalid field."""
+
+        def pos_int(name: str, v: Any) -> None:
+            if isinstance(v, bool) or not isinstance(v, (int, np.integer)) or v < 1:
+                raise ValueError(f"{name} must be a positive integer, got {v!r}")
+
+        def pos_num(name: str, v: Any) -> None:
+            if isinstance(v, bool) or not isinstance(v, (int, float, np.number)) or not (math.isfinite(v) and v > 0):
+                raise ValueError(f"{name} must be a positive finite number, got {v!r}")
+
+        pos_int("M", self.M)
+        if self.horizon is not None:
+            pos_int("horizon", self.horizon)
+        pos_int("max_budget", self.max_budget)
+        pos_int("queue_cap", self.queue_cap)
+        for name in ("queue_token_cap", "projection_cap", "rate_window", "reward_scale"):
+            pos_num(name, getattr(self, name))
+        if self.eviction not in EVICTION_RULES:
+            raise ValueError(f"eviction must be one of {sorted(EVICTION_RULES)}, got {self.eviction!r}")
+        if self.observation not in ("dict", "flat"):
+            raise ValueError(f"observation must be 'dict' or 'flat', got {self.observation!r}")
+        edges = list(self.hist_edges)
+        if not edges or edges[0] != 0 or any(b <= a for a, b in zip(edges, edges[1:])):
+            raise ValueError(f"hist_edges must start at 0 and increase strictly, got {self.hist_edges!r}")
+        offs = list(self.projection_offsets)
+        if not offs or any(o < 0 for o in offs):
+            raise ValueError(f"projection_offsets must be non-negative slots, got {self.projection_offsets!r}")
+        if not isinstance(self.reward_weights, Mapping):
+            raise ValueError(f"reward_weights must be a mapping, got {self.reward_weights!r}")
+        bad = sorted(set(self.reward_weights) - set(DEFAULT_REWARD_WEIGHTS))
+        if bad:
+            raise ValueError(f"reward_weights has unknown key(s) {bad}; valid: {sorted(DEFAULT_REWARD_WEIGHTS)}")
+        for k, v in self.reward_weights.items():
+            if not isinstance(v, (int, float)) or not math.isfinite(v):
+                raise ValueError(f"reward_weights[{k!r}] must be a finite number, got {v!r}")
+        if self.per_class_budget and not self.output_length_known:
+            raise ValueError("per_class_budget=True needs output_length_known=True (classes reveal lengths)")
+
+
+class FlowControlEnv(gym.Env[Any, Any]):
+    """LLM serving under a KV-cache limit, controlled by an activation budget.
+
+    ## Description
+
+    The token-level model of Dong & Cao, "Flow-Controlled Scheduling for LLM
+    Inference with Provable Stability Guarantees", exactly as specified in
+    ``docs/model.md``. Requests arrive with a prompt length ``l`` and an output
+    length ``o``, wait in a FIFO queue, are activated into the running batch,
+    generate one token per slot while holding ``l + j`` tokens of KV cache, and
+    finish after ``o`` tokens. When the next slot's demand
+    ``D_t = sum_active (l_i + j_i + 1)`` exceeds the budget ``M``, the
+    environment evicts (``lifo`` by default): an evicted request loses its
+    generated tokens and goes back to the queue, ahead of later arrivals. The
+    agent only chooses how many queued requests may start each slot: the
+    activation budget ``B_t`` of the paper's Algorithm 2 (or per-class budgets
+    ``b_k``, Algorithm 1).
+
+    One step is one slot. The step happens at the decision point: the
+    observation shows the system after slot ``t``'s arrivals joined the queue;
+    the action is ``B_t``; the step admits, evicts, decodes and records slot
+    ``t``, then lets slot ``t + 1``'s requests arrive.
+
+    ## Action Space
+
+    ``Discrete(max_budget + 1)``: ``B_t``, the number of requests that may leave
+    the queue head this slot (fewer start if fewer wait). With
+    ``per_class_budget=True``: ``MultiDiscrete([max_budget + 1] * m)``, the
+    budget of each class, admitted in class order, FIFO within a class. An
+    action outside the space raises ``ValueError`` naming it and the space.
+
+    ## Observation Space
+
+    ``Dict`` of float32 ``Box``es with finite bounds (or, with
+    ``observation="flat"``, their concatenation in this order):
+
+    | key | shape | bounds | meaning |
+    |---|---|---|---|
+    | ``kv_usage`` | (1,) | [0, 1] | KV tokens held by active requests / ``M`` |
+    | ``queue_len`` | (1,) | [0, queue_cap] | waiting requests |
+    | ``active`` | (1,) | [0, M] | active requests |
+    | ``queued_prompt_tokens`` | (1,) | [0, queue_token_cap] | waiting prompt tokens / ``M`` |
+    | ``generated_hist`` | (K,) | [0, M] | active requests by tokens generated, bins from ``hist_edges`` |
+    | ``arrival_rate`` | (1,) | [0, queue_cap] | moving average of arrivals per slot (``rate_window``) |
+    | ``projected_usage`` | (H,) | [0, projection_cap] | known lengths only: the active set's demand / ``M`` at ``t + h``, ``h`` in ``projection_offsets``, with no admission or eviction |
+    | ``class_queue`` | (m,) | [0, queue_cap] | known lengths and classes only: waiting requests per class |
+
+    Counts are clipped to their caps. With ``output_length_known=False`` nothing
+    in the observation depends on output lengths (it is never revealed).
+
+    ## Rewards
+
+    Per slot, ``-(w_in * N_t + w_waste * wasted_t + w_ev * evictions_t - w_done * completed_t) / reward_scale``
+    with ``N_t`` the requests in the system during slot ``t`` (queued or active,
+    slot ``t``'s arrivals included) and the weights ``reward_weights`` (default
+    ``in_system=1, wasted_tokens=1, evictions=0, completed=0``, scale 100). By
+    Little's law the sum of ``N_t`` over an episode is the total time requests
+    spend in the system, so maximising the default return minimises total (and
+    so average) latency, the paper's responsiveness metric; a wasted token (a
+    token generated and then lost to eviction) costs as much as one request
+    waiting one slot, charging the recomputation that evictions cause.
+
+    ## Starting State
+
+    An empty system at slot 0 with slot 0's arrivals in the queue. The workload
+    is drawn from a generator seeded by ``reset(seed=...)``: the same seed gives
+    the same requests whatever the actions.
+
+    ## Episode End
+
+    * ``truncated`` after ``horizon`` slots.
+    * ``terminated`` only for a finite trace, once every request has arrived and
+      the system is empty.
+
+    ## Info
+
+    A fresh dict each step, about slot ``t``: ``t``, ``arrived`` and
+    ``rejected`` (requests that arrived in slot ``t`` and those of them with
+    ``l + o > M``), ``admitted``, ``evicted``, ``wasted_tokens``, ``overflow``,
+    ``completed``, ``usage`` (``U_t``, tokens),
+    ``kv_usage`` (``U_t / M``), ``queue_len`` and ``active`` (end of the slot).
+    ``reset`` returns ``t``, ``arrived`` and the load ``rho`` (Propositions 1
+    and 2; ``None`` when unknown).
+
+    ``env.unwrapped.request_log()`` gives per-request arrays and
+    ``env.unwrapped.metrics()`` the metrics of ``docs/model.md`` so far.
+
+    ## Arguments
+
+    See :class:`FlowControlConfig` for every argument and its default::
+
+        env = gym.make("FlowControl-v0", M=16492, horizon=2000,
+                       workload={"kind": "poisson", "classes": [[10, 20], [10, 40], [10, 60]], "rates": 3.5},
+                       output_length_known=True)
+
+    The default is the paper's three classes ``(10,20), (10,40), (10,60)`` at
+    ``lambda = 3.5`` per class (``rho = 0.86``), ``M = 16492``, unknown output
+    lengths, ``lifo`` eviction, 1000 slots.
+
+    ## Version History
+
+    * v0: initial version.
+    """
+
+    metadata = {"render_modes": ["ansi"], "render_fps": 4}
+
+    def __init__(
+        self,
+        config: FlowControlConfig | Mapping[str, Any] | None = None,
+        render_mode: str | None = None,
+        **kwargs: Any,
+    ) -> None:
+        self.config = cfg = FlowControlConfig.from_any(config, **kwargs)
+        if render_mode is not None and render_mode not in self.metadata["render_modes"]:
+            raise ValueError(f"render_mode must be one of {self.metadata['render_modes']}, got {render_mode!r}")
+        self.render_mode = render_mode
+        self.workload: Workload = make_workload(cfg.workload)
+        if cfg.horizon is None and not self.workload.finite:
+            raise ValueError("horizon=None needs a finite workload (a Trace); this workload never ends")
+        m = self.workload.num_classes
+        if cfg.per_class_budget and m == 0:
+            raise ValueError("per_class_budget=True needs a workload with request classes")
+        self.engine = Engine(
+            cfg.M,
+            self.workload,
+            eviction=cfg.eviction,
+            per_class=cfg.per_class_budget,
+            track_class_queue=cfg.output_length_known and m > 0 and not cfg.per_class_budget,
+        )
+        self.features = Features(
+            cfg.M,
+            known=cfg.output_length_known,
+            num_classes=m,
+            queue_cap=cfg.queue_cap,
+            queue_token_cap=cfg.queue_token_cap,
+            hist_edges=cfg.hist_edges,
+            projection_offsets=cfg.projection_offsets,
+            projection_cap=cfg.projection_cap,
+        )
+        self._obs_type = DictObservation(self.features) if cfg.observation == "dict" else FlatObservation(self.features)
+        self.observation_space = self._obs_type.space()
+        self._act_type = PerClassBudget(cfg.max_budget, m) if cfg.per_class_budget else GlobalBudget(cfg.max_budget)
+        self.action_space = self._act_type.space()
+        w = {**DEFAULT_REWARD_WEIGHTS, **cfg.reward_weights}
+        s = float(cfg.reward_scale)
+        self._w_in, self._w_waste, self._w_ev, self._w_done = (
+            w["in_system"] / s,
+            w["wasted_tokens"] / s,
+            w["evictions"] / s,
+            w["completed"] / s,
+        )
+        self._alpha = 1.0 / float(cfg.rate_window)
+        self._horizon = cfg.horizon
+        self._rate = 0.0
+        self._started = False
+        self._last: SlotStats | None = None
+
+    # ------------------------------------------------------------------ gym API
+
+    def reset(self, *, seed: int | None = None, options: dict[str, Any] | None = None) -> tuple[Any, dict[str, Any]]:
+        super().reset(seed=seed)
+        wl_seed = int(self.np_random.integers(0, 2**63 - 1))
+        self.engine.reset(np.random.default_rng(wl_seed))
+        self._rate = 0.0
+        self._last = None
+        arrived = self.engine.arrive()
+        self._rate = arrived * self._alpha
+        self._started = True
+        info = {"t": 0, "arrived": arrived, "rho": self.workload.load(self.config.M)}
+        return self._observe(), info
+
+    def step(self, action: Any) -> tuple[Any, float, bool, bool, dict[str, Any]]:
+        if not self._started:
+            raise RuntimeError("call reset() before step()")
+        budget = self._act_type.budget(action)
+        eng = self.engine
+        n_sys = eng.n_queued + eng.n_active
+        arrived, rejected = eng.last_arrivals, eng.last_rejected
+        st = eng.serve(budget)
+        self._last = st
+        reward = -(
+            self._w_in * n_sys + self._w_waste * st.wasted_tokens + self._w_ev * st.evicted - self._w_done * st.completed
+        )
+        terminated = eng.exhausted and eng.n_queued + eng.n_active == 0
+        truncated = not terminated and self._horizon is not None and eng.t >= self._horizon
+        info = {
+            "t": st.t,
+            "arrived": arrived,
+            "rejected": rejected,
+            "admitted": st.admitted,
+            "evicted": st.evicted,
+            "wasted_tokens": st.wasted_tokens,
+            "overflow": st.evicted > 0,
+            "completed": st.completed,
+            "usage": st.usage,
+            "kv_usage": st.usage / self.config.M,
+            "queue_len": st.queue_len,
+            "active": st.active,
+        }
+        if not (terminated or truncated):
+            k = eng.arrive()
+            self._rate += (k - self._rate) * self._alpha
+        return self._observe(), float(reward), terminated, truncated, info
+
+    def _observe(self) -> Any:
+        return self._obs_type.observe(self.features.compute(self.engine, self._rate))
+
+    def render(self) -> str | None:
+        if self.render_mode != "ansi":
+            return None
+        e = self.engine
+        return (
+            f"t={e.t} U={e.held}/{e.M} ({e.held / e.M:.1%}) queue={e.n_queued} active={e.n_active} "
+            f"completed={e.total_completed} evictions={e.total_evictions}"
+        )
+
+    # ------------------------------------------------------------------ results
+
+    def request_log(self) -> dict[str, np.ndarray]:
+        """Per-request numpy arrays of every request that has arrived, by request id.
+
+        ``arrival``, ``prompt_len``, ``output_len``, ``cls`` (-1 without
+        classes), ``finish`` (-1 if unfinished), ``evictions``, ``rejected``.
+        For evaluation after the episode: it contains output lengths even when
+        ``output_length_known=False``.
+        """
+        return self.engine.request_log()
+
+    def metrics(self) -> dict[str, Any]:
+        """Metrics of ``docs/model.md`` over the slots run so far, plus the ``kv_usage`` series."""
+        return compute_metrics(self.engine.request_log(), self.engine.series(), self.config.M)
+
+    def series(self) -> dict[str, np.ndarray]:
+        """Per-slot arrays: ``usage``, ``admitted``, ``evicted``, ``wasted_tokens``, ``completed``, ..."""
+        return self.engine.series()
+
+    @property
+    def load(self) -> float | None:
+        """``rho`` of the workload at this ``M`` (``None`` when unknown)."""
+        return self.workload.load(self.config.M)

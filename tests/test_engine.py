@@ -1,0 +1,167 @@
+"""The engine against the paper's numbers, and its invariants on random configurations."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from flowgym import FlowControlEnv
+from flowgym.engine import Engine
+from flowgym.theory import reflected_walk_mean
+
+PAPER = [[10, 20], [10, 40], [10, 60]]
+
+
+def test_algorithm1_saturated_peak_is_exactly_16240_and_never_overflows():
+    env = FlowControlEnv(
+        M=16492,
+        workload={"kind": "poisson", "classes": PAPER, "rates": 50.0},  # queues never empty
+        output_length_known=True,
+        per_class_budget=True,
+        max_budget=4,
+        horizon=600,
+    )
+    env.reset(seed=0)
+    usages = []
+    for _ in range(600):
+        _, _, _, _, info = env.step(np.array([4, 4, 4]))
+        usages.append(info["usage"])
+        assert info["evicted"] == 0
+    assert max(usages) == 16240
+    assert usages[59:] == [16240] * (600 - 59)  # steady state once the longest class has filled in
+    assert env.metrics()["overflow_events"] == 0
+
+
+def test_paper_load_at_lambda_5():
+    env = FlowControlEnv(workload={"kind": "poisson", "classes": PAPER, "rates": 5.0})
+    _, info = env.reset(seed=0)
+    assert info["rho"] == pytest.approx(20300 / 16492)
+
+
+def test_algorithm1_queue_is_the_reflected_random_walk():
+    """At lambda = 3, b = 4 per class the per-class queue is Q' = (Q + Poisson(3) - 4)^+, mean 0.80."""
+    T = 30000
+    env = FlowControlEnv(
+        workload={"kind": "poisson", "classes": PAPER, "rates": 3.0},
+        output_length_known=True,
+        per_class_budget=True,
+        max_budget=4,
+        horizon=T,
+    )
+    env.reset(seed=123)
+    for _ in range(T):
+        env.step(np.array([4, 4, 4]))
+    s = env.series()
+    assert s["evicted"].sum() == 0
+    mean_per_class = s["queue_len"][1000:].mean() / 3
+    theory = reflected_walk_mean(3.0, 4)
+    assert theory == pytest.approx(0.80, abs=0.005)
+    assert mean_per_class == pytest.approx(theory, abs=0.05)
+
+
+def check_invariants(env: FlowControlEnv, info: dict) -> None:
+    eng = env.engine
+    log = env.request_log()
+    n = log["arrival"].size
+    done = log["finish"] >= 0
+    q, a = eng.queue_ids(), eng.active_ids()
+    # arrived = rejected + queued + active + completed
+    assert n == log["rejected"].sum() + q.size + a.size + done.sum()
+    assert q.size == eng.n_queued and a.size == eng.n_active
+    # no request lost or duplicated
+    ids = np.concatenate([q, a, np.flatnonzero(done), np.flatnonzero(log["rejected"])])
+    assert np.array_equal(np.sort(ids), np.arange(n))
+    assert info["usage"] <= eng.M
+    assert np.all(log["finish"][done] >= log["arrival"][done] + log["output_len"][done])
+    assert not (done & log["rejected"]).any()
+    assert np.all(log["prompt_len"][log["rejected"]] + log["output_len"][log["rejected"]] > eng.M)
+    # the queue is in FIFO order within each lane
+    for lane in eng.lanes:
+        items = lane.items()
+        assert np.all(np.diff(items) > 0)
+    # held tokens agree with the active set
+    assert eng.held == int((eng.prompt[a] + eng.active_generated()).sum())
+
+
+@settings(max_examples=60, deadline=None)
+@given(
+    M=st.integers(20, 400),
+    classes=st.lists(st.tuples(st.integers(1, 30), st.integers(1, 30)), min_size=1, max_size=4),
+    rate=st.floats(0.0, 4.0),
+    eviction=st.sampled_from(["lifo", "all"]),
+    per_class=st.booleans(),
+    seed=st.integers(0, 2**31 - 1),
+    steps=st.integers(1, 120),
+)
+def test_invariants_random_configs_and_actions(M, classes, rate, eviction, per_class, seed, steps):
+    env = FlowControlEnv(
+        M=M,
+        workload={"kind": "poisson", "classes": [list(c) for c in classes], "rates": rate},
+        eviction=eviction,
+        output_length_known=per_class,
+        per_class_budget=per_class,
+        max_budget=6,
+        horizon=steps,
+    )
+    env.reset(seed=seed)
+    env.action_space.seed(seed)
+    for _ in range(steps):
+        _, r, te, tr, info = env.step(env.action_space.sample())
+        check_invariants(env, info)
+        assert np.isfinite(r)
+    assert tr
+
+
+@settings(max_examples=30, deadline=None)
+@given(
+    M=st.integers(50, 3000),
+    rate=st.floats(0.1, 8.0),
+    seed=st.integers(0, 2**31 - 1),
+)
+def test_invariants_lognormal_lengths(M, rate, seed):
+    env = FlowControlEnv(
+        M=M,
+        workload={"kind": "iid", "rate": rate, "lengths": {"kind": "lognormal", "prompt_median": 11,
+                                                            "prompt_mean": 40, "output_median": 45,
+                                                            "output_mean": 85, "max_prompt": 800,
+                                                            "max_output": 800}},
+        horizon=80,
+    )
+    env.reset(seed=seed)
+    env.action_space.seed(seed)
+    for _ in range(80):
+        _, _, _, _, info = env.step(env.action_space.sample())
+        check_invariants(env, info)
+
+
+def test_engine_does_not_import_gymnasium():
+    import ast
+    import inspect
+
+    import flowgym.engine
+    import flowgym.metrics
+    import flowgym.workloads
+
+    for mod in (flowgym.engine, flowgym.workloads, flowgym.metrics):
+        tree = ast.parse(inspect.getsource(mod))
+        names = {a.name for n in ast.walk(tree) if isinstance(n, ast.Import) for a in n.names}
+        names |= {n.module for n in ast.walk(tree) if isinstance(n, ast.ImportFrom) and n.module}
+        assert not any(x.startswith("gymnasium") for x in names), mod.__name__
+
+
+def test_engine_requires_positive_M():
+    with pytest.raises(ValueError, match="M"):
+        Engine(0, {"kind": "poisson", "classes": PAPER, "rates": 1.0})
+
+
+def test_compaction_keeps_long_runs_exact():
+    """A long greedy run goes through many compactions; its totals must still balance."""
+    env = FlowControlEnv(workload={"kind": "poisson", "classes": PAPER, "rates": 5.0}, horizon=3000)
+    env.reset(seed=9)
+    for _ in range(3000):
+        _, _, _, _, info = env.step(64)
+    check_invariants(env, info)
+    m = env.metrics()
+    assert m["evictions"] > 0 and m["wasted_tokens"] > 0
