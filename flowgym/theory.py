@@ -61,6 +61,11 @@ def _classes(classes: Sequence[Sequence[int]]) -> np.ndarray:
     return c
 
 
+def _check_M(M: float) -> None:
+    if isinstance(M, bool) or not isinstance(M, (int, float, np.number)) or not (math.isfinite(M) and M > 0):
+        raise ValueError(f"M must be a positive finite number, got {M!r}")
+
+
 def load(
     M: float,
     rates: float | Sequence[float],
@@ -77,8 +82,7 @@ def load(
     >>> round(load(16492, 5, [(10, 20), (10, 40), (10, 60)]) * 16492)
     20300
     """
-    if M <= 0:
-        raise ValueError(f"M must be positive, got {M}")
+    _check_M(M)
     if classes is not None:
         c = _classes(classes)
         lam = _vec("rates", rates, c.shape[0])
@@ -113,6 +117,7 @@ def theorem1(
     budgets: Sequence[int], classes: Sequence[Sequence[int]], rates: float | Sequence[float], M: float
 ) -> Theorem1Check:
     """Check Theorem 1's sufficient condition for Algorithm 1 with budgets ``b_k``."""
+    _check_M(M)
     c = _classes(classes)
     b = _vec("budgets", budgets, c.shape[0])
     lam = _vec("rates", rates, c.shape[0])
@@ -124,6 +129,7 @@ def theorem1(
 
 def max_global_budget(M: float, mean_work: float, eps: float = 0.0) -> int:
     """Largest integer ``b`` with ``b * E[w] <= (1 - eps) * M`` (Theorem 2)."""
+    _check_M(M)
     if not 0 <= eps < 1:
         raise ValueError(f"eps must be in [0, 1), got {eps}")
     if mean_work <= 0:

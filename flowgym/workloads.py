@@ -512,18 +512,21 @@ class Trace(Workload):
         *,
         num_classes: int | None = None,
         _rows: np.ndarray | None = None,
+        _names: dict[str, str] | None = None,
         _source: dict[str, Any] | None = None,
     ) -> None:
-        a = _trace_column("arrival", arrival, allow_zero=True, rows=_rows)
-        l = _trace_column("prompt_len", prompt_len, allow_zero=False, rows=_rows)
-        o = _trace_column("output_len", output_len, allow_zero=False, rows=_rows)
+        name = {"arrival": "arrival", "prompt_len": "prompt_len", "output_len": "output_len", "cls": "cls"}
+        name.update(_names or {})
+        a = _trace_column(name["arrival"], arrival, allow_zero=True, rows=_rows)
+        l = _trace_column(name["prompt_len"], prompt_len, allow_zero=False, rows=_rows)
+        o = _trace_column(name["output_len"], output_len, allow_zero=False, rows=_rows)
         n = len(a)
         if len(l) != n or len(o) != n:
             raise TraceError(
                 f"columns differ in length: arrival {n}, prompt_len {len(l)}, output_len {len(o)}"
             )
         if cls is not None:
-            c = _trace_column("cls", cls, allow_zero=True, rows=_rows)
+            c = _trace_column(name["cls"], cls, allow_zero=True, rows=_rows)
             if len(c) != n:
                 raise TraceError(f"column 'cls' has {len(c)} rows, arrival has {n}")
         else:
@@ -531,6 +534,7 @@ class Trace(Workload):
         order = np.argsort(a, kind="stable")
         self.row = order  #: input row of each (sorted) request
         self.arrival, self.prompt_len, self.output_len, self.cls = a[order], l[order], o[order], c[order]
+        self._num_classes_given = num_classes
         if cls is not None:
             m = int(c.max()) + 1 if n else 0
             if num_classes is not None:
@@ -611,6 +615,7 @@ class Trace(Workload):
                 np.asarray(cols["output_len"], dtype=object),
                 np.asarray(cols["cls"], dtype=object) if "cls" in cols else None,
                 _rows=rows_a,
+                _names=wanted,
                 _source={
                     "kind": "trace",
                     "path": path,
@@ -621,10 +626,7 @@ class Trace(Workload):
                 },
             )
         except TraceError as e:
-            msg = str(e)
-            for field, col in wanted.items():
-                msg = msg.replace(f"column {field!r}", f"column {col!r}")
-            raise TraceError(f"trace CSV {path!r}: {msg}") from None
+            raise TraceError(f"trace CSV {path!r}: {e}") from None
 
     def sample(self, rng: np.random.Generator, t0: int, t1: int) -> Requests:
         lo, hi = np.searchsorted(self.arrival, [t0, t1], side="left")
@@ -660,6 +662,8 @@ class Trace(Workload):
         }
         if (self.cls >= 0).any():
             out["cls"] = self.cls.tolist()
+        if self._num_classes_given is not None:
+            out["num_classes"] = int(self._num_classes_given)
         return out
 
     def __repr__(self) -> str:
