@@ -35,18 +35,19 @@ from typing import Any, NamedTuple
 
 import numpy as np
 
+from flowgym.rules import (
+    EVICTION_RULES,
+    QUEUE_ORDERS,
+    ActiveSet,
+    EvictionRule,
+    Lane,
+    QueueOrder,
+    make_eviction_rule,
+    make_queue_order,
+)
 from flowgym.workloads import CHUNK_SLOTS, Trace, Workload, make_workload
 
-__all__ = [
-    "Engine",
-    "SlotStats",
-    "EvictionRule",
-    "LIFOEviction",
-    "EvictAll",
-    "EVICTION_RULES",
-    "make_eviction_rule",
-    "replay",
-]
+__all__ = ["Engine", "SlotStats", "EVICTION_RULES", "QUEUE_ORDERS", "replay"]
 
 _I64 = np.int64
 
@@ -64,138 +65,6 @@ class SlotStats(NamedTuple):
     active: int  #: active requests at the end of the slot
 
 
-# --------------------------------------------------------------------------- eviction rules
-
-
-class EvictionRule:
-    """Chooses which active requests to evict when the demand exceeds ``M``.
-
-    ``select`` receives the active requests in admission order (oldest first):
-    their ids and their demand ``l_i + j_i + 1`` this slot, and ``excess =
-    D_t - M > 0``. It returns positions (into those arrays) of the requests to
-    evict; together they must free at least ``excess`` tokens.
-    """
-
-    name = "base"
-
-    def select(self, ids: np.ndarray, demand: np.ndarray, excess: int) -> np.ndarray:
-        raise NotImplementedError
-
-    @staticmethod
-    def prefix_covering(order: np.ndarray, demand: np.ndarray, excess: int) -> np.ndarray:
-        """The shortest prefix of ``order`` whose demand sums to at least ``excess``."""
-        c = np.cumsum(demand[order])
-        k = int(np.searchsorted(c, excess, side="left")) + 1
-        return order[:k]
-
-
-class LIFOEviction(EvictionRule):
-    """Evict the most recently activated request first (Algorithm 2's rule).
-
-    Within one slot the last admitted goes first; requests are evicted one at
-    a time until ``D_t <= M``.
-    """
-
-    name = "lifo"
-
-    def select(self, ids: np.ndarray, demand: np.ndarray, excess: int) -> np.ndarray:
-        return self.prefix_covering(np.arange(ids.size - 1, -1, -1), demand, excess)
-
-
-class EvictAll(EvictionRule):
-    """Evict every active request (the alpha-protection greedy's memory reset)."""
-
-    name = "all"
-
-    def select(self, ids: np.ndarray, demand: np.ndarray, excess: int) -> np.ndarray:
-        return np.arange(ids.size)
-
-
-#: Eviction rules by name.
-EVICTION_RULES: dict[str, type[EvictionRule]] = {"lifo": LIFOEviction, "all": EvictAll}
-
-
-def make_eviction_rule(rule: str | EvictionRule) -> EvictionRule:
-    """An :class:`EvictionRule` from its name (``"lifo"``, ``"all"``) or as given."""
-    if isinstance(rule, EvictionRule):
-        return rule
-    try:
-        return EVICTION_RULES[rule]()
-    except (KeyError, TypeError):
-        raise ValueError(f"eviction must be one of {sorted(EVICTION_RULES)}, got {rule!r}") from None
-
-
-# --------------------------------------------------------------------------- queue lanes
-
-
-class _Lane:
-    """One FIFO lane: request ids sorted ascending in ``buf[head:tail]``.
-
-    Request ids are given in order of arrival, so ascending id is ascending
-    ``(a_i, i)``: the queue order of the spec.
-    """
-
-    __slots__ = ("buf", "head", "tail")
-
-    def __init__(self, capacity: int = 256) -> None:
-        self.buf = np.empty(capacity, dtype=_I64)
-        self.head = 0
-        self.tail = 0
-
-    def __len__(self) -> int:
-        return self.tail - self.head
-
-    def items(self) -> np.ndarray:
-        return self.buf[self.head : self.tail]
-
-    def _room(self, k: int) -> None:
-        if self.tail + k <= self.buf.size:
-            return
-        n = self.tail - self.head
-        cap = max(self.buf.size, 2 * (n + k))
-        new = np.empty(cap, dtype=_I64)
-        new[:n] = self.buf[self.head : self.tail]
-        self.buf, self.head, self.tail = new, 0, n
-
-    def append(self, ids: np.ndarray) -> None:
-        """Add ids that come after everything queued (new arrivals)."""
-        k = ids.size
-        self._room(k)
-        self.buf[self.tail : self.tail + k] = ids
-        self.tail += k
-
-    def append_range(self, lo: int, hi: int) -> None:
-        k = hi - lo
-        self._room(k)
-        self.buf[self.tail : self.tail + k] = np.arange(lo, hi, dtype=_I64)
-        self.tail += k
-
-    def insert(self, ids: np.ndarray) -> None:
-        """Merge ids (sorted ascending) into the lane at their FIFO places."""
-        k = ids.size
-        cur = self.buf[self.head : self.tail]
-        if cur.size == 0 or ids[-1] < cur[0]:
-            if self.head >= k:  # room in front: the usual case for requeued requests
-                self.head -= k
-                self.buf[self.head : self.head + k] = ids
-                return
-        merged = np.concatenate([ids, cur])
-        merged.sort(kind="stable")
-        n = merged.size
-        if n > self.buf.size:
-            self.buf = np.empty(2 * n, dtype=_I64)
-        self.buf[:n] = merged
-        self.head, self.tail = 0, n
-
-    def pop(self, k: int) -> np.ndarray:
-        """Remove and return the first ``k`` ids (``k <= len``)."""
-        out = self.buf[self.head : self.head + k].copy()
-        self.head += k
-        if self.head == self.tail:
-            self.head = self.tail = 0
-        return out
-
-
 # --------------------------------------------------------------------------- engine
 
 
@@ -205,8 +74,12 @@ class Engine:
     Args:
         M: KV-cache budget in tokens.
         workload: a :class:`~flowgym.workloads.Workload` or its mapping form.
-        eviction: eviction rule, ``"lifo"`` (default) or ``"all"``, or an
-            :class:`EvictionRule`.
+        eviction: eviction rule by name (``"lifo"``, default; ``"all"``;
+            ``"estimate"``) or an :class:`~flowgym.rules.EvictionRule`.
+        queue_order: queue order by name (``"fifo"``, default; ``"sjf"``;
+            ``"estimate"``) or a :class:`~flowgym.rules.QueueOrder`.
+        estimate_floor: initial output estimate of every request, when an
+            order or rule uses estimates (default 1: the shortest possible output).
         per_class: admit with per-class budgets (Algorithm 1): one FIFO lane per
             class; :meth:`serve` then takes an array of ``m`` budgets.
         track_class_queue: keep per-class queue counts (for observations).
@@ -221,6 +94,8 @@ class Engine:
         workload: Workload | dict[str, Any],
         *,
         eviction: str | EvictionRule = "lifo",
+        queue_order: str | QueueOrder = "fifo",
+        estimate_floor: int = 1,
         per_class: bool = False,
         track_class_queue: bool = False,
     ) -> None:
@@ -229,6 +104,11 @@ class Engine:
         self.M = int(M)
         self.workload = make_workload(workload)
         self.eviction = make_eviction_rule(eviction)
+        self.order = make_queue_order(queue_order)
+        self.track_estimates = self.order.needs_estimates or self.eviction.needs_estimates
+        if isinstance(estimate_floor, bool) or not isinstance(estimate_floor, (int, np.integer)) or estimate_floor < 1:
+            raise ValueError(f"estimate_floor must be a positive integer, got {estimate_floor!r}")
+        self.estimate_floor = int(estimate_floor)
         self.m = self.workload.num_classes
         if per_class and self.m == 0:
             raise ValueError("per_class budgets need a workload with request classes")
@@ -251,6 +131,7 @@ class Engine:
         self.finish = np.empty(cap, _I64)
         self.evictions = np.empty(cap, _I64)
         self.rejected = np.empty(cap, bool)
+        self.estimate = np.empty(cap, _I64)  # output estimates (lower bounds), when tracked
         self.n_req = 0  # requests generated (some not arrived yet)
         self.n_arrived = 0  # ids < n_arrived have arrived
         self._gen_t = 0  # next slot to generate
@@ -261,7 +142,9 @@ class Engine:
         self._chunk_base = 0
         self._total_requests = len(self.workload) if isinstance(self.workload, Trace) else None
 
-        self.lanes = [_Lane() for _ in range(self.m if self.per_class else 1)]
+        keyed = not self.order.keys_are_ids
+        self.lanes = [Lane(keyed) for _ in range(self.m if self.per_class else 1)]
+        self._fast_fifo = self.order.keys_are_ids and not self.per_class and not self.track_class_queue
         self.class_queue = np.zeros(max(self.m, 1), _I64)
 
         # Active set: entries in activation order in [_h, _tail) of the _a_* arrays.
@@ -303,7 +186,7 @@ class Engine:
         if need <= cap:
             return
         new_cap = max(2 * cap, need)
-        for name in ("arrival", "prompt", "output", "cls", "finish", "evictions", "rejected"):
+        for name in ("arrival", "prompt", "output", "cls", "finish", "evictions", "rejected", "estimate"):
             old = getattr(self, name)
             new = np.empty(new_cap, old.dtype)
             new[: self.n_req] = old[: self.n_req]
@@ -325,6 +208,7 @@ class Engine:
         self.cls[s] = req.cls
         self.finish[s] = -1
         self.evictions[s] = 0
+        self.estimate[s] = self.estimate_floor
         rej = (req.prompt_len + req.output_len) > self.M
         self.rejected[s] = rej
         self.n_req = base + k
@@ -360,26 +244,32 @@ class Engine:
                 return k
         else:
             ids = None
-        n_new = k - n_rej
-        self.n_queued += n_new
-        if self.per_class or self.track_class_queue:
-            if ids is None:
-                ids = np.arange(lo, hi, dtype=_I64)
-            c = self.cls[ids]
-            if self.per_class:
-                for kk in range(self.m):
-                    sel = ids[c == kk]
-                    if sel.size:
-                        self.lanes[kk].append(sel)
-            else:
-                self.lanes[0].append(ids)
-            if self.track_class_queue:
-                self.class_queue += np.bincount(c, minlength=self.m)
-        elif ids is None:
+        self.n_queued += k - n_rej
+        if self._fast_fifo and ids is None:
             self.lanes[0].append_range(lo, hi)
-        else:
-            self.lanes[0].append(ids)
+            return k
+        if ids is None:
+            ids = np.arange(lo, hi, dtype=_I64)
+        self._enqueue(ids)
         return k
+
+    def _enqueue(self, ids: np.ndarray) -> None:
+        """Put requests in their lanes at their places in the queue order."""
+        keys = self.order.keys(self, ids)
+        if not self.order.keys_are_ids:
+            o = np.argsort(keys, kind="stable")
+            ids, keys = ids[o], keys[o]
+        c = self.cls[ids] if (self.per_class or self.track_class_queue) else None
+        if self.per_class:
+            assert c is not None
+            for kk in range(self.m):
+                sel = c == kk
+                if sel.any():
+                    self.lanes[kk].push(ids[sel], keys[sel])
+        else:
+            self.lanes[0].push(ids, keys)
+        if self.track_class_queue:
+            self.class_queue += np.bincount(c, minlength=self.m)
 
     def _admit(self, budget: Any) -> np.ndarray | None:
         if self.per_class:
@@ -449,10 +339,11 @@ class Engine:
     def _evict(self, excess: int) -> tuple[int, int]:
         t, h = self.t, self._h
         wpos = self._alive()
-        ids = self._a_id[h:self._tail][wpos]
-        gen = t - self._a_start[h:self._tail][wpos]  # j_i: tokens generated before this slot
+        ids = self._a_id[h : self._tail][wpos]
+        gen = t - self._a_start[h : self._tail][wpos]  # j_i: tokens generated before this slot
         demand = self.prompt[ids] + gen + 1
-        pos = np.asarray(self.eviction.select(ids, demand, excess), dtype=_I64)
+        est = np.maximum(self.estimate[ids], gen + 1) if self.track_estimates else None
+        pos = np.asarray(self.eviction.select(ActiveSet(ids, demand, gen, est), excess), dtype=_I64)
         if pos.size == 0 or int(demand[pos].sum()) < excess:
             raise RuntimeError(f"eviction rule {self.eviction.name!r} did not free {excess} tokens")
         victims = ids[pos]
@@ -471,20 +362,12 @@ class Engine:
         self.wasted_tokens += wasted
         self.total_evictions += victims.size
         self.overflow_events += 1
-        # back to the queue at their FIFO places (they keep their arrival)
-        victims = np.sort(victims)
+        if est is not None:  # o_i > j_i is now known: raise the estimate
+            self.estimate[victims] = est[pos]
+        # back to the queue at their places (they keep their arrival)
         self.n_queued += victims.size
         self.queued_prompt_tokens += int(self.prompt[victims].sum())
-        if self.per_class:
-            c = self.cls[victims]
-            for kk in range(self.m):
-                sel = victims[c == kk]
-                if sel.size:
-                    self.lanes[kk].insert(sel)
-        else:
-            self.lanes[0].insert(victims)
-        if self.track_class_queue:
-            self.class_queue += np.bincount(self.cls[victims], minlength=self.m)
+        self._enqueue(np.sort(victims))
         return victims.size, wasted
 
     def serve(self, budget: int | Sequence[int] | np.ndarray) -> SlotStats:
@@ -608,6 +491,7 @@ def replay(
     eviction: str | EvictionRule = "lifo",
     horizon: int | None = None,
     classes: Sequence[int] | np.ndarray | None = None,
+    queue_order: str | QueueOrder = "fifo",
 ) -> dict[str, Any]:
     """Replay a trace under given activation budgets; the reference entry point of the spec.
 
@@ -617,11 +501,12 @@ def replay(
         budgets: ``B_t`` for every slot (an int), or a sequence with ``B_t`` per
             slot (0 past its end); with ``classes``, a sequence of ``m``
             per-class budgets ``b_k`` applied every slot (Algorithm 1).
-        eviction: ``"lifo"`` or ``"all"``.
+        eviction: ``"lifo"``, ``"all"`` or ``"estimate"``.
         horizon: slots to run; ``None`` runs until every request has arrived and
             the system is empty (raising if that has not happened after
             ``last arrival + 10 * sum of (l + o) + 100`` slots, e.g. a zero budget).
         classes: class id per request (0..m-1) for per-class budgets.
+        queue_order: ``"fifo"`` (the spec's order), ``"sjf"`` or ``"estimate"``.
 
     Returns:
         a dict with per-request arrays in the input's order (``finish``,
@@ -633,7 +518,7 @@ def replay(
     per_class = classes is not None
     b = np.asarray(budgets, dtype=_I64)
     trace = Trace(arrival, prompt_len, output_len, cls=classes, num_classes=b.size if per_class else None)
-    eng = Engine(M, trace, eviction=eviction, per_class=per_class)
+    eng = Engine(M, trace, eviction=eviction, queue_order=queue_order, per_class=per_class)
     if per_class:
         if b.ndim != 1 or b.size != eng.m:
             raise ValueError(f"with classes, budgets must hold one budget per class ({eng.m}), got {budgets!r}")

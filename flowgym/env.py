@@ -11,9 +11,10 @@ from typing import Any
 import gymnasium as gym
 import numpy as np
 
-from flowgym.engine import EVICTION_RULES, Engine, SlotStats
+from flowgym.engine import EVICTION_RULES, QUEUE_ORDERS, Engine, SlotStats
 from flowgym.metrics import compute_metrics
 from flowgym.spaces import DictObservation, Features, FlatObservation, GlobalBudget, PerClassBudget
+from flowgym.view import SystemView
 from flowgym.workloads import Workload, make_workload
 
 __all__ = ["FlowControlConfig", "FlowControlEnv", "PAPER_CLASSES", "DEFAULT_WORKLOAD"]
@@ -59,8 +60,14 @@ class FlowControlConfig:
     per_class_budget: bool = False
     #: Whether output lengths (and classes) may be observed; ``False`` is the paper's unknown case.
     output_length_known: bool = False
-    #: Eviction rule on overflow: ``"lifo"`` (Algorithm 2) or ``"all"``.
+    #: Eviction rule on overflow: ``"lifo"`` (Algorithm 2), ``"all"`` (memory reset) or
+    #: ``"estimate"`` (ascending output estimate, A_min). See :mod:`flowgym.rules`.
     eviction: str = "lifo"
+    #: Queue order: ``"fifo"`` (default), ``"sjf"`` (shortest known output first; needs
+    #: known lengths) or ``"estimate"`` (smallest output estimate first).
+    queue_order: str = "fifo"
+    #: Initial output estimate of every request (``estimate`` order and eviction).
+    estimate_floor: int = 1
     #: ``"dict"`` (a ``Dict`` of ``Box``es) or ``"flat"`` (one ``Box``, for ``MlpPolicy``).
     observation: str = "dict"
     #: Cap for observed counts (queue length, per-class queues, arrival rate).
@@ -120,6 +127,11 @@ class FlowControlConfig:
             pos_num(name, getattr(self, name))
         if self.eviction not in EVICTION_RULES:
             raise ValueError(f"eviction must be one of {sorted(EVICTION_RULES)}, got {self.eviction!r}")
+        if self.queue_order not in QUEUE_ORDERS:
+            raise ValueError(f"queue_order must be one of {sorted(QUEUE_ORDERS)}, got {self.queue_order!r}")
+        if self.queue_order == "sjf" and not self.output_length_known:
+            raise ValueError("queue_order='sjf' reads output lengths: it needs output_length_known=True")
+        pos_int("estimate_floor", self.estimate_floor)
         if self.observation not in ("dict", "flat"):
             raise ValueError(f"observation must be 'dict' or 'flat', got {self.observation!r}")
         edges = list(self.hist_edges)
@@ -266,6 +278,8 @@ class FlowControlEnv(gym.Env[Any, Any]):
             cfg.M,
             self.workload,
             eviction=cfg.eviction,
+            queue_order=cfg.queue_order,
+            estimate_floor=cfg.estimate_floor,
             per_class=cfg.per_class_budget,
             track_class_queue=cfg.output_length_known and m > 0 and not cfg.per_class_budget,
         )
@@ -357,6 +371,10 @@ class FlowControlEnv(gym.Env[Any, Any]):
         )
 
     # ------------------------------------------------------------------ results
+
+    def view(self) -> SystemView:
+        """The read-only :class:`~flowgym.view.SystemView` that scripted agents read."""
+        return SystemView(self.engine, self.config.output_length_known)
 
     def request_log(self) -> dict[str, np.ndarray]:
         """Per-request numpy arrays of every request that has arrived, by request id.

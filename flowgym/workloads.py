@@ -146,6 +146,10 @@ class Workload(ABC):
         """Largest ``l + o`` the workload can produce, when bounded."""
         return None
 
+    def max_output_tokens(self) -> int | None:
+        """Largest output length ``o`` the workload can produce, when bounded."""
+        return None
+
     def to_spec(self) -> dict[str, Any]:
         """A JSON-serialisable mapping that :func:`make_workload` turns back into this workload."""
         raise NotImplementedError(f"{type(self).__name__} has no mapping form")
@@ -219,6 +223,9 @@ class MultiClassPoisson(Workload):
     def max_request_tokens(self) -> int:
         return int(self.classes.sum(axis=1).max())
 
+    def max_output_tokens(self) -> int:
+        return int(self.classes[:, 1].max())
+
     def to_spec(self) -> dict[str, Any]:
         return {
             "kind": "poisson",
@@ -247,6 +254,10 @@ class LengthDistribution(ABC):
     @abstractmethod
     def max_tokens(self) -> int:
         """Largest ``l + o`` the distribution can produce."""
+
+    @abstractmethod
+    def max_output(self) -> int:
+        """Largest ``o`` the distribution can produce."""
 
     @abstractmethod
     def to_spec(self) -> dict[str, Any]:
@@ -291,6 +302,9 @@ class EmpiricalLengths(LengthDistribution):
 
     def max_tokens(self) -> int:
         return int(self.pairs[self.p > 0].sum(axis=1).max())
+
+    def max_output(self) -> int:
+        return int(self.pairs[self.p > 0, 1].max())
 
     def to_spec(self) -> dict[str, Any]:
         return {"kind": "empirical", "pairs": self.pairs.tolist(), "weights": self.p.tolist()}
@@ -343,9 +357,9 @@ class LogNormalLengths(LengthDistribution):
         self.prompt_sigma = self._sigma("prompt", self.prompt_median, prompt_sigma, prompt_mean)
         self.output_sigma = self._sigma("output", self.output_median, output_sigma, output_mean)
         self.max_prompt = _positive_int("max_prompt", max_prompt)
-        self.max_output = _positive_int("max_output", max_output)
+        self.max_output_len = _positive_int("max_output", max_output)
         sp, pp = _rounded_lognormal_pmf(self.prompt_median, self.prompt_sigma, 1, self.max_prompt)
-        so, po = _rounded_lognormal_pmf(self.output_median, self.output_sigma, 1, self.max_output)
+        so, po = _rounded_lognormal_pmf(self.output_median, self.output_sigma, 1, self.max_output_len)
         el, eo, eo2 = (sp * pp).sum(), (so * po).sum(), (so * so * po).sum()
         self._mean_work = float(el * eo + (eo + eo2) / 2.0)  # l and o independent
 
@@ -375,14 +389,17 @@ class LogNormalLengths(LengthDistribution):
 
     def sample(self, rng: np.random.Generator, n: int) -> tuple[np.ndarray, np.ndarray]:
         l = self._draw(rng, n, self.prompt_median, self.prompt_sigma, self.max_prompt)
-        o = self._draw(rng, n, self.output_median, self.output_sigma, self.max_output)
+        o = self._draw(rng, n, self.output_median, self.output_sigma, self.max_output_len)
         return l, o
 
     def mean_work(self) -> float:
         return self._mean_work
 
     def max_tokens(self) -> int:
-        return self.max_prompt + self.max_output
+        return self.max_prompt + self.max_output_len
+
+    def max_output(self) -> int:
+        return self.max_output_len
 
     def to_spec(self) -> dict[str, Any]:
         return {
@@ -392,7 +409,7 @@ class LogNormalLengths(LengthDistribution):
             "prompt_sigma": self.prompt_sigma,
             "output_sigma": self.output_sigma,
             "max_prompt": self.max_prompt,
-            "max_output": self.max_output,
+            "max_output": self.max_output_len,
         }
 
 
@@ -439,6 +456,9 @@ class IIDPoisson(Workload):
 
     def max_request_tokens(self) -> int:
         return self.lengths.max_tokens()
+
+    def max_output_tokens(self) -> int:
+        return self.lengths.max_output()
 
     def to_spec(self) -> dict[str, Any]:
         return {"kind": "iid", "rate": self.rate, "lengths": self.lengths.to_spec()}
@@ -650,6 +670,9 @@ class Trace(Workload):
 
     def max_request_tokens(self) -> int:
         return int((self.prompt_len + self.output_len).max()) if len(self) else 0
+
+    def max_output_tokens(self) -> int:
+        return int(self.output_len.max()) if len(self) else 0
 
     def to_spec(self) -> dict[str, Any]:
         if self._source is not None:
