@@ -1,4 +1,10 @@
-"""Command line: ``flowgym run`` simulates a scenario under a fixed activation budget."""
+"""Command line.
+
+* ``flowgym compare``: every agent of a scenario on the same arrivals, tuned on
+  separate seeds, reported per horizon with 95% confidence intervals, written
+  as CSV, JSON and PNG plots (the paper's Section 4.1 experiment by default).
+* ``flowgym run``: one scenario under a fixed activation budget, metrics printed.
+"""
 
 from __future__ import annotations
 
@@ -56,9 +62,96 @@ def _run(args: argparse.Namespace) -> int:
     return 0
 
 
+def _horizons(text: str) -> list[int]:
+    out = []
+    for part in text.split(","):
+        part = part.strip()
+        if "..." in part or ":" in part:
+            raise argparse.ArgumentTypeError(f"list horizons one by one, e.g. 1000,2000,3000 (got {part!r})")
+        try:
+            v = int(part)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"horizon {part!r} is not an integer") from None
+        if v < 1:
+            raise argparse.ArgumentTypeError(f"horizon {v} must be positive")
+        out.append(v)
+    return out
+
+
+def _compare(args: argparse.Namespace) -> int:
+    import os
+
+    from flowgym.evaluation import Progress, evaluate, tune
+    from flowgym.scenarios import AgentSpec, get_scenario
+
+    sc = get_scenario(args.scenario, rate=args.rate)
+    env_kwargs = sc.env_kwargs()
+    specs = [AgentSpec.parse(a) for a in args.agents.split(";")] if args.agents else list(sc.agents)
+    horizons = sorted(set(args.horizons))
+    seeds = list(range(args.seeds))
+    tune_seeds = [1000 + i for i in range(args.tune_seeds)]
+    tune_h = args.tune_horizon or min(horizons[-1], 2000)
+    n_tune = sum(len(s.tune[1]) * len(tune_seeds) for s in specs if s.tune and not args.no_tune)
+    bar = Progress(n_tune + len(specs) * len(seeds), enabled=not args.quiet)
+    print(sc.description)
+    tuned: dict[str, object] = {}
+    final = []
+    for spec in specs:
+        if spec.tune and not args.no_tune:
+            param = spec.tune[0]
+            best, _ = tune(spec, env_kwargs, tune_seeds, tune_h, progress=bar.update)
+            base = spec.label or spec.name
+            label = f"{base} {param}={best}"
+            tuned[label] = {param: best}
+            spec = AgentSpec(spec.name, {**spec.params, param: best}, None, label)
+        final.append(spec)
+    table = evaluate(final, env_kwargs, seeds, horizons, progress=bar)
+    table.tuned = tuned
+    print(table.format())
+    if tuned:
+        print(f"tuned on seeds {tune_seeds} at T={tune_h} (lowest mean time in system): "
+              + ", ".join(f"{k}" for k in tuned))
+    os.makedirs(args.out, exist_ok=True)
+    stem = os.path.join(args.out, sc.name)
+    table.to_csv(stem + ".csv")
+    table.to_json(stem + ".json", scenario=sc.name, description=sc.description, env=env_kwargs,
+                  tune_seeds=tune_seeds, tune_horizon=tune_h)
+    written = [stem + ".csv", stem + ".json"]
+    if not args.no_plots:
+        from flowgym.plots import plot_kv_usage, plot_metrics_vs_horizon
+
+        plot_metrics_vs_horizon(table, stem + "_metrics.png", title=sc.description)
+        plot_kv_usage(table, stem + "_kv_usage.png", title=f"{sc.name}: KV usage, seed {seeds[0]}")
+        written += [stem + "_metrics.png", stem + "_kv_usage.png"]
+    print("wrote " + ", ".join(written))
+    return 0
+
+
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="flowgym", description=__doc__)
     sub = p.add_subparsers(dest="command", required=True)
+    c = sub.add_parser(
+        "compare",
+        help="compare every agent of a scenario on the same arrivals (CSV, JSON, plots)",
+        description="Run the scenario's agents (tuning flow control's b and the alpha-greedy's alpha by "
+        "grid search on separate seeds) over seeds 0..N-1, report avg/p95 latency, throughputs, "
+        "evictions and KV usage at each horizon with 95%% confidence intervals.",
+    )
+    c.add_argument("--scenario", default="paper-synthetic-known",
+                   help="paper-synthetic-known (default) or paper-synthetic-unknown")
+    c.add_argument("--rate", type=float, default=None, help="arrival rate per class per slot (default 5, the paper's)")
+    c.add_argument("--horizons", type=_horizons, default=[1000, 2000, 3000, 4000, 5000],
+                   help="comma-separated horizons T (default 1000,2000,3000,4000,5000)")
+    c.add_argument("--seeds", type=int, default=3, help="reporting seeds 0..N-1 (default 3)")
+    c.add_argument("--tune-seeds", type=int, default=2, help="tuning seeds 1000.. (default 2)")
+    c.add_argument("--tune-horizon", type=int, default=None, help="horizon of tuning runs (default min(T, 2000))")
+    c.add_argument("--no-tune", action="store_true", help="use the scenario's default parameters")
+    c.add_argument("--agents", default=None,
+                   help="semicolon-separated agents, e.g. 'flow-control:b=12;mc;alpha-greedy:alpha=0.2'")
+    c.add_argument("--out", default="results", help="output folder (default results/)")
+    c.add_argument("--no-plots", action="store_true", help="skip the PNG plots")
+    c.add_argument("--quiet", action="store_true", help="no progress bar")
+    c.set_defaults(func=_compare)
     r = sub.add_parser(
         "run",
         help="simulate a scenario under a fixed activation budget and print the metrics",
@@ -81,6 +174,9 @@ def build_parser() -> argparse.ArgumentParser:
 def main(argv: Sequence[str] | None = None) -> int:
     """Entry point of the ``flowgym`` command."""
     args = build_parser().parse_args(argv)
+    if getattr(args, "seeds", 1) < 1:
+        print("error: --seeds must be at least 1", file=sys.stderr)
+        return 2
     if getattr(args, "horizon", None) is None:
         args.horizon_given = False
         args.horizon = 1000

@@ -6,12 +6,13 @@ from typing import Any
 
 import numpy as np
 
-__all__ = ["METRIC_NAMES", "compute_metrics"]
+__all__ = ["METRIC_NAMES", "compute_metrics", "metrics_at"]
 
 #: Scalar metrics, in the order tables print them.
 METRIC_NAMES = (
     "avg_latency",
     "p95_latency",
+    "mean_time_in_system",
     "request_throughput",
     "token_throughput",
     "generated_token_throughput",
@@ -39,7 +40,11 @@ def compute_metrics(log: dict[str, np.ndarray], series: dict[str, np.ndarray], M
     Returns:
         a dict with the :data:`METRIC_NAMES` (latencies are ``nan`` when no
         request completed; throughputs per slot), ``T``, and the series
-        ``kv_usage`` (``U_t / M``) for plots.
+        ``kv_usage`` (``U_t / M``) for plots. ``mean_time_in_system`` averages
+        ``min(f_i, T) - a_i`` over every request that arrived and was not
+        rejected: unlike ``avg_latency`` it charges unfinished requests, so a
+        policy cannot look fast by leaving long requests waiting. Its sum over
+        requests is the sum of the default reward's ``N_t`` (Little's law).
     """
     T = int(series["usage"].size)
     finish = log["finish"]
@@ -48,11 +53,16 @@ def compute_metrics(log: dict[str, np.ndarray], series: dict[str, np.ndarray], M
     n_done = int(done.sum())
     rejected = int(log["rejected"].sum())
     usage = series["usage"].astype(np.float64) / M
+    # time in system up to T of every admitted-to-queue request, unfinished ones included
+    ok = ~log["rejected"]
+    end = np.where(done, finish, T)[ok]
+    in_sys = float((end - log["arrival"][ok]).sum())
     gen = float((series["active"] + series["completed"]).sum())  # tokens decoded, wasted ones included
     out: dict[str, Any] = {
         "T": T,
         "avg_latency": float(lat.mean()) if n_done else float("nan"),
         "p95_latency": float(np.percentile(lat, 95)) if n_done else float("nan"),
+        "mean_time_in_system": in_sys / int(ok.sum()) if ok.any() else float("nan"),
         "request_throughput": n_done / T if T else float("nan"),
         "token_throughput": float(log["output_len"][done].sum()) / T if T else float("nan"),
         "generated_token_throughput": gen / T if T else float("nan"),
@@ -68,3 +78,19 @@ def compute_metrics(log: dict[str, np.ndarray], series: dict[str, np.ndarray], M
         "kv_usage": usage,
     }
     return out
+
+
+def metrics_at(log: dict[str, np.ndarray], series: dict[str, np.ndarray], M: int, T: int) -> dict[str, Any]:
+    """Metrics of the first ``T`` slots of a longer run.
+
+    The first ``T`` slots of a run do not depend on what comes after them (no
+    policy here sees the horizon), so this equals the metrics of a ``T``-slot
+    run on the same seed: requests arriving at or after ``T`` are left out and
+    requests finishing after ``T`` count as unfinished.
+    """
+    if T > series["usage"].size:
+        raise ValueError(f"T={T} is longer than the run ({series['usage'].size} slots)")
+    arrived = log["arrival"] < T
+    cut = {k: v[arrived] for k, v in log.items()}
+    cut["finish"] = np.where(cut["finish"] <= T, cut["finish"], -1)
+    return compute_metrics(cut, {k: v[:T] for k, v in series.items()}, M)

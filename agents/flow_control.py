@@ -1,0 +1,110 @@
+"""Flow control (Dong & Cao, Algorithms 1 and 2) and reference budgets."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+import numpy as np
+
+from agents.base import Agent
+from flowgym.view import SystemView
+
+__all__ = ["FlowControl", "FixedBudget", "RandomBudget"]
+
+
+class FlowControl(Agent):
+    """Flow-controlled admission: at most a fixed number of activations per slot.
+
+    * ``FlowControl(b=(b_1, ..., b_m))`` is **Algorithm 1** (known classes): each
+      slot up to ``b_k`` requests of class ``k`` start, classes in order, FIFO
+      within a class. It never overflows when ``sum_k b_k w_k <= M`` and is
+      stable when moreover ``b_k > lambda_k`` (Theorem 1). Needs
+      ``per_class_budget=True`` (and so known lengths).
+    * ``FlowControl(b=b)`` is **Algorithm 2** (unknown lengths): a global budget
+      ``B_t = b`` with LIFO eviction on overflow.
+    * ``FlowControl(b=b, cap=A)``: Algorithm 2 with i.i.d. budgets ``B_t ~
+      Binomial(A, b / A)`` (mean ``b``, at most ``A``), the setting of Theorem 2.
+
+    Source: Dong & Cao, "Flow-Controlled Scheduling for LLM Inference with
+    Provable Stability Guarantees", Section 3.
+    """
+
+    name = "flow-control"
+
+    def __init__(self, b: float | Sequence[int] = 12, cap: int | None = None) -> None:
+        if isinstance(b, (Sequence, np.ndarray)) and not isinstance(b, str):
+            self.per_class = np.asarray(b, dtype=np.int64)
+            if self.per_class.ndim != 1 or self.per_class.size == 0 or (self.per_class < 0).any():
+                raise ValueError(f"per-class budgets b must be non-negative integers, got {b!r}")
+            if cap is not None:
+                raise ValueError("cap (random budgets) applies to a global budget b, not per-class budgets")
+            self.b: Any = self.per_class
+            self.requires = {"per_class_budget": True, "output_length_known": True,
+                             "max_budget": int(max(1, self.per_class.max()))}
+        else:
+            self.per_class = None
+            bf = float(b)
+            if not np.isfinite(bf) or bf < 0:
+                raise ValueError(f"budget b must be a non-negative number, got {b!r}")
+            if cap is None:
+                if bf != int(bf):
+                    raise ValueError(f"a fixed budget b must be an integer (give cap= for random budgets), got {b!r}")
+                self.b = int(bf)
+                self.requires = {"eviction": "lifo", "max_budget": max(1, self.b)}
+            else:
+                if int(cap) < bf or int(cap) < 1:
+                    raise ValueError(f"cap must be an integer >= b, got cap={cap!r}, b={b!r}")
+                self.b = bf
+                self.requires = {"eviction": "lifo", "max_budget": int(cap)}
+        self.cap = None if cap is None else int(cap)
+
+    def act(self, observation: Any, view: SystemView) -> Any:
+        if self.per_class is not None:
+            return self.per_class.copy()
+        if self.cap is None:
+            return self.b
+        return int(self.rng.binomial(self.cap, self.b / self.cap))
+
+    def label(self) -> str:
+        if self.per_class is not None:
+            return f"flow-control b={tuple(int(x) for x in self.per_class)}"
+        if self.cap is None:
+            return f"flow-control b={self.b}"
+        return f"flow-control b={self.b:g} cap={self.cap}"
+
+
+class FixedBudget(Agent):
+    """``B_t = b`` every slot, with whatever eviction rule the scenario uses (a reference point)."""
+
+    name = "fixed"
+
+    def __init__(self, b: int) -> None:
+        if int(b) != b or b < 0:
+            raise ValueError(f"b must be a non-negative integer, got {b!r}")
+        self.b = int(b)
+        self.requires = {"max_budget": max(1, self.b)}
+
+    def act(self, observation: Any, view: SystemView) -> int:
+        return self.b
+
+    def label(self) -> str:
+        return f"fixed b={self.b}"
+
+
+class RandomBudget(Agent):
+    """``B_t`` uniform on ``{low, ..., high}``, drawn from the agent's own seed (a sanity baseline)."""
+
+    name = "random"
+
+    def __init__(self, low: int = 0, high: int = 32) -> None:
+        if not 0 <= int(low) <= int(high):
+            raise ValueError(f"need 0 <= low <= high, got low={low!r}, high={high!r}")
+        self.low, self.high = int(low), int(high)
+        self.requires = {"max_budget": max(1, self.high)}
+
+    def act(self, observation: Any, view: SystemView) -> int:
+        return int(self.rng.integers(self.low, self.high + 1))
+
+    def label(self) -> str:
+        return f"random {self.low}..{self.high}"

@@ -1,0 +1,122 @@
+"""Admission by a memory check of the future: MC, MC-SF and A_min."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+
+from agents.base import Agent
+from flowgym.view import SystemView
+
+__all__ = ["future_fit_count", "MemoryCheck", "MCSF", "AMin"]
+
+
+def future_fit_count(
+    M: int,
+    act_prompt: np.ndarray,
+    act_generated: np.ndarray,
+    act_output: np.ndarray,
+    cand_prompt: np.ndarray,
+    cand_output: np.ndarray,
+) -> int:
+    """Longest prefix of the candidates that keeps the usage ``<= M`` at every future slot.
+
+    Lengths are the ones the caller assumes (true, longest possible, or
+    estimates). An active request with ``j`` of ``o`` tokens generated holds
+    ``l + j + h + 1`` tokens at ``h`` slots from now while ``h < o - j``; a
+    candidate admitted now holds ``l + h + 1`` while ``h < o``. The check stops
+    at the first candidate that does not fit (first come, first served).
+    """
+    rem = np.maximum(act_output - act_generated, 1)
+    H = int(max(rem.max(initial=0), cand_output.max(initial=0)))
+    if H == 0:
+        return 0
+    h = np.arange(H)
+    # active profile: A[h] = sum_{rem_i > h} (b_i + h), b_i = l_i + j_i + 1
+    b = act_prompt + act_generated + 1
+    cnt = np.bincount(np.minimum(rem, H), minlength=H + 1)
+    wsum = np.bincount(np.minimum(rem, H), weights=b, minlength=H + 1)
+    n_gt = cnt[::-1].cumsum()[::-1][1:]  # n_gt[h] = #{rem > h}
+    s_gt = wsum[::-1].cumsum()[::-1][1:]
+    free = M - (s_gt + h * n_gt)
+    if free[0] < 0:
+        return 0
+    # quick bound: the candidates' first-slot tokens must fit
+    first = np.cumsum(cand_prompt + 1)
+    k = int(np.searchsorted(first, free[0], side="right"))
+    if k == 0:
+        return 0
+    cp, co = cand_prompt[:k], cand_output[:k]
+    prof = (cp[:, None] + 1 + h[None, :]) * (h[None, :] < co[:, None])
+    used = np.cumsum(prof, axis=0)  # used[c, h]: tokens of candidates 0..c at h
+    ok = (used <= free[None, :]).all(axis=1)
+    bad = np.flatnonzero(~ok)
+    return int(bad[0]) if bad.size else k
+
+
+class MemoryCheck(Agent):
+    """The paper's "MC benchmark": FCFS admission while the future memory stays within ``M``.
+
+    Admit the next queued request only if the projected KV usage of the active
+    set plus the admitted ones stays within ``M`` at every future slot (each
+    request grows by one token per slot until it completes); stop at the first
+    request that fails. With unknown lengths every output is assumed to be the
+    longest possible (``view.max_output_len``), so it never overflows but
+    admits conservatively. Never overflows with known lengths.
+    """
+
+    name = "mc"
+
+    def __init__(self, max_budget: int = 1024) -> None:
+        self.requires = {"max_budget": int(max_budget)}
+
+    def _lengths(self, view: SystemView, q: Any, a: Any) -> tuple[np.ndarray, np.ndarray]:
+        if view.known:
+            return a.output_len, q.output_len
+        o = view.max_output_len
+        return np.full(a.ids.size, o, dtype=np.int64), np.full(q.ids.size, o, dtype=np.int64)
+
+    def act(self, observation: Any, view: SystemView) -> int:
+        if view.n_queued == 0:
+            return 0
+        q = view.queue(self.config.max_budget)
+        a = view.active()
+        act_o, cand_o = self._lengths(view, q, a)
+        return future_fit_count(view.M, a.prompt_len, a.generated, act_o, q.prompt_len, cand_o)
+
+
+class MCSF(MemoryCheck):
+    """MC-SF (Jaillet et al. 2025): the memory check over the queue sorted by known output, shortest first.
+
+    Needs known lengths and the environment's ``queue_order="sjf"``, so the
+    budget admits exactly the prefix the check accepted. Never overflows.
+    """
+
+    name = "mc-sf"
+
+    def __init__(self, max_budget: int = 1024) -> None:
+        self.requires = {"max_budget": int(max_budget), "queue_order": "sjf", "output_length_known": True}
+
+
+class AMin(MemoryCheck):
+    """A_min (Chen et al. 2025), as Dong & Cao describe it; the exact rule implemented here.
+
+    Every request's output length is estimated by a lower bound, initially the
+    shortest possible value (``estimate_floor``, default 1). Admission: the
+    queue is ordered by ascending estimate (``queue_order="estimate"``) and the
+    memory check of :class:`MemoryCheck` admits the longest prefix whose
+    projected usage, with estimated lengths, stays within ``M`` (an active
+    request's estimate is ``max(e_i, j_i + 1)``: it has not finished yet).
+    On overflow the environment evicts in ascending order of current estimate,
+    newest first among ties (``eviction="estimate"``), and raises each evicted
+    request's estimate to ``j_i + 1``, the tokens it had generated plus one.
+    """
+
+    name = "a-min"
+
+    def __init__(self, max_budget: int = 1024) -> None:
+        self.requires = {"max_budget": int(max_budget), "queue_order": "estimate", "eviction": "estimate"}
+
+    def _lengths(self, view: SystemView, q: Any, a: Any) -> tuple[np.ndarray, np.ndarray]:
+        return a.estimate, q.estimate

@@ -1,0 +1,325 @@
+"""One evaluation path for every agent: run, tabulate, tune.
+
+* :func:`run_episode` runs one agent on one environment configuration and seed.
+* :func:`evaluate` runs agents over seeds and reports the metrics at several
+  horizons, per seed and as means with 95% confidence intervals. Each
+  (agent, seed) is simulated once at the longest horizon; the metrics at a
+  shorter horizon ``T`` are those of its first ``T`` slots, which are exactly
+  what a ``T``-slot run gives (no agent sees the horizon).
+* :func:`tune` grid-searches one parameter on tuning seeds.
+
+The same seed gives every agent the same arrivals: the workload is drawn from
+the environment's seed alone, and each agent's own randomness from its own.
+"""
+
+from __future__ import annotations
+
+import csv
+import json
+import math
+import sys
+import time
+from collections.abc import Callable, Iterable, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+
+from flowgym.env import FlowControlConfig, FlowControlEnv
+from flowgym.metrics import METRIC_NAMES, metrics_at
+from flowgym.scenarios import AgentSpec
+
+__all__ = [
+    "Episode",
+    "ResultTable",
+    "env_for",
+    "run_episode",
+    "evaluate",
+    "tune",
+    "Progress",
+    "t_quantile_975",
+]
+
+#: Metrics summarised in tables, in order.
+TABLE_METRICS = (
+    "avg_latency",
+    "p95_latency",
+    "mean_time_in_system",
+    "request_throughput",
+    "token_throughput",
+    "evictions",
+    "overflow_events",
+    "wasted_tokens",
+    "mean_kv_usage",
+    "max_kv_usage",
+    "completed",
+    "unfinished",
+)
+
+# two-sided 95% Student t quantiles t_{0.975, df}, df = 1..30 (standard table values)
+_T975 = [12.706, 4.303, 3.182, 2.776, 2.571, 2.447, 2.365, 2.306, 2.262, 2.228,
+         2.201, 2.179, 2.160, 2.145, 2.131, 2.120, 2.110, 2.101, 2.093, 2.086,
+         2.080, 2.074, 2.069, 2.064, 2.060, 2.056, 2.052, 2.048, 2.045, 2.042]
+
+
+def t_quantile_975(df: int) -> float:
+    """``t_{0.975}`` with ``df`` degrees of freedom: the table to 30, then linear to 2.000 at 60,
+    1.980 at 120, and 1.96 beyond."""
+    if df < 1:
+        return float("nan")
+    if df <= 30:
+        return _T975[df - 1]
+    if df <= 60:
+        return 2.042 + (2.000 - 2.042) * (df - 30) / 30
+    if df <= 120:
+        return 2.000 + (1.980 - 2.000) * (df - 60) / 60
+    return 1.96
+
+
+@dataclass
+class Episode:
+    """One agent's run on one seed."""
+
+    label: str
+    seed: int
+    config: FlowControlConfig
+    log: dict[str, np.ndarray]
+    series: dict[str, np.ndarray]
+    wall_seconds: float
+
+    def metrics(self, T: int | None = None) -> dict[str, Any]:
+        """Metrics of the first ``T`` slots (all by default)."""
+        return metrics_at(self.log, self.series, self.config.M, self.series["usage"].size if T is None else T)
+
+
+def env_for(agent: Any, env_kwargs: dict[str, Any], horizon: int) -> FlowControlEnv:
+    """The environment an agent runs in: the scenario's arguments plus the agent's needs.
+
+    ``max_budget`` takes the larger of the two; any other option the agent
+    needs must agree with the scenario's (or the scenario must leave it unset),
+    else ``ValueError`` says which.
+    """
+    kw = dict(env_kwargs)
+    kw["horizon"] = horizon
+    for key, value in agent.env_options().items():
+        if key == "max_budget":
+            kw["max_budget"] = max(int(kw.get("max_budget", FlowControlConfig.max_budget)), int(value))
+        elif key in kw and kw[key] != value:
+            raise ValueError(
+                f"agent {agent.label()!r} needs {key}={value!r} but the scenario sets {key}={kw[key]!r}"
+            )
+        else:
+            kw[key] = value
+    return FlowControlEnv(**kw)
+
+
+def run_episode(agent: Any, env_kwargs: dict[str, Any], seed: int, horizon: int, label: str | None = None) -> Episode:
+    """Run ``agent`` for ``horizon`` slots (or until a trace ends) on ``seed``."""
+    env = env_for(agent, env_kwargs, horizon)
+    t0 = time.perf_counter()
+    obs, _ = env.reset(seed=seed)
+    agent.reset(env.config, seed=seed)
+    done = False
+    while not done:
+        obs, _, terminated, truncated, _ = env.step(agent.act(obs, env.view()))
+        done = terminated or truncated
+    wall = time.perf_counter() - t0
+    return Episode(label or agent.label(), seed, env.config, env.request_log(), env.series(), wall)
+
+
+class Progress:
+    """A minimal progress bar on stderr (silent when ``enabled`` is false)."""
+
+    def __init__(self, total: int, enabled: bool = True, width: int = 30) -> None:
+        self.total, self.n, self.enabled, self.width = max(total, 1), 0, enabled, width
+        self.t0 = time.perf_counter()
+
+    def update(self, what: str = "") -> None:
+        self.n += 1
+        if not self.enabled:
+            return
+        frac = self.n / self.total
+        bar = "#" * int(frac * self.width)
+        el = time.perf_counter() - self.t0
+        eta = el / frac - el if frac else 0.0
+        sys.stderr.write(f"\r[{bar:<{self.width}}] {self.n}/{self.total} {el:5.0f}s eta {eta:4.0f}s {what[:40]:<40}")
+        if self.n >= self.total:
+            sys.stderr.write("\n")
+        sys.stderr.flush()
+
+
+@dataclass
+class ResultTable:
+    """Per-seed rows and per-(agent, horizon) summaries with 95% confidence intervals."""
+
+    rows: list[dict[str, Any]]
+    agents: list[str]
+    horizons: list[int]
+    seeds: list[int]
+    #: ``U_t / M`` of each agent's first seed, for trajectory plots.
+    kv_usage: dict[str, np.ndarray] = field(default_factory=dict)
+    #: tuned parameter values by agent label.
+    tuned: dict[str, Any] = field(default_factory=dict)
+    wall_seconds: dict[str, float] = field(default_factory=dict)
+
+    def summary(self) -> list[dict[str, Any]]:
+        """Mean and 95% CI half-width (``<metric>_ci``) of each metric, per agent and horizon."""
+        out = []
+        for agent in self.agents:
+            for T in self.horizons:
+                rs = [r for r in self.rows if r["agent"] == agent and r["horizon"] == T]
+                row: dict[str, Any] = {"agent": agent, "horizon": T, "n": len(rs)}
+                for m in TABLE_METRICS:
+                    v = np.asarray([r[m] for r in rs], dtype=np.float64)
+                    v = v[np.isfinite(v)]
+                    row[m] = float(v.mean()) if v.size else float("nan")
+                    row[m + "_ci"] = (
+                        float(t_quantile_975(v.size - 1) * v.std(ddof=1) / math.sqrt(v.size)) if v.size > 1 else float("nan")
+                    )
+                out.append(row)
+        return out
+
+    def format(self, horizon: int | None = None, metrics: Sequence[str] = TABLE_METRICS[:10]) -> str:
+        """A text table of the summary at ``horizon`` (the longest by default)."""
+        T = self.horizons[-1] if horizon is None else horizon
+        rows = [r for r in self.summary() if r["horizon"] == T]
+        short = {"avg_latency": "avg lat", "p95_latency": "p95 lat", "mean_time_in_system": "time in sys", "request_throughput": "req/slot",
+                 "token_throughput": "tok/slot", "evictions": "evictions", "overflow_events": "overflows",
+                 "wasted_tokens": "wasted", "mean_kv_usage": "mean U/M", "max_kv_usage": "max U/M"}
+        w = max(len(r["agent"]) for r in rows) if rows else 5
+        head = f"{'agent':<{w}} " + " ".join(f"{short.get(m, m):>17}" for m in metrics)
+        lines = [f"T = {T}, {len(self.seeds)} seeds, mean +/- 95% CI", head, "-" * len(head)]
+        for r in rows:
+            cells = []
+            for m in metrics:
+                v, ci = r[m], r[m + "_ci"]
+                big = abs(v) >= 1000 if np.isfinite(v) else False
+                fmt = "{:.0f}" if big else "{:.3g}" if m.endswith("usage") else "{:.2f}"
+                s = fmt.format(v) + ("" if not np.isfinite(ci) else " +/- " + (fmt.format(ci)))
+                cells.append(f"{s:>17}")
+            lines.append(f"{r['agent']:<{w}} " + " ".join(cells))
+        return "\n".join(lines)
+
+    def to_csv(self, path: str) -> None:
+        """Per-seed rows and summary rows (``seed`` = ``mean``) in one CSV."""
+        cols = ["agent", "horizon", "seed"] + list(TABLE_METRICS) + [m + "_ci" for m in TABLE_METRICS]
+        with open(path, "w", newline="") as fh:
+            wr = csv.DictWriter(fh, fieldnames=cols, extrasaction="ignore")
+            wr.writeheader()
+            for r in self.rows:
+                wr.writerow(r)
+            for r in self.summary():
+                wr.writerow({**r, "seed": "mean"})
+
+    def to_json(self, path: str, **extra: Any) -> None:
+        data = {
+            "agents": self.agents,
+            "horizons": self.horizons,
+            "seeds": self.seeds,
+            "tuned": self.tuned,
+            "wall_seconds": self.wall_seconds,
+            "rows": self.rows,
+            "summary": self.summary(),
+            **extra,
+        }
+        with open(path, "w") as fh:
+            json.dump(data, fh, indent=1, default=_json_default)
+
+
+def _json_default(o: Any) -> Any:
+    if isinstance(o, np.integer):
+        return int(o)
+    if isinstance(o, np.floating):
+        return float(o)
+    if isinstance(o, np.ndarray):
+        return o.tolist()
+    raise TypeError(type(o).__name__)
+
+
+def _as_agent(a: Any) -> tuple[Any, str]:
+    if isinstance(a, AgentSpec):
+        agent = a.build()
+        return agent, a.label or agent.label()
+    return a, a.label()
+
+
+def evaluate(
+    agents: Iterable[Any],
+    env_kwargs: dict[str, Any],
+    seeds: Sequence[int],
+    horizons: Sequence[int],
+    *,
+    progress: bool | Progress = False,
+    keep_kv_usage: bool = True,
+) -> ResultTable:
+    """Run every agent (an ``Agent`` or an :class:`~flowgym.scenarios.AgentSpec`) on every seed.
+
+    Returns a :class:`ResultTable` with one row per (agent, seed, horizon).
+    Agents with the same label are an error (their rows would mix).
+    """
+    pairs = [_as_agent(a) for a in agents]
+    labels = [lab for _, lab in pairs]
+    dup = sorted({x for x in labels if labels.count(x) > 1})
+    if dup:
+        raise ValueError(f"agents with the same label: {dup}; give them distinct labels")
+    hs = sorted({int(h) for h in horizons})
+    if not hs or hs[0] < 1:
+        raise ValueError(f"horizons must be positive integers, got {list(horizons)}")
+    if not seeds:
+        raise ValueError("give at least one seed")
+    bar = progress if isinstance(progress, Progress) else Progress(len(pairs) * len(seeds), bool(progress))
+    table = ResultTable([], labels, hs, list(seeds))
+    for agent, label in pairs:
+        wall = 0.0
+        for seed in seeds:
+            ep = run_episode(agent, env_kwargs, int(seed), hs[-1], label)
+            wall += ep.wall_seconds
+            for T in hs:
+                if T > ep.series["usage"].size:  # a finite trace ended earlier
+                    continue
+                m = ep.metrics(T)
+                m.pop("kv_usage")
+                table.rows.append({"agent": label, "seed": int(seed), "horizon": T, **m})
+            if keep_kv_usage and label not in table.kv_usage:
+                table.kv_usage[label] = ep.series["usage"] / ep.config.M
+            bar.update(f"{label} seed {seed}")
+        table.wall_seconds[label] = wall
+    return table
+
+
+def tune(
+    spec: AgentSpec,
+    env_kwargs: dict[str, Any],
+    seeds: Sequence[int],
+    horizon: int,
+    *,
+    metric: str = "mean_time_in_system",
+    progress: Callable[[str], None] | None = None,
+) -> tuple[Any, list[dict[str, Any]]]:
+    """Grid-search ``spec.tune`` on ``seeds``; the value with the best (lowest) mean ``metric``.
+
+    Ties keep the first value of the grid. Returns ``(best, rows)`` with one row
+    per grid value (its mean metric and how many runs completed a request).
+    """
+    if spec.tune is None:
+        raise ValueError(f"agent {spec.name!r} has nothing to tune")
+    if metric not in METRIC_NAMES:
+        raise ValueError(f"metric must be one of {METRIC_NAMES}, got {metric!r}")
+    param, grid = spec.tune
+    rows = []
+    best, best_v = None, math.inf
+    for value in grid:
+        agent = spec.build(**{param: value})
+        vals = []
+        for seed in seeds:
+            m = run_episode(agent, env_kwargs, int(seed), horizon).metrics()
+            vals.append(m[metric])
+            if progress:
+                progress(f"tune {spec.name} {param}={value}")
+        v = float(np.mean(vals)) if np.all(np.isfinite(vals)) else math.inf
+        rows.append({"param": param, "value": value, metric: v})
+        if v < best_v:
+            best, best_v = value, v
+    if best is None:
+        raise ValueError(f"no value of {param} in {grid} completed a request on the tuning seeds")
+    return best, rows

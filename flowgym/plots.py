@@ -1,0 +1,79 @@
+"""Figures in the paper's layout (needs matplotlib: ``pip install flowgym[plot]``)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+
+from flowgym.evaluation import ResultTable
+
+__all__ = ["plot_metrics_vs_horizon", "plot_kv_usage"]
+
+PANELS = (
+    ("avg_latency", "average latency (slots)"),
+    ("p95_latency", "95% latency (slots)"),
+    ("request_throughput", "request throughput (per slot)"),
+    ("token_throughput", "token throughput (per slot)"),
+)
+
+
+def _plt() -> Any:
+    try:
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError as e:  # pragma: no cover - depends on the install
+        raise ImportError("plots need matplotlib: pip install 'flowgym[plot]'") from e
+    return plt
+
+
+def plot_metrics_vs_horizon(table: ResultTable, path: str, title: str = "") -> None:
+    """The paper's Figure 1 layout: four metrics against the horizon, one line per agent (95% CI bands)."""
+    plt = _plt()
+    summ = table.summary()
+    fig, axes = plt.subplots(1, 4, figsize=(18, 4.2))
+    for ax, (metric, ylabel) in zip(axes, PANELS):
+        for agent in table.agents:
+            rows = [r for r in summ if r["agent"] == agent]
+            x = np.array([r["horizon"] for r in rows])
+            y = np.array([r[metric] for r in rows])
+            ci = np.array([r[metric + "_ci"] for r in rows])
+            ax.plot(x, y, marker="o", ms=3, label=agent)
+            if np.isfinite(ci).all():
+                ax.fill_between(x, y - ci, y + ci, alpha=0.15)
+        ax.set_xlabel("horizon T (slots)")
+        ax.set_ylabel(ylabel)
+        ax.grid(alpha=0.3)
+    axes[0].legend(fontsize=7)
+    if title:
+        fig.suptitle(title)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+
+
+def plot_kv_usage(table: ResultTable, path: str, title: str = "", window: int | None = 500) -> None:
+    """KV usage ``U_t / M`` over time per agent (first seed), one panel each, with its std in the legend.
+
+    ``window`` shows the last ``window`` slots (``None``: the whole run).
+    """
+    plt = _plt()
+    n = len(table.kv_usage)
+    fig, axes = plt.subplots(n, 1, figsize=(12, 1.7 * n + 0.6), sharex=True, squeeze=False)
+    for ax, (agent, u) in zip(axes[:, 0], table.kv_usage.items()):
+        t = np.arange(u.size)
+        if window is not None and u.size > window:
+            t, u = t[-window:], u[-window:]
+        ax.plot(t, u, lw=0.8)
+        ax.set_ylim(0, 1.05)
+        ax.set_ylabel("U/M", fontsize=8)
+        ax.set_title(f"{agent}: mean {u.mean():.3f}, std {u.std():.3f}", fontsize=8, loc="left")
+        ax.grid(alpha=0.3)
+    axes[-1, 0].set_xlabel("slot")
+    if title:
+        fig.suptitle(title)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)

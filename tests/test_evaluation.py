@@ -1,0 +1,141 @@
+"""The evaluation path: determinism, same arrivals for every agent, horizons, tuning, CI, files."""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pytest
+
+from agents import FixedBudget, FlowControl, MemoryCheck, make_agent
+from flowgym.evaluation import env_for, evaluate, run_episode, t_quantile_975, tune
+from flowgym.metrics import metrics_at
+from flowgym.scenarios import SCENARIOS, AgentSpec, get_scenario
+
+SMALL = {
+    "M": 3000,
+    "workload": {"kind": "poisson", "classes": [[10, 20], [10, 40]], "rates": 1.0},
+    "output_length_known": True,
+    "max_budget": 64,
+}
+
+
+def test_evaluate_is_deterministic():
+    a = evaluate([FixedBudget(3), MemoryCheck()], SMALL, seeds=[0, 1], horizons=[100, 200])
+    b = evaluate([FixedBudget(3), MemoryCheck()], SMALL, seeds=[0, 1], horizons=[100, 200])
+    assert a.rows == b.rows
+    assert len(a.rows) == 2 * 2 * 2
+
+
+def test_every_agent_sees_the_same_arrivals():
+    e1 = run_episode(FixedBudget(1), SMALL, seed=5, horizon=150)
+    e2 = run_episode(make_agent("greedy-lifo"), SMALL, seed=5, horizon=150)
+    e3 = run_episode(make_agent("mc-sf"), SMALL, seed=5, horizon=150)
+    for e in (e2, e3):
+        np.testing.assert_array_equal(e1.log["arrival"], e.log["arrival"])
+        np.testing.assert_array_equal(e1.log["prompt_len"], e.log["prompt_len"])
+        np.testing.assert_array_equal(e1.log["output_len"], e.log["output_len"])
+    assert not np.array_equal(e1.log["finish"], e2.log["finish"])  # different policies, different outcomes
+
+
+def test_prefix_metrics_equal_a_shorter_run():
+    long = run_episode(FlowControl(b=4), SMALL, seed=2, horizon=300)
+    short = run_episode(FlowControl(b=4), SMALL, seed=2, horizon=120)
+    a = metrics_at(long.log, long.series, 3000, 120)
+    b = short.metrics()
+    for k in a:
+        if k == "kv_usage":
+            np.testing.assert_array_equal(a[k], b[k])
+        elif isinstance(a[k], float) and np.isnan(a[k]):
+            assert np.isnan(b[k])
+        else:
+            assert a[k] == b[k], k
+
+
+def test_summary_mean_and_confidence_interval():
+    tab = evaluate([FixedBudget(2)], SMALL, seeds=[0, 1, 2, 3], horizons=[150])
+    vals = np.array([r["avg_latency"] for r in tab.rows])
+    s = tab.summary()[0]
+    assert s["avg_latency"] == pytest.approx(vals.mean())
+    assert s["avg_latency_ci"] == pytest.approx(3.182 * vals.std(ddof=1) / 2)
+    assert t_quantile_975(1) == 12.706 and t_quantile_975(1000) == 1.96
+    assert "fixed b=2" in tab.format()
+
+
+def test_agent_requirements_conflict_is_an_error():
+    unknown = dict(SMALL, output_length_known=False)
+    with pytest.raises(ValueError, match="output_length_known"):
+        env_for(make_agent("mc-sf"), unknown, 10)
+    env = env_for(make_agent("alpha-greedy", alpha=0.2), SMALL, 10)
+    assert env.config.eviction == "all" and env.config.max_budget >= 1024
+
+
+def test_duplicate_labels_rejected():
+    with pytest.raises(ValueError, match="same label"):
+        evaluate([FixedBudget(2), FixedBudget(2)], SMALL, seeds=[0], horizons=[10])
+
+
+def test_tune_picks_the_best_grid_value():
+    spec = AgentSpec("flow-control", {"b": 1}, tune=("b", [0, 1, 4]))
+    best, rows = tune(spec, SMALL, seeds=[7], horizon=200)
+    by_value = {r["value"]: r["mean_time_in_system"] for r in rows}
+    assert best == min(by_value, key=by_value.get)
+    assert by_value[0] > by_value[4]  # admitting nothing is the worst possible
+
+
+def test_table_files(tmp_path):
+    tab = evaluate([FixedBudget(2), FlowControl(b=[1, 1])], SMALL, seeds=[0, 1], horizons=[50, 100])
+    tab.to_csv(str(tmp_path / "r.csv"))
+    tab.to_json(str(tmp_path / "r.json"), scenario="x")
+    lines = (tmp_path / "r.csv").read_text().splitlines()
+    assert len(lines) == 1 + 8 + 4  # header, per-seed rows, summary rows
+    data = json.loads((tmp_path / "r.json").read_text())
+    assert data["scenario"] == "x" and len(data["summary"]) == 4
+
+
+def test_scenarios_and_agent_spec_parsing():
+    for name in SCENARIOS:
+        sc = get_scenario(name)
+        assert sc.env["workload"]["rates"] == 5.0
+        for spec in sc.agents:
+            env_for(spec.build(), sc.env_kwargs(), 5)  # every default agent fits its scenario
+    assert get_scenario("paper-synthetic-unknown", rate=3.5).env["workload"]["rates"] == 3.5
+    s = AgentSpec.parse("flow-control:b=[4,4,4]")
+    assert s.name == "flow-control" and s.params == {"b": [4, 4, 4]}
+    s = AgentSpec.parse("alpha-greedy:alpha=0.2,max_budget=64")
+    assert s.params == {"alpha": 0.2, "max_budget": 64}
+    with pytest.raises(ValueError, match="unknown scenario"):
+        get_scenario("nope")
+    with pytest.raises(ValueError, match="key=value"):
+        AgentSpec.parse("mc:oops")
+
+
+def test_compare_cli_end_to_end(tmp_path, capsys):
+    from flowgym.cli import main
+
+    out = tmp_path / "res"
+    rc = main(["compare", "--scenario", "paper-synthetic-unknown", "--horizons", "50,100", "--seeds", "2",
+               "--tune-seeds", "1", "--tune-horizon", "40", "--out", str(out), "--quiet"])
+    assert rc == 0
+    text = capsys.readouterr().out
+    assert "A_min" in text and "flow-control (Alg. 2) b=" in text
+    for suffix in (".csv", ".json", "_metrics.png", "_kv_usage.png"):
+        f = out / f"paper-synthetic-unknown{suffix}"
+        assert f.exists() and f.stat().st_size > 0
+    data = json.loads((out / "paper-synthetic-unknown.json").read_text())
+    assert data["horizons"] == [50, 100] and data["seeds"] == [0, 1]
+    assert {r["agent"] for r in data["rows"]} == set(data["agents"])
+
+
+def test_compare_cli_agents_and_errors(tmp_path, capsys):
+    from flowgym.cli import main
+
+    rc = main(["compare", "--agents", "flow-control:b=10;mc", "--horizons", "30", "--seeds", "1",
+               "--out", str(tmp_path), "--no-plots", "--quiet"])
+    assert rc == 0
+    assert "flow-control b=10" in capsys.readouterr().out
+    assert main(["compare", "--agents", "nosuch", "--horizons", "30", "--out", str(tmp_path), "--quiet"]) == 2
+    assert "unknown agent 'nosuch'" in capsys.readouterr().err
+    assert main(["compare", "--scenario", "paper-synthetic-unknown", "--agents", "mc-sf", "--horizons", "30",
+                 "--out", str(tmp_path), "--quiet", "--no-plots"]) == 2
+    assert "output_length_known" in capsys.readouterr().err
