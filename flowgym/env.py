@@ -238,6 +238,16 @@ class FlowControlEnv(gym.Env[Any, Any]):
 
     ``env.unwrapped.request_log()`` gives per-request arrays and
     ``env.unwrapped.metrics()`` the metrics of ``docs/model.md`` so far.
+    ``env.unwrapped.view()`` is the read-only :class:`~flowgym.view.SystemView`
+    of the queue and the active set that scripted agents read (without output
+    lengths unless they are known).
+
+    ## Queue order and eviction
+
+    ``queue_order`` (``fifo``; ``sjf``, shortest known output first;
+    ``estimate``, smallest output estimate first) decides who is admitted
+    first; ``eviction`` (``lifo``; ``all``; ``estimate``) who leaves on
+    overflow. See :mod:`flowgym.rules`.
 
     ## Arguments
 
