@@ -34,9 +34,11 @@ class FlowControl(Agent):
 
     def __init__(self, b: float | Sequence[int] = 12, cap: int | None = None) -> None:
         if isinstance(b, (Sequence, np.ndarray)) and not isinstance(b, str):
-            self.per_class = np.asarray(b, dtype=np.int64)
-            if self.per_class.ndim != 1 or self.per_class.size == 0 or (self.per_class < 0).any():
+            raw = np.asarray(b, dtype=np.float64)
+            if (raw.ndim != 1 or raw.size == 0 or not np.isfinite(raw).all() or (raw < 0).any()
+                    or (raw != np.floor(raw)).any()):
                 raise ValueError(f"per-class budgets b must be non-negative integers, got {b!r}")
+            self.per_class = raw.astype(np.int64)
             if cap is not None:
                 raise ValueError("cap (random budgets) applies to a global budget b, not per-class budgets")
             self.b: Any = self.per_class

@@ -69,7 +69,7 @@ def plot_kv_usage(table: ResultTable, path: str, title: str = "", window: int | 
         ax.plot(t, u, lw=0.8)
         ax.set_ylim(0, 1.05)
         ax.set_ylabel("U/M", fontsize=8)
-        ax.set_title(f"{agent}: mean {u.mean():.3f}, std {u.std():.3f}", fontsize=8, loc="left")
+        ax.set_title(f"{agent}: slots {t[0]}-{t[-1]}: mean {u.mean():.3f}, std {u.std():.3f}", fontsize=8, loc="left")
         ax.grid(alpha=0.3)
     axes[-1, 0].set_xlabel("slot")
     if title:

@@ -12,6 +12,8 @@ Queue orders (which queued request is admitted first):
   ``o_i``, ties FIFO (MC-SF of Jaillet et al. 2025). Needs known lengths.
 * ``estimate`` (:class:`ShortestEstimateFirst`): ascending current output
   estimate ``e_i``, ties FIFO (A_min of Chen et al. 2025).
+* :class:`PlannedOrder` (an instance, not a name): by a planned start slot,
+  to replay an offline (hindsight) schedule.
 
 Eviction rules (who leaves when ``D_t > M``):
 
@@ -41,6 +43,7 @@ __all__ = [
     "FIFO",
     "ShortestOutputFirst",
     "ShortestEstimateFirst",
+    "PlannedOrder",
     "QUEUE_ORDERS",
     "make_queue_order",
     "ActiveSet",
@@ -102,6 +105,26 @@ class ShortestEstimateFirst(QueueOrder):
 
     def keys(self, eng: Engine, ids: np.ndarray) -> np.ndarray:
         return (eng.estimate[ids] << _ID_BITS) | ids
+
+
+class PlannedOrder(QueueOrder):
+    """Admit by a planned start slot, ties by ``(a_i, i)``: replays an offline schedule.
+
+    ``plan[i]`` is request ``i``'s planned start slot (ids as in the engine:
+    arrival order). With budget ``B_t`` = the number of requests planned at
+    ``t``, a feasible plan (every ``plan[i] >= a_i``, usage ``<= M``) is
+    replayed exactly: at slot ``t`` the queue head holds the requests planned
+    for ``t``. Requests without a plan (``plan[i] < 0``) come last.
+    """
+
+    name = "plan"
+
+    def __init__(self, plan: np.ndarray) -> None:
+        p = np.asarray(plan, dtype=_I64)
+        self.plan = np.where(p < 0, np.iinfo(np.int32).max, p)
+
+    def keys(self, eng: Engine, ids: np.ndarray) -> np.ndarray:
+        return (self.plan[ids] << _ID_BITS) | ids
 
 
 QUEUE_ORDERS: dict[str, type[QueueOrder]] = {
