@@ -51,6 +51,7 @@ TABLE_METRICS = (
     "overflow_events",
     "wasted_tokens",
     "mean_kv_usage",
+    "std_kv_usage",
     "max_kv_usage",
     "completed",
     "unfinished",
@@ -179,13 +180,14 @@ class ResultTable:
                 out.append(row)
         return out
 
-    def format(self, horizon: int | None = None, metrics: Sequence[str] = TABLE_METRICS[:10]) -> str:
+    def format(self, horizon: int | None = None, metrics: Sequence[str] = TABLE_METRICS[:11]) -> str:
         """A text table of the summary at ``horizon`` (the longest by default)."""
         T = self.horizons[-1] if horizon is None else horizon
         rows = [r for r in self.summary() if r["horizon"] == T]
         short = {"avg_latency": "avg lat", "p95_latency": "p95 lat", "mean_time_in_system": "time in sys", "request_throughput": "req/slot",
                  "token_throughput": "tok/slot", "evictions": "evictions", "overflow_events": "overflows",
-                 "wasted_tokens": "wasted", "mean_kv_usage": "mean U/M", "max_kv_usage": "max U/M"}
+                 "wasted_tokens": "wasted", "mean_kv_usage": "mean U/M", "std_kv_usage": "std U/M",
+                 "max_kv_usage": "max U/M"}
         w = max(len(r["agent"]) for r in rows) if rows else 5
         head = f"{'agent':<{w}} " + " ".join(f"{short.get(m, m):>17}" for m in metrics)
         lines = [f"T = {T}, {len(self.seeds)} seeds, mean +/- 95% CI", head, "-" * len(head)]

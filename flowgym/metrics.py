@@ -24,6 +24,7 @@ METRIC_NAMES = (
     "overflow_events",
     "wasted_tokens",
     "mean_kv_usage",
+    "std_kv_usage",
     "max_kv_usage",
 )
 
@@ -74,6 +75,7 @@ def compute_metrics(log: dict[str, np.ndarray], series: dict[str, np.ndarray], M
         "overflow_events": int((series["evicted"] > 0).sum()),
         "wasted_tokens": int(series["wasted_tokens"].sum()),
         "mean_kv_usage": float(usage.mean()) if T else float("nan"),
+        "std_kv_usage": float(usage.std()) if T else float("nan"),
         "max_kv_usage": float(usage.max()) if T else float("nan"),
         "kv_usage": usage,
     }
