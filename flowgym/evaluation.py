@@ -40,8 +40,10 @@ __all__ = [
     "t_quantile_975",
 ]
 
-#: Metrics summarised in tables, in order.
-TABLE_METRICS = (
+#: Metrics summarised per agent and horizon (all of the spec's scalar metrics).
+TABLE_METRICS = METRIC_NAMES
+#: Columns of the terminal table.
+DISPLAY_METRICS = (
     "avg_latency",
     "p95_latency",
     "mean_time_in_system",
@@ -53,8 +55,6 @@ TABLE_METRICS = (
     "mean_kv_usage",
     "std_kv_usage",
     "max_kv_usage",
-    "completed",
-    "unfinished",
 )
 
 # two-sided 95% Student t quantiles t_{0.975, df}, df = 1..30 (standard table values)
@@ -180,7 +180,7 @@ class ResultTable:
                 out.append(row)
         return out
 
-    def format(self, horizon: int | None = None, metrics: Sequence[str] = TABLE_METRICS[:11]) -> str:
+    def format(self, horizon: int | None = None, metrics: Sequence[str] = DISPLAY_METRICS) -> str:
         """A text table of the summary at ``horizon`` (the longest by default)."""
         T = self.horizons[-1] if horizon is None else horizon
         rows = [r for r in self.summary() if r["horizon"] == T]
