@@ -161,8 +161,8 @@ class Engine:
         # slot f are counted at index f & _cal_mask (ring longer than any o).
         R = 1 << max(6, int(self.M).bit_length())
         self._cal_mask = R - 1
-        self._cal_n = np.zeros(R, _I64)
-        self._cal_tok = np.zeros(R, _I64)
+        self._cal_n = [0] * R  # Python lists: per-slot scalar access is what they are for
+        self._cal_tok = [0] * R
         self.held = 0  # sum over active of l_i + j_i (tokens held at the start of a slot)
         self.n_queued = 0
         self.queued_prompt_tokens = 0
@@ -295,15 +295,16 @@ class Engine:
         t = self.t
         self._a_id[tail : tail + k] = ids
         self._a_start[tail : tail + k] = t
-        out = self.output[ids]
-        fin = out + t  # finishes at f_i = t + o_i unless evicted
+        fin = self.output[ids] + t  # finishes at f_i = t + o_i unless evicted
         self._a_fin[tail : tail + k] = fin
         self.finish[ids] = fin  # provisional: reads report -1 until f_i <= t
-        slot = fin & self._cal_mask
-        np.add.at(self._cal_n, slot, 1)
-        prompt = self.prompt[ids]
-        np.add.at(self._cal_tok, slot, prompt + out)
-        p = sum(prompt.tolist())
+        cal_n, cal_tok, mask = self._cal_n, self._cal_tok, self._cal_mask
+        p = 0
+        for f, l in zip(fin.tolist(), self.prompt[ids].tolist()):
+            i = f & mask
+            cal_n[i] += 1
+            cal_tok[i] += l + f - t  # l + o
+            p += l
         self.held += p
         self.queued_prompt_tokens -= p
         self.n_queued -= k
@@ -352,9 +353,10 @@ class Engine:
         wasted = int(j.sum())
         fin = self._a_fin[h + wpos[pos]]
         self._a_fin[h + wpos[pos]] = -1
-        slot = fin & self._cal_mask
-        np.subtract.at(self._cal_n, slot, 1)
-        np.subtract.at(self._cal_tok, slot, self.prompt[victims] + self.output[victims])
+        cal_n, cal_tok, mask = self._cal_n, self._cal_tok, self._cal_mask
+        for f, w in zip(fin.tolist(), (self.prompt[victims] + self.output[victims]).tolist()):
+            cal_n[f & mask] -= 1
+            cal_tok[f & mask] -= w
         self.finish[victims] = -1
         self.n_active -= victims.size
         self.held -= freed_held
@@ -387,9 +389,9 @@ class Engine:
         self.held = demand
         self.generated_tokens += self.n_active
         i = (t + 1) & self._cal_mask
-        n_done = int(self._cal_n[i])
+        n_done = self._cal_n[i]
         if n_done:
-            self.held -= int(self._cal_tok[i])
+            self.held -= self._cal_tok[i]
             self._cal_n[i] = 0
             self._cal_tok[i] = 0
             self.n_active -= n_done
