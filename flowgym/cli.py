@@ -87,10 +87,17 @@ def _compare(args: argparse.Namespace) -> int:
     sc = get_scenario(args.scenario, rate=args.rate)
     env_kwargs = sc.env_kwargs()
     specs = [AgentSpec.parse(a) for a in args.agents.split(";")] if args.agents else list(sc.agents)
-    horizons = sorted(set(args.horizons))
+    if sc.finite:
+        if args.horizons is not None:
+            print(f"error: scenario {sc.name} runs to the end of its workload; drop --horizons", file=sys.stderr)
+            return 2
+        horizons = None
+        tune_h = args.tune_horizon
+    else:
+        horizons = sorted(set(args.horizons or [1000, 2000, 3000, 4000, 5000]))
+        tune_h = args.tune_horizon or min(horizons[-1], 2000)
     seeds = list(range(args.seeds))
     tune_seeds = [1000 + i for i in range(args.tune_seeds)]
-    tune_h = args.tune_horizon or min(horizons[-1], 2000)
     n_tune = sum(len(s.tune[1]) * len(tune_seeds) for s in specs if s.tune and not args.no_tune)
     bar = Progress(n_tune + len(specs) * len(seeds), enabled=not args.quiet)
     print(sc.description)
@@ -109,7 +116,7 @@ def _compare(args: argparse.Namespace) -> int:
     table.tuned = tuned
     print(table.format())
     if tuned:
-        print(f"tuned on seeds {tune_seeds} at T={tune_h} (lowest mean time in system): "
+        print(f"tuned on seeds {tune_seeds} at T={tune_h or 'end'} (lowest mean time in system): "
               + ", ".join(f"{k}" for k in tuned))
     os.makedirs(args.out, exist_ok=True)
     stem = os.path.join(args.out, sc.name)
@@ -118,9 +125,12 @@ def _compare(args: argparse.Namespace) -> int:
                   tune_seeds=tune_seeds, tune_horizon=tune_h)
     written = [stem + ".csv", stem + ".json"]
     if not args.no_plots:
-        from flowgym.plots import plot_kv_usage, plot_metrics_vs_horizon
+        from flowgym.plots import plot_kv_usage, plot_metrics_bars, plot_metrics_vs_horizon
 
-        plot_metrics_vs_horizon(table, stem + "_metrics.png", title=sc.description)
+        if horizons is None:
+            plot_metrics_bars(table, stem + "_metrics.png", title=sc.description)
+        else:
+            plot_metrics_vs_horizon(table, stem + "_metrics.png", title=sc.description)
         plot_kv_usage(table, stem + "_kv_usage.png", title=f"{sc.name}: KV usage, seed {seeds[0]}")
         written += [stem + "_metrics.png", stem + "_kv_usage.png"]
     print("wrote " + ", ".join(written))
@@ -138,10 +148,14 @@ def build_parser() -> argparse.ArgumentParser:
         "evictions and KV usage at each horizon with 95%% confidence intervals.",
     )
     c.add_argument("--scenario", default="paper-synthetic-known",
-                   help="paper-synthetic-known (default) or paper-synthetic-unknown")
-    c.add_argument("--rate", type=float, default=None, help="arrival rate per class per slot (default 5, the paper's)")
-    c.add_argument("--horizons", type=_horizons, default=[1000, 2000, 3000, 4000, 5000],
-                   help="comma-separated horizons T (default 1000,2000,3000,4000,5000)")
+                   help="paper-synthetic-known (default), paper-synthetic-unknown, paper-realdata-low, "
+                   "paper-realdata-high, azure-conv, azure-code")
+    c.add_argument("--rate", type=float, default=None,
+                   help="arrival rate: per class per slot for paper-synthetic (default 5, the paper's), "
+                   "requests/s for paper-realdata (10, 50), timestamp speed-up for azure (0.25, 0.4)")
+    c.add_argument("--horizons", type=_horizons, default=None,
+                   help="comma-separated horizons T (default 1000,2000,3000,4000,5000); the realdata and "
+                   "azure scenarios run to the end of their workload instead")
     c.add_argument("--seeds", type=int, default=3, help="reporting seeds 0..N-1 (default 3)")
     c.add_argument("--tune-seeds", type=int, default=2, help="tuning seeds 1000.. (default 2)")
     c.add_argument("--tune-horizon", type=int, default=None, help="horizon of tuning runs (default min(T, 2000))")

@@ -45,7 +45,8 @@ from flowgym.rules import (
     make_eviction_rule,
     make_queue_order,
 )
-from flowgym.workloads import CHUNK_SLOTS, Trace, Workload, make_workload
+from flowgym.latency import make_latency_model
+from flowgym.workloads import Trace, Workload, make_workload
 
 __all__ = ["Engine", "SlotStats", "EVICTION_RULES", "QUEUE_ORDERS", "replay"]
 
@@ -80,6 +81,10 @@ class Engine:
             ``"estimate"``) or a :class:`~flowgym.rules.QueueOrder`.
         estimate_floor: initial output estimate of every request, when an
             order or rule uses estimates (default 1: the shortest possible output).
+        time_model: ``None`` for unit slots (default), or a
+            :class:`~flowgym.latency.LatencyModel` (or its name/mapping form):
+            continuous time, where a step is one batch iteration lasting what the
+            model says and arrivals are timestamps in seconds.
         per_class: admit with per-class budgets (Algorithm 1): one FIFO lane per
             class; :meth:`serve` then takes an array of ``m`` budgets.
         track_class_queue: keep per-class queue counts (for observations).
@@ -96,6 +101,7 @@ class Engine:
         eviction: str | EvictionRule = "lifo",
         queue_order: str | QueueOrder = "fifo",
         estimate_floor: int = 1,
+        time_model: Any = None,
         per_class: bool = False,
         track_class_queue: bool = False,
     ) -> None:
@@ -109,6 +115,14 @@ class Engine:
         if isinstance(estimate_floor, bool) or not isinstance(estimate_floor, (int, np.integer)) or estimate_floor < 1:
             raise ValueError(f"estimate_floor must be a positive integer, got {estimate_floor!r}")
         self.estimate_floor = int(estimate_floor)
+        self.time_model = None if time_model is None else make_latency_model(time_model)
+        self.timed = self.time_model is not None
+        if self.timed and not self.workload.timed:
+            raise ValueError("continuous time (a time_model) needs a timed workload: arrivals in seconds "
+                             "(e.g. {'kind': 'iid', ..., 'timed': True} or Trace(..., timed=True))")
+        if self.workload.timed and not self.timed:
+            raise ValueError("this workload's arrivals are timestamps in seconds: give a time_model "
+                             "(e.g. 'llama2-70b-tp2-a100') for continuous time")
         self.m = self.workload.num_classes
         if per_class and self.m == 0:
             raise ValueError("per_class budgets need a workload with request classes")
@@ -132,6 +146,7 @@ class Engine:
         self.evictions = np.empty(cap, _I64)
         self.rejected = np.empty(cap, bool)
         self.estimate = np.empty(cap, _I64)  # output estimates (lower bounds), when tracked
+        self.arrival_time = np.empty(cap, np.float64)  # seconds when timed, else the arrival slot
         self.n_req = 0  # requests generated (some not arrived yet)
         self.n_arrived = 0  # ids < n_arrived have arrived
         self._gen_t = 0  # next slot to generate
@@ -140,7 +155,11 @@ class Engine:
         self._tok_cum: list[int] = [0]
         self._chunk_t0 = 0
         self._chunk_base = 0
-        self._total_requests = len(self.workload) if isinstance(self.workload, Trace) else None
+        self._total_requests = self.workload.total_requests
+        self.now = 0.0  # continuous time: start of the current iteration (seconds)
+        self.last_duration = 0.0
+        self._ev_new_n = self._ev_new_prompt = 0  # admitted this slot, then evicted
+        self._clock = np.zeros(256, np.float64)  # end time of each iteration
 
         keyed = not self.order.keys_are_ids
         self.lanes = [Lane(keyed) for _ in range(self.m if self.per_class else 1)]
@@ -186,7 +205,8 @@ class Engine:
         if need <= cap:
             return
         new_cap = max(2 * cap, need)
-        for name in ("arrival", "prompt", "output", "cls", "finish", "evictions", "rejected", "estimate"):
+        for name in ("arrival", "prompt", "output", "cls", "finish", "evictions", "rejected", "estimate",
+                     "arrival_time"):
             old = getattr(self, name)
             new = np.empty(new_cap, old.dtype)
             new[: self.n_req] = old[: self.n_req]
@@ -196,13 +216,18 @@ class Engine:
         """Draw the next chunk of requests from the workload."""
         assert self._rng is not None, "call reset() first"
         t0 = self._gen_t
-        t1 = t0 + CHUNK_SLOTS
+        t1 = t0 + self.workload.chunk_span
         req = self.workload.sample(self._rng, t0, t1)
         k = req.arrival.size
         base = self.n_req
         self._grow_table(base + k)
         s = slice(base, base + k)
-        self.arrival[s] = req.arrival
+        if self.timed:
+            self.arrival_time[s] = req.arrival
+            self.arrival[s] = -1  # the iteration it joins, set on arrival
+        else:
+            self.arrival[s] = req.arrival
+            self.arrival_time[s] = req.arrival
         self.prompt[s] = req.prompt_len
         self.output[s] = req.output_len
         self.cls[s] = req.cls
@@ -213,6 +238,8 @@ class Engine:
         self.rejected[s] = rej
         self.n_req = base + k
         self._chunk_t0, self._gen_t, self._chunk_base = t0, t1, base
+        if self.timed:
+            return
         self._bounds = (base + np.searchsorted(req.arrival, np.arange(t0, t1 + 1), side="left")).tolist()
         self._rej_cum = np.concatenate([[0], np.cumsum(rej)]).tolist()
         self._tok_cum = np.concatenate([[0], np.cumsum(np.where(rej, 0, req.prompt_len))]).tolist()
@@ -221,6 +248,8 @@ class Engine:
 
     def arrive(self) -> int:
         """Phase 1 of slot ``t``: queue its arrivals, reject the impossible. Returns the count."""
+        if self.timed:
+            return self._arrive_timed()
         t = self.t
         while t >= self._gen_t:
             self._generate()
@@ -252,6 +281,46 @@ class Engine:
             ids = np.arange(lo, hi, dtype=_I64)
         self._enqueue(ids)
         return k
+
+    def _arrive_timed(self) -> int:
+        """Continuous time: requests with arrival time <= now join; an idle server jumps ahead."""
+        while self._gen_t <= self.now:
+            self._generate()
+        lo = self.n_arrived
+        if self.n_queued == 0 and self.n_active == 0:  # idle: jump to the next arrival
+            while lo >= self.n_req and not self._workload_done():
+                self._generate()
+            if lo < self.n_req and self.arrival_time[lo] > self.now:
+                self.now = float(self.arrival_time[lo])
+                while self._gen_t <= self.now:
+                    self._generate()
+        hi = lo + int(np.searchsorted(self.arrival_time[lo : self.n_req], self.now, side="right"))
+        k = hi - lo
+        self.n_arrived = hi
+        self.last_arrivals = k
+        self.last_rejected = 0
+        if k == 0:
+            return 0
+        self.arrival[lo:hi] = self.t
+        rej = self.rejected[lo:hi]
+        n_rej = int(rej.sum())
+        self.total_arrived += k
+        ids = lo + np.flatnonzero(~rej) if n_rej else np.arange(lo, hi, dtype=_I64)
+        self.total_rejected += n_rej
+        self.last_rejected = n_rej
+        if ids.size:
+            self.n_queued += ids.size
+            self.queued_prompt_tokens += int(self.prompt[ids].sum())
+            self._enqueue(ids)
+        return k
+
+    def _workload_done(self) -> bool:
+        """No request will ever come after those generated."""
+        total = self._total_requests
+        if total is not None:
+            return self.n_req >= total
+        rate = self.workload.arrival_rate()
+        return rate is None or rate <= 0
 
     def _enqueue(self, ids: np.ndarray) -> None:
         """Put requests in their lanes at their places in the queue order."""
@@ -310,6 +379,7 @@ class Engine:
         self.n_queued -= k
         self.n_active += k
         self._tail = tail + k
+        self._adm_prompt = p
         if self.track_class_queue:
             self.class_queue -= np.bincount(self.cls[ids], minlength=self.m)
         return ids
@@ -349,6 +419,10 @@ class Engine:
             raise RuntimeError(f"eviction rule {self.eviction.name!r} did not free {excess} tokens")
         victims = ids[pos]
         j = gen[pos]
+        new = j == 0  # admitted this slot (started at t): their prefill does not run
+        if self.timed and new.any():
+            self._ev_new_n = int(new.sum())
+            self._ev_new_prompt = int(self.prompt[victims[new]].sum())
         freed_held = int((demand[pos] - 1).sum())
         wasted = int(j.sum())
         fin = self._a_fin[h + wpos[pos]]
@@ -378,6 +452,9 @@ class Engine:
         ``budget`` is ``B_t`` (an int), or with ``per_class`` one budget per class.
         """
         t = self.t
+        if t >= self._rec.shape[0]:
+            self._rec = np.concatenate([self._rec, np.zeros_like(self._rec)])
+            self._clock = np.concatenate([self._clock, np.zeros_like(self._clock)])
         admitted = self._admit(budget)
         n_adm = 0 if admitted is None else admitted.size
         demand = self.held + self.n_active
@@ -385,6 +462,8 @@ class Engine:
         if demand > self.M:
             n_ev, wasted = self._evict(demand - self.M)
             demand = self.held + self.n_active
+        if self.timed:
+            self._advance_clock(n_adm)
         # decode: every active request generates one token
         self.held = demand
         self.generated_tokens += self.n_active
@@ -397,13 +476,24 @@ class Engine:
             self.n_active -= n_done
             self.total_completed += n_done
         st = SlotStats(t, demand, n_adm, n_ev, wasted, n_done, self.n_queued, self.n_active)
-        if t >= self._rec.shape[0]:
-            self._rec = np.concatenate([self._rec, np.zeros_like(self._rec)])
         self._rec[t] = st
         self.t = t + 1
         if self._tail - self._h - self.n_active > max(256, self.n_active):
             self._compact()
         return st
+
+    def _advance_clock(self, n_adm: int) -> None:
+        """Continuous time: this iteration's duration from its composition (after eviction)."""
+        assert self.time_model is not None
+        new_n = n_adm - self._ev_new_n
+        P = (self._adm_prompt if n_adm else 0) - self._ev_new_prompt
+        self._ev_new_n = self._ev_new_prompt = 0
+        D = self.n_active - new_n
+        K = self.held - P
+        d = self.time_model.duration(P, D, K, self.n_active)
+        self.last_duration = d
+        self.now += d
+        self._clock[self.t] = self.now
 
     # ------------------------------------------------------------------ reading
 
@@ -458,13 +548,18 @@ class Engine:
     def series(self) -> dict[str, np.ndarray]:
         """Per-slot records so far: one array per :class:`SlotStats` field."""
         rec = self._rec[: self.t]
-        return {name: rec[:, i].copy() for i, name in enumerate(SlotStats._fields)}
+        out = {name: rec[:, i].copy() for i, name in enumerate(SlotStats._fields)}
+        if self.timed:  # end time of each iteration (seconds)
+            out["time"] = self._clock[: self.t].copy()
+        return out
 
     def request_log(self) -> dict[str, np.ndarray]:
         """Per-request arrays for every request that has arrived (by id).
 
         Keys: ``arrival``, ``prompt_len``, ``output_len``, ``cls``, ``finish``
-        (``-1`` if unfinished), ``evictions``, ``rejected``.
+        (``-1`` if unfinished), ``evictions``, ``rejected``. In continuous time
+        ``arrival`` and ``finish`` count iterations, and ``arrival_time`` and
+        ``finish_time`` (``nan`` if unfinished) are in seconds.
         """
         n = self.n_arrived
         finish = self.finish[:n].copy()
@@ -477,7 +572,16 @@ class Engine:
             "finish": finish,
             "evictions": self.evictions[:n].copy(),
             "rejected": self.rejected[:n].copy(),
+            **self._times(finish),
         }
+
+    def _times(self, finish: np.ndarray) -> dict[str, np.ndarray]:
+        if not self.timed:
+            return {}
+        ft = np.full(finish.size, np.nan)
+        done = finish > 0
+        ft[done] = self._clock[finish[done] - 1]
+        return {"arrival_time": self.arrival_time[: finish.size].copy(), "finish_time": ft}
 
 
 # --------------------------------------------------------------------------- replay

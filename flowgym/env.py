@@ -80,8 +80,14 @@ class FlowControlConfig:
     projection_offsets: tuple[int, ...] = (0, 1, 2, 4, 8, 16, 32, 64)
     #: Cap of the projected usage, in units of ``M``.
     projection_cap: float = 4.0
-    #: Time constant (slots) of the arrival-rate moving average.
+    #: Time constant (slots, or seconds in continuous time) of the arrival-rate moving average.
     rate_window: float = 32.0
+    #: ``"slot"`` (unit slots, the paper's discrete model) or a batch latency model for
+    #: continuous time: a preset name (``"llama2-70b-tp2-a100"``, ``"jaillet2025"``), a
+    #: mapping (``{"kind": "linear", "c0": ..., ...}``) or a callable. See :mod:`flowgym.latency`.
+    time_model: Any = "slot"
+    #: Cap of the observed last iteration duration (seconds, continuous time).
+    duration_cap: float = 60.0
     #: Reward is divided by this.
     reward_scale: float = 100.0
     #: Reward weights: ``in_system``, ``wasted_tokens``, ``evictions`` (costs) and ``completed`` (a gain).
@@ -123,7 +129,7 @@ class FlowControlConfig:
             pos_int("horizon", self.horizon)
         pos_int("max_budget", self.max_budget)
         pos_int("queue_cap", self.queue_cap)
-        for name in ("queue_token_cap", "projection_cap", "rate_window", "reward_scale"):
+        for name in ("queue_token_cap", "projection_cap", "rate_window", "reward_scale", "duration_cap"):
             pos_num(name, getattr(self, name))
         if self.eviction not in EVICTION_RULES:
             raise ValueError(f"eviction must be one of {sorted(EVICTION_RULES)}, got {self.eviction!r}")
@@ -148,6 +154,10 @@ class FlowControlConfig:
         for k, v in self.reward_weights.items():
             if not isinstance(v, (int, float)) or not math.isfinite(v):
                 raise ValueError(f"reward_weights[{k!r}] must be a finite number, got {v!r}")
+        if self.time_model != "slot":
+            from flowgym.latency import make_latency_model
+
+            make_latency_model(self.time_model)  # raises naming the bad value
         if self.per_class_budget and not self.output_length_known:
             raise ValueError("per_class_budget=True needs output_length_known=True (classes reveal lengths)")
 
@@ -290,6 +300,7 @@ class FlowControlEnv(gym.Env[Any, Any]):
             eviction=cfg.eviction,
             queue_order=cfg.queue_order,
             estimate_floor=cfg.estimate_floor,
+            time_model=None if cfg.time_model == "slot" else cfg.time_model,
             per_class=cfg.per_class_budget,
             track_class_queue=cfg.output_length_known and m > 0 and not cfg.per_class_budget,
         )
@@ -302,6 +313,8 @@ class FlowControlEnv(gym.Env[Any, Any]):
             hist_edges=cfg.hist_edges,
             projection_offsets=cfg.projection_offsets,
             projection_cap=cfg.projection_cap,
+            timed=self.engine.timed,
+            duration_cap=cfg.duration_cap,
         )
         self._obs_type = DictObservation(self.features) if cfg.observation == "dict" else FlatObservation(self.features)
         self.observation_space = self._obs_type.space()
@@ -316,6 +329,7 @@ class FlowControlEnv(gym.Env[Any, Any]):
             w["completed"] / s,
         )
         self._alpha = 1.0 / float(cfg.rate_window)
+        self._timed = self.engine.timed
         self._horizon = cfg.horizon
         self._rate = 0.0
         self._started = False
@@ -330,9 +344,11 @@ class FlowControlEnv(gym.Env[Any, Any]):
         self._rate = 0.0
         self._last = None
         arrived = self.engine.arrive()
-        self._rate = arrived * self._alpha
+        self._rate = 0.0 if self._timed else arrived * self._alpha
         self._started = True
-        info = {"t": 0, "arrived": arrived, "rho": self.workload.load(self.config.M)}
+        info = {"t": 0, "arrived": arrived, "rho": None if self._timed else self.workload.load(self.config.M)}
+        if self._timed:
+            info["time"] = self.engine.now
         return self._observe(), info
 
     def step(self, action: Any) -> tuple[Any, float, bool, bool, dict[str, Any]]:
@@ -344,6 +360,8 @@ class FlowControlEnv(gym.Env[Any, Any]):
         arrived, rejected = eng.last_arrivals, eng.last_rejected
         st = eng.serve(budget)
         self._last = st
+        if self._timed:  # requests in system x seconds: the episode sum is total latency in seconds
+            n_sys *= eng.last_duration
         reward = -(
             self._w_in * n_sys + self._w_waste * st.wasted_tokens + self._w_ev * st.evicted - self._w_done * st.completed
         )
@@ -363,9 +381,19 @@ class FlowControlEnv(gym.Env[Any, Any]):
             "queue_len": st.queue_len,
             "active": st.active,
         }
+        if self._timed:
+            info["duration"] = eng.last_duration
+            info["time"] = eng.now
         if not (terminated or truncated):
-            k = eng.arrive()
-            self._rate += (k - self._rate) * self._alpha
+            if self._timed:
+                before = eng.now
+                k = eng.arrive()
+                dt = eng.now - before + eng.last_duration  # time since the last arrivals were counted
+                a = 1.0 - math.exp(-dt / self.config.rate_window)
+                self._rate += a * (k / dt - self._rate) if dt > 0 else 0.0
+            else:
+                k = eng.arrive()
+                self._rate += (k - self._rate) * self._alpha
         return self._observe(), float(reward), terminated, truncated, info
 
     def _observe(self) -> Any:

@@ -93,7 +93,7 @@ class Episode:
         return metrics_at(self.log, self.series, self.config.M, self.series["usage"].size if T is None else T)
 
 
-def env_for(agent: Any, env_kwargs: dict[str, Any], horizon: int) -> FlowControlEnv:
+def env_for(agent: Any, env_kwargs: dict[str, Any], horizon: int | None) -> FlowControlEnv:
     """The environment an agent runs in: the scenario's arguments plus the agent's needs.
 
     ``max_budget`` takes the larger of the two; any other option the agent
@@ -114,8 +114,10 @@ def env_for(agent: Any, env_kwargs: dict[str, Any], horizon: int) -> FlowControl
     return FlowControlEnv(**kw)
 
 
-def run_episode(agent: Any, env_kwargs: dict[str, Any], seed: int, horizon: int, label: str | None = None) -> Episode:
-    """Run ``agent`` for ``horizon`` slots (or until a trace ends) on ``seed``."""
+def run_episode(
+    agent: Any, env_kwargs: dict[str, Any], seed: int, horizon: int | None, label: str | None = None
+) -> Episode:
+    """Run ``agent`` for ``horizon`` slots (``None``: to the end of a finite workload) on ``seed``."""
     env = env_for(agent, env_kwargs, horizon)
     t0 = time.perf_counter()
     obs, _ = env.reset(seed=seed)
@@ -190,7 +192,8 @@ class ResultTable:
                  "max_kv_usage": "max U/M"}
         w = max(len(r["agent"]) for r in rows) if rows else 5
         head = f"{'agent':<{w}} " + " ".join(f"{short.get(m, m):>17}" for m in metrics)
-        lines = [f"T = {T}, {len(self.seeds)} seeds, mean +/- 95% CI", head, "-" * len(head)]
+        when = "end of the workload" if T is None else str(T)
+        lines = [f"T = {when}, {len(self.seeds)} seeds, mean +/- 95% CI", head, "-" * len(head)]
         for r in rows:
             cells = []
             for m in metrics:
@@ -249,7 +252,7 @@ def evaluate(
     agents: Iterable[Any],
     env_kwargs: dict[str, Any],
     seeds: Sequence[int],
-    horizons: Sequence[int],
+    horizons: Sequence[int] | None,
     *,
     progress: bool | Progress = False,
     keep_kv_usage: bool = True,
@@ -257,16 +260,21 @@ def evaluate(
     """Run every agent (an ``Agent`` or an :class:`~flowgym.scenarios.AgentSpec`) on every seed.
 
     Returns a :class:`ResultTable` with one row per (agent, seed, horizon).
-    Agents with the same label are an error (their rows would mix).
+    ``horizons=None`` runs every episode to the end of its finite workload
+    (rows then have ``horizon`` ``None``). Agents with the same label are an
+    error (their rows would mix).
     """
     pairs = [_as_agent(a) for a in agents]
     labels = [lab for _, lab in pairs]
     dup = sorted({x for x in labels if labels.count(x) > 1})
     if dup:
         raise ValueError(f"agents with the same label: {dup}; give them distinct labels")
-    hs = sorted({int(h) for h in horizons})
-    if not hs or hs[0] < 1:
-        raise ValueError(f"horizons must be positive integers, got {list(horizons)}")
+    if horizons is None:  # run each episode to the end of its (finite) workload
+        hs: list[Any] = [None]
+    else:
+        hs = sorted({int(h) for h in horizons})
+        if not hs or hs[0] < 1:
+            raise ValueError(f"horizons must be positive integers, got {list(horizons)}")
     if not seeds:
         raise ValueError("give at least one seed")
     bar = progress if isinstance(progress, Progress) else Progress(len(pairs) * len(seeds), bool(progress))
@@ -277,7 +285,7 @@ def evaluate(
             ep = run_episode(agent, env_kwargs, int(seed), hs[-1], label)
             wall += ep.wall_seconds
             for T in hs:
-                if T > ep.series["usage"].size:  # a finite trace ended earlier
+                if T is not None and T > ep.series["usage"].size:  # a finite trace ended earlier
                     continue
                 m = ep.metrics(T)
                 m.pop("kv_usage")
@@ -293,7 +301,7 @@ def tune(
     spec: AgentSpec,
     env_kwargs: dict[str, Any],
     seeds: Sequence[int],
-    horizon: int,
+    horizon: int | None,
     *,
     metric: str = "mean_time_in_system",
     progress: Callable[[str], None] | None = None,

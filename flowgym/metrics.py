@@ -40,7 +40,9 @@ def compute_metrics(log: dict[str, np.ndarray], series: dict[str, np.ndarray], M
 
     Returns:
         a dict with the :data:`METRIC_NAMES` (latencies are ``nan`` when no
-        request completed; throughputs per slot), ``T``, and the series
+        request completed; latencies in slots and throughputs per slot, or in
+        continuous time, when ``series`` has ``time``, in seconds and per
+        second), ``T`` (slots or iterations), ``elapsed`` (slots or seconds), and the series
         ``kv_usage`` (``U_t / M``) for plots. ``mean_time_in_system`` averages
         ``min(f_i, T) - a_i`` over every request that arrived and was not
         rejected: unlike ``avg_latency`` it charges unfinished requests, so a
@@ -50,23 +52,31 @@ def compute_metrics(log: dict[str, np.ndarray], series: dict[str, np.ndarray], M
     T = int(series["usage"].size)
     finish = log["finish"]
     done = (finish >= 0) & (finish <= T)
-    lat = (finish[done] - log["arrival"][done]).astype(np.float64)
+    timed = "time" in series  # continuous time: latencies and throughputs in seconds
+    if timed:
+        span = float(series["time"][-1]) if T else 0.0
+        arr_t, fin_t = log["arrival_time"], log["finish_time"]
+    else:
+        span = float(T)
+        arr_t, fin_t = log["arrival"], finish
+    lat = (fin_t[done] - arr_t[done]).astype(np.float64)
     n_done = int(done.sum())
     rejected = int(log["rejected"].sum())
     usage = series["usage"].astype(np.float64) / M
-    # time in system up to T of every admitted-to-queue request, unfinished ones included
+    # time in system up to the end of the run of every request that was not rejected
     ok = ~log["rejected"]
-    end = np.where(done, finish, T)[ok]
-    in_sys = float((end - log["arrival"][ok]).sum())
+    end = np.where(done, fin_t, span)[ok]
+    in_sys = float((end - arr_t[ok]).sum())
     gen = float((series["active"] + series["completed"]).sum())  # tokens decoded, wasted ones included
     out: dict[str, Any] = {
         "T": T,
+        "elapsed": span,
         "avg_latency": float(lat.mean()) if n_done else float("nan"),
         "p95_latency": float(np.percentile(lat, 95)) if n_done else float("nan"),
         "mean_time_in_system": in_sys / int(ok.sum()) if ok.any() else float("nan"),
-        "request_throughput": n_done / T if T else float("nan"),
-        "token_throughput": float(log["output_len"][done].sum()) / T if T else float("nan"),
-        "generated_token_throughput": gen / T if T else float("nan"),
+        "request_throughput": n_done / span if span else float("nan"),
+        "token_throughput": float(log["output_len"][done].sum()) / span if span else float("nan"),
+        "generated_token_throughput": gen / span if span else float("nan"),
         "completed": n_done,
         "arrived": int(finish.size),
         "rejected": rejected,
@@ -94,5 +104,8 @@ def metrics_at(log: dict[str, np.ndarray], series: dict[str, np.ndarray], M: int
         raise ValueError(f"T={T} is longer than the run ({series['usage'].size} slots)")
     arrived = log["arrival"] < T
     cut = {k: v[arrived] for k, v in log.items()}
-    cut["finish"] = np.where(cut["finish"] <= T, cut["finish"], -1)
+    late = cut["finish"] > T
+    cut["finish"] = np.where(late, -1, cut["finish"])
+    if "finish_time" in cut:
+        cut["finish_time"] = np.where(late, np.nan, cut["finish_time"])
     return compute_metrics(cut, {k: v[:T] for k, v in series.items()}, M)

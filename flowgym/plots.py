@@ -8,7 +8,7 @@ import numpy as np
 
 from flowgym.evaluation import ResultTable
 
-__all__ = ["plot_metrics_vs_horizon", "plot_kv_usage"]
+__all__ = ["plot_metrics_vs_horizon", "plot_metrics_bars", "plot_kv_usage"]
 
 PANELS = (
     ("avg_latency", "average latency (slots)"),
@@ -49,6 +49,29 @@ def plot_metrics_vs_horizon(table: ResultTable, path: str, title: str = "") -> N
     axes[0].legend(fontsize=7)
     if title:
         fig.suptitle(title)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+
+
+def plot_metrics_bars(table: ResultTable, path: str, title: str = "", unit: str = "s") -> None:
+    """The four metrics per agent as bars with 95% CI whiskers (runs to the end of a workload)."""
+    plt = _plt()
+    summ = table.summary()
+    fig, axes = plt.subplots(1, 4, figsize=(18, 4.2))
+    labels = {"avg_latency": f"average latency ({unit})", "p95_latency": f"95% latency ({unit})",
+              "request_throughput": f"request throughput (per {unit})",
+              "token_throughput": f"token throughput (per {unit})"}
+    x = np.arange(len(table.agents))
+    for ax, (metric, _) in zip(axes, PANELS):
+        y = [next(r[metric] for r in summ if r["agent"] == a) for a in table.agents]
+        ci = [next(r[metric + "_ci"] for r in summ if r["agent"] == a) for a in table.agents]
+        ax.bar(x, y, yerr=[c if np.isfinite(c) else 0 for c in ci], color=[f"C{i}" for i in x], capsize=3)
+        ax.set_xticks(x, table.agents, rotation=30, ha="right", fontsize=7)
+        ax.set_ylabel(labels[metric])
+        ax.grid(alpha=0.3, axis="y")
+    if title:
+        fig.suptitle(title, fontsize=9)
     fig.tight_layout()
     fig.savefig(path, dpi=110)
     plt.close(fig)

@@ -32,7 +32,12 @@ class Features:
     * ``generated_hist`` (K,) [0, M]: active requests by tokens generated so far,
       bins ``[e_k, e_{k+1})`` of ``hist_edges`` (last bin open).
     * ``arrival_rate`` (1,) [0, queue_cap]: exponential moving average of arrivals
-      per slot with time constant ``rate_window`` slots.
+      per slot with time constant ``rate_window`` slots (continuous time: per
+      second, time constant ``rate_window`` seconds).
+
+    Only in continuous time:
+
+    * ``last_duration`` (1,) [0, duration_cap]: seconds the last batch iteration took.
 
     Only with ``output_length_known=True``:
 
@@ -55,8 +60,11 @@ class Features:
         hist_edges: Sequence[int],
         projection_offsets: Sequence[int],
         projection_cap: float,
+        timed: bool = False,
+        duration_cap: float = 60.0,
     ) -> None:
         self.M = M
+        self.timed = timed
         self.known = known
         self.queue_cap = float(queue_cap)
         self.queue_token_cap = float(queue_token_cap)
@@ -72,6 +80,8 @@ class Features:
             ("generated_hist", self.edges.size, float(M)),
             ("arrival_rate", 1, self.queue_cap),
         ]
+        if timed:
+            layout.append(("last_duration", 1, float(duration_cap)))
         if known:
             layout.append(("projected_usage", self.offsets.size, self.projection_cap))
             if self.m:
@@ -88,6 +98,8 @@ class Features:
         self._s_hist = self.slices["generated_hist"]
         self._s_proj = self.slices.get("projected_usage")
         self._s_cls = self.slices.get("class_queue")
+        self._i_dur = self.slices["last_duration"].start if timed else -1
+        self.duration_cap = float(duration_cap)
 
     def compute(self, eng: Engine, rate: float) -> np.ndarray:
         """A fresh float32 feature vector for the engine's current state."""
@@ -99,6 +111,8 @@ class Features:
         v[2] = eng.n_active
         v[3] = min(eng.queued_prompt_tokens / M, self.queue_token_cap)
         v[self._s_hist.stop] = min(rate, qc)
+        if self.timed:
+            v[self._i_dur] = min(eng.last_duration, self.duration_cap)
         if eng.n_active:
             v[self._s_hist] = eng.generated_histogram(self.edges)
         else:

@@ -31,6 +31,7 @@ import numpy as np
 
 __all__ = [
     "CHUNK_SLOTS",
+    "CHUNK_SECONDS",
     "Requests",
     "Workload",
     "MultiClassPoisson",
@@ -47,6 +48,8 @@ __all__ = [
 #: Slots generated per call to :meth:`Workload.sample`. Fixed so that the random
 #: stream, and hence the workload, depends on the seed only.
 CHUNK_SLOTS = 256
+#: Seconds generated per call for timed (continuous-time) workloads.
+CHUNK_SECONDS = 60.0
 
 
 class TraceError(ValueError):
@@ -108,8 +111,17 @@ class Workload(ABC):
     """
 
     classes: np.ndarray | None = None
-    #: True when the workload ends (a trace); its requests are then all known.
+    #: True when the workload ends (a trace, or a fixed number of requests).
     finite: bool = False
+    #: True when arrivals are timestamps in seconds (continuous-time mode), not slots.
+    timed: bool = False
+    #: Width of the windows :meth:`sample` is called with (slots, or seconds when timed).
+    chunk_span: float = CHUNK_SLOTS
+
+    @property
+    def total_requests(self) -> int | None:
+        """Number of requests of a finite workload (``None`` when endless)."""
+        return None
 
     @property
     def num_classes(self) -> int:
@@ -118,10 +130,10 @@ class Workload(ABC):
 
     @abstractmethod
     def sample(self, rng: np.random.Generator, t0: int, t1: int) -> Requests:
-        """Requests arriving in slots ``t0 <= a < t1``, sorted by arrival.
+        """Requests arriving in ``t0 <= a < t1``, sorted by arrival.
 
-        The engine calls this with consecutive windows of :data:`CHUNK_SLOTS`
-        slots starting at 0, so the draws depend only on ``rng``'s seed.
+        The engine calls this with consecutive windows of :attr:`chunk_span`
+        starting at 0, so the draws depend only on ``rng``'s seed.
         """
 
     def arrival_rate(self) -> float | None:
@@ -413,6 +425,28 @@ class LogNormalLengths(LengthDistribution):
         }
 
 
+class NamedLengths(LengthDistribution):
+    """A length distribution known by a short mapping (a dataset's name) rather than its table."""
+
+    def __init__(self, dist: LengthDistribution, spec: dict[str, Any]) -> None:
+        self.dist, self.spec = dist, dict(spec)
+
+    def sample(self, rng: np.random.Generator, n: int) -> tuple[np.ndarray, np.ndarray]:
+        return self.dist.sample(rng, n)
+
+    def mean_work(self) -> float:
+        return self.dist.mean_work()
+
+    def max_tokens(self) -> int:
+        return self.dist.max_tokens()
+
+    def max_output(self) -> int:
+        return self.dist.max_output()
+
+    def to_spec(self) -> dict[str, Any]:
+        return dict(self.spec)
+
+
 def _make_lengths(spec: LengthDistribution | Mapping[str, Any]) -> LengthDistribution:
     if isinstance(spec, LengthDistribution):
         return spec
@@ -420,33 +454,78 @@ def _make_lengths(spec: LengthDistribution | Mapping[str, Any]) -> LengthDistrib
         raise ValueError(f"lengths must be a LengthDistribution or a mapping, got {type(spec).__name__}")
     kw = dict(spec)
     kind = kw.pop("kind", None)
-    if kind == "empirical":
-        return EmpiricalLengths(**kw)
-    if kind == "lognormal":
-        return LogNormalLengths(**kw)
-    raise ValueError(f"lengths kind must be 'empirical' or 'lognormal', got {kind!r}")
+    try:
+        if kind == "empirical":
+            return EmpiricalLengths(**kw)
+        if kind == "lognormal":
+            return LogNormalLengths(**kw)
+        if kind in ("azure", "lmsys-like"):
+            from flowgym import datasets
+
+            dist = datasets.azure_lengths(**kw) if kind == "azure" else datasets.lmsys_like_lengths(**kw)
+            return NamedLengths(dist, {"kind": kind, **kw})
+    except TypeError as e:
+        raise ValueError(f"lengths {kind!r}: {e}") from None
+    raise ValueError(f"lengths kind must be 'empirical', 'lognormal', 'azure' or 'lmsys-like', got {kind!r}")
 
 
 class IIDPoisson(Workload):
-    """Poisson arrivals at ``rate`` per slot; ``(l, o)`` i.i.d. from ``lengths``.
+    """Poisson arrivals; ``(l, o)`` i.i.d. from ``lengths``.
 
     This is the unknown-length model of Section 3.3 of the paper (no classes).
+    In discrete time (default) ``rate`` is per slot and arrivals are slot
+    numbers; with ``timed=True`` it is per second and arrivals are timestamps
+    (continuous-time mode).
 
     Args:
-        rate: mean arrivals per slot (``lambda``).
+        rate: mean arrivals per slot (or second): a number or a rate schedule
+            (:mod:`flowgym.rates`, e.g. ``{"kind": "sinusoid", ...}``).
         lengths: a :class:`LengthDistribution` or its mapping form
             (``{"kind": "lognormal", ...}`` or ``{"kind": "empirical", ...}``).
+        n_requests: stop after this many requests (a finite workload), or ``None``.
+        timed: arrivals are timestamps in seconds.
     """
 
-    def __init__(self, rate: float, lengths: LengthDistribution | Mapping[str, Any]) -> None:
-        self.rate = _rate("rate", rate)
-        self.lengths = _make_lengths(lengths)
+    def __init__(
+        self,
+        rate: Any,
+        lengths: LengthDistribution | Mapping[str, Any],
+        n_requests: int | None = None,
+        timed: bool = False,
+    ) -> None:
+        from flowgym.rates import Constant, make_rate
 
-    def sample(self, rng: np.random.Generator, t0: int, t1: int) -> Requests:
-        counts = rng.poisson(self.rate, size=t1 - t0)
-        slot = np.repeat(np.arange(t0, t1, dtype=np.int64), counts)
-        l, o = self.lengths.sample(rng, slot.size)
-        return Requests(slot, l, o, np.full(slot.size, -1, dtype=np.int64))
+        self.schedule = make_rate(rate)
+        self._constant = isinstance(self.schedule, Constant)
+        self.rate = self.schedule.mean()
+        self.lengths = _make_lengths(lengths)
+        self.n_requests = None if n_requests is None else _positive_int("n_requests", n_requests)
+        self.finite = self.n_requests is not None
+        self.timed = bool(timed)
+        self.chunk_span = CHUNK_SECONDS if self.timed else CHUNK_SLOTS
+        self._made = 0
+
+    @property
+    def total_requests(self) -> int | None:
+        return self.n_requests
+
+    def sample(self, rng: np.random.Generator, t0: Any, t1: Any) -> Requests:
+        if t0 == 0:
+            self._made = 0
+        if self.timed:
+            arr = self.schedule.sample_times(rng, float(t0), float(t1))
+        else:
+            if self._constant:
+                counts = rng.poisson(self.rate, size=t1 - t0)
+            else:
+                edges = np.arange(t0, t1 + 1, dtype=np.float64)
+                counts = rng.poisson(self.schedule.integral(edges[:-1], edges[1:]))
+            arr = np.repeat(np.arange(t0, t1, dtype=np.int64), counts)
+        if self.n_requests is not None:
+            arr = arr[: max(0, self.n_requests - self._made)]
+        self._made += arr.size
+        l, o = self.lengths.sample(rng, arr.size)
+        return Requests(arr, l, o, np.full(arr.size, -1, dtype=np.int64))
 
     def arrival_rate(self) -> float:
         return self.rate
@@ -461,14 +540,21 @@ class IIDPoisson(Workload):
         return self.lengths.max_output()
 
     def to_spec(self) -> dict[str, Any]:
-        return {"kind": "iid", "rate": self.rate, "lengths": self.lengths.to_spec()}
+        out: dict[str, Any] = {"kind": "iid", "rate": self.schedule.to_spec(), "lengths": self.lengths.to_spec()}
+        if self.n_requests is not None:
+            out["n_requests"] = self.n_requests
+        if self.timed:
+            out["timed"] = True
+        return out
 
 
 # --------------------------------------------------------------------------- trace replay
 
 
-def _trace_column(name: str, values: Any, *, allow_zero: bool, rows: np.ndarray | None = None) -> np.ndarray:
-    """Validate one integer column; errors name the column and the (CSV data) row."""
+def _trace_column(
+    name: str, values: Any, *, allow_zero: bool, rows: np.ndarray | None = None, whole: bool = True
+) -> np.ndarray:
+    """Validate one column (integers, or with ``whole=False`` reals); errors name the column and the row."""
     arr = np.asarray(values)
     if arr.ndim != 1:
         raise TraceError(f"column {name!r} must be one-dimensional, got shape {arr.shape}")
@@ -494,6 +580,8 @@ def _trace_column(name: str, values: Any, *, allow_zero: bool, rows: np.ndarray 
         i = int(np.flatnonzero(bad)[0])
         need = "non-negative" if allow_zero else "at least 1"
         raise TraceError(f"column {name!r}, {where(i)}: {arr[i]!r} must be {need}")
+    if not whole:
+        return f
     bad = f != np.floor(f)
     if bad.any():
         i = int(np.flatnonzero(bad)[0])
@@ -510,12 +598,14 @@ class Trace(Workload):
     request has arrived and the system is empty.
 
     Args:
-        arrival: arrival slot of each request (integers >= 0).
+        arrival: arrival slot of each request (integers >= 0), or with
+            ``timed=True`` its arrival time in seconds (reals >= 0).
         prompt_len: prompt lengths (integers >= 1).
         output_len: output lengths (integers >= 1).
         cls: optional class ids (integers >= 0).
         num_classes: number of classes ``m`` (default: largest class id + 1).
             A class's ``(l_k, o_k)`` (in :attr:`classes`) is the median of its requests'.
+        timed: arrivals are timestamps in seconds (continuous-time mode).
 
     Raises:
         TraceError: naming the column and row of the first bad value.
@@ -531,13 +621,16 @@ class Trace(Workload):
         cls: Any | None = None,
         *,
         num_classes: int | None = None,
+        timed: bool = False,
         _rows: np.ndarray | None = None,
         _names: dict[str, str] | None = None,
         _source: dict[str, Any] | None = None,
     ) -> None:
         name = {"arrival": "arrival", "prompt_len": "prompt_len", "output_len": "output_len", "cls": "cls"}
         name.update(_names or {})
-        a = _trace_column(name["arrival"], arrival, allow_zero=True, rows=_rows)
+        self.timed = bool(timed)
+        self.chunk_span = CHUNK_SECONDS if self.timed else CHUNK_SLOTS
+        a = _trace_column(name["arrival"], arrival, allow_zero=True, rows=_rows, whole=not self.timed)
         l = _trace_column(name["prompt_len"], prompt_len, allow_zero=False, rows=_rows)
         o = _trace_column(name["output_len"], output_len, allow_zero=False, rows=_rows)
         n = len(a)
@@ -575,6 +668,10 @@ class Trace(Workload):
     def __len__(self) -> int:
         return int(self.arrival.size)
 
+    @property
+    def total_requests(self) -> int:
+        return len(self)
+
     @classmethod
     def from_csv(
         cls,
@@ -584,6 +681,7 @@ class Trace(Workload):
         prompt_len: str = "prompt_len",
         output_len: str = "output_len",
         cls_column: str | None = None,
+        timed: bool = False,
     ) -> Trace:
         """Read a trace from a CSV file with a header row.
 
@@ -591,6 +689,7 @@ class Trace(Workload):
             path: the file.
             arrival, prompt_len, output_len: names of the columns holding them.
             cls_column: optional name of a class-id column.
+            timed: the arrival column holds seconds (reals), for continuous time.
 
         Raises:
             TraceError: a missing column, or a bad value (naming its row, counting
@@ -634,6 +733,7 @@ class Trace(Workload):
                 np.asarray(cols["prompt_len"], dtype=object),
                 np.asarray(cols["output_len"], dtype=object),
                 np.asarray(cols["cls"], dtype=object) if "cls" in cols else None,
+                timed=timed,
                 _rows=rows_a,
                 _names=wanted,
                 _source={
@@ -643,6 +743,7 @@ class Trace(Workload):
                     "prompt_len": prompt_len,
                     "output_len": output_len,
                     "cls_column": cls_column,
+                    **({"timed": True} if timed else {}),
                 },
             )
         except TraceError as e:
@@ -654,13 +755,18 @@ class Trace(Workload):
         return Requests(self.arrival[s], self.prompt_len[s], self.output_len[s], self.cls[s])
 
     @property
-    def last_arrival(self) -> int:
-        """Slot of the last arrival (-1 for an empty trace)."""
-        return int(self.arrival[-1]) if len(self) else -1
+    def last_arrival(self) -> Any:
+        """Slot (or time) of the last arrival (-1 for an empty trace)."""
+        if not len(self):
+            return -1
+        return float(self.arrival[-1]) if self.timed else int(self.arrival[-1])
 
     def arrival_rate(self) -> float | None:
         if len(self) == 0:
             return None
+        if self.timed:
+            span = float(self.arrival[-1] - self.arrival[0])
+            return len(self) / span if span > 0 else None
         return len(self) / (self.last_arrival + 1)
 
     def mean_work(self) -> float | None:
@@ -687,6 +793,8 @@ class Trace(Workload):
             out["cls"] = self.cls.tolist()
         if self._num_classes_given is not None:
             out["num_classes"] = int(self._num_classes_given)
+        if self.timed:
+            out["timed"] = True
         return out
 
     def __repr__(self) -> str:
@@ -706,7 +814,12 @@ def make_workload(spec: Workload | Mapping[str, Any]) -> Workload:
       or ``"lengths": {"kind": "empirical", "pairs": [[l, o], ...], "weights": [...]}``
     * ``{"kind": "trace", "arrival": [...], "prompt_len": [...], "output_len": [...], "cls": [...]}``
     * ``{"kind": "trace", "path": "file.csv", "arrival": "col", "prompt_len": "col",
-      "output_len": "col", "cls_column": "col"}`` (column names optional)
+      "output_len": "col", "cls_column": "col", "timed": false}`` (column names optional)
+    * ``{"kind": "azure", "trace": "conv" or "code", "rate_multiplier": 1.0, "window": [t0, t1]}``
+      (continuous time; :func:`flowgym.datasets.azure_trace`)
+    * lengths may also be ``{"kind": "azure", "trace": "conv"}`` or ``{"kind": "lmsys-like"}``
+      (:mod:`flowgym.datasets`); ``rate`` may be a schedule (:mod:`flowgym.rates`) and
+      ``"timed": true`` makes the arrivals Poisson in seconds.
     """
     if isinstance(spec, Workload):
         return spec
@@ -719,6 +832,10 @@ def make_workload(spec: Workload | Mapping[str, Any]) -> Workload:
             return MultiClassPoisson(**kw)
         if kind == "iid":
             return IIDPoisson(**kw)
+        if kind == "azure":
+            from flowgym.datasets import azure_trace
+
+            return azure_trace(**kw)
         if kind == "trace":
             if "path" in kw:
                 path = kw.pop("path")
@@ -726,4 +843,4 @@ def make_workload(spec: Workload | Mapping[str, Any]) -> Workload:
             return Trace(**kw)
     except TypeError as e:  # unexpected or missing keys
         raise ValueError(f"workload {kind!r}: {e}") from None
-    raise ValueError(f"workload kind must be 'poisson', 'iid' or 'trace', got {kind!r}")
+    raise ValueError(f"workload kind must be 'poisson', 'iid', 'trace' or 'azure', got {kind!r}")

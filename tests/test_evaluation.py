@@ -96,7 +96,10 @@ def test_table_files(tmp_path):
 def test_scenarios_and_agent_spec_parsing():
     for name in SCENARIOS:
         sc = get_scenario(name)
-        assert sc.env["workload"]["rates"] == 5.0
+        if name.startswith("paper-synthetic"):
+            assert sc.env["workload"]["rates"] == 5.0 and not sc.finite
+        else:
+            assert sc.finite and sc.env["time_model"] == "llama2-70b-tp2-a100"
         for spec in sc.agents:
             env_for(spec.build(), sc.env_kwargs(), 5)  # every default agent fits its scenario
     assert get_scenario("paper-synthetic-unknown", rate=3.5).env["workload"]["rates"] == 3.5

@@ -1,0 +1,161 @@
+"""Batch latency models: how long one batch iteration takes, from what is in it.
+
+In continuous-time mode one environment step is one batch iteration and the
+clock advances by its duration. A model maps the iteration's composition to
+seconds:
+
+* ``P``: prompt tokens prefilled in the iteration (the prompts of the requests
+  admitted into it),
+* ``D``: decoding requests (active requests that were already running),
+* ``K``: KV tokens those decoding requests attend over (``sum l_i + j_i``),
+* ``B``: all requests in the batch (``D`` plus the newly admitted).
+
+:class:`LinearLatency` is ``d = c0 + c_prefill * P + c_decode * D + c_kv * K``
+(seconds). :class:`CallableLatency` wraps a user function. :data:`PRESETS` holds
+named models with their provenance; :func:`make_latency_model` builds one from
+a name or a mapping (the JSON form ``gym.make`` stores in its spec).
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable, Mapping
+from typing import Any
+
+__all__ = [
+    "LatencyModel",
+    "LinearLatency",
+    "JailletLatency",
+    "CallableLatency",
+    "PRESETS",
+    "make_latency_model",
+]
+
+
+def _coef(name: str, v: Any) -> float:
+    try:
+        x = float(v)
+    except (TypeError, ValueError):
+        raise ValueError(f"latency coefficient {name} must be a number, got {v!r}") from None
+    if isinstance(v, bool) or not math.isfinite(x) or x < 0:
+        raise ValueError(f"latency coefficient {name} must be finite and non-negative, got {v!r}")
+    return x
+
+
+class LatencyModel:
+    """Duration in seconds of one batch iteration."""
+
+    name = "base"
+
+    def duration(self, P: int, D: int, K: int, B: int) -> float:
+        """Seconds for an iteration prefilling ``P`` prompt tokens, decoding ``D`` requests
+        holding ``K`` KV tokens, ``B`` requests in all."""
+        raise NotImplementedError
+
+    def to_spec(self) -> dict[str, Any]:
+        raise NotImplementedError(f"{type(self).__name__} has no mapping form")
+
+
+class LinearLatency(LatencyModel):
+    """``d = c0 + c_prefill * P + c_decode * D + c_kv * K`` seconds.
+
+    Args:
+        c0: fixed cost per iteration (s).
+        c_prefill: per prompt token prefilled (s).
+        c_decode: per decoding request (s).
+        c_kv: per KV token attended by the decoding requests (s).
+    """
+
+    name = "linear"
+
+    def __init__(self, c0: float, c_prefill: float = 0.0, c_decode: float = 0.0, c_kv: float = 0.0) -> None:
+        self.c0 = _coef("c0", c0)
+        self.c_prefill = _coef("c_prefill", c_prefill)
+        self.c_decode = _coef("c_decode", c_decode)
+        self.c_kv = _coef("c_kv", c_kv)
+        if self.c0 == 0:
+            raise ValueError("latency coefficient c0 must be positive (an iteration takes time)")
+
+    def duration(self, P: int, D: int, K: int, B: int) -> float:
+        return self.c0 + self.c_prefill * P + self.c_decode * D + self.c_kv * K
+
+    def to_spec(self) -> dict[str, Any]:
+        return {"kind": "linear", "c0": self.c0, "c_prefill": self.c_prefill,
+                "c_decode": self.c_decode, "c_kv": self.c_kv}
+
+    def __repr__(self) -> str:
+        return f"LinearLatency(c0={self.c0}, c_prefill={self.c_prefill}, c_decode={self.c_decode}, c_kv={self.c_kv})"
+
+
+class JailletLatency(LatencyModel):
+    """Jaillet et al. (2025)'s batch time for Llama2-70B on two A100s (M = 16492):
+
+    ``d_ms = (0.0027 * mean context + 0.52) * batch size + 44.6 + 0.378 * prompt tokens``,
+
+    with the mean context the mean KV tokens per request in the batch
+    (``(K + P) / B``) and the batch size ``B``.
+    """
+
+    name = "jaillet"
+
+    def __init__(self, a: float = 0.0027, b: float = 0.52, c: float = 44.6, p: float = 0.378) -> None:
+        self.a, self.b, self.c, self.p = (_coef(n, v) for n, v in (("a", a), ("b", b), ("c", c), ("p", p)))
+
+    def duration(self, P: int, D: int, K: int, B: int) -> float:
+        mean_ctx = (K + P) / B if B else 0.0
+        return ((self.a * mean_ctx + self.b) * B + self.c + self.p * P) / 1000.0
+
+    def to_spec(self) -> dict[str, Any]:
+        return {"kind": "jaillet", "a": self.a, "b": self.b, "c": self.c, "p": self.p}
+
+
+class CallableLatency(LatencyModel):
+    """A user function ``f(P, D, K, B) -> seconds`` (checked to be finite and positive each call)."""
+
+    name = "callable"
+
+    def __init__(self, fn: Callable[[int, int, int, int], float]) -> None:
+        if not callable(fn):
+            raise ValueError(f"latency model must be callable, got {fn!r}")
+        self.fn = fn
+
+    def duration(self, P: int, D: int, K: int, B: int) -> float:
+        d = float(self.fn(P, D, K, B))
+        if not math.isfinite(d) or d <= 0:
+            raise ValueError(f"latency function returned {d!r} for P={P}, D={D}, K={K}, B={B}: need a positive duration")
+        return d
+
+
+#: Named presets. Each carries its provenance (``shared/data/README.md``).
+PRESETS: dict[str, dict[str, Any]] = {
+    # Fitted to Vidur's public profiles of Llama-2-70B, tensor-parallel 2, on A100
+    # (mean error about 3%): ms = 55.4 + 0.339 P + 0.166 D + 1.16e-4 K.
+    "llama2-70b-tp2-a100": {"kind": "linear", "c0": 55.4e-3, "c_prefill": 0.339e-3,
+                             "c_decode": 0.166e-3, "c_kv": 1.16e-7},
+    # Jaillet et al. 2025, Llama2-70B on two A100s.
+    "jaillet2025": {"kind": "jaillet"},
+}
+
+
+def make_latency_model(spec: LatencyModel | Mapping[str, Any] | str | Callable[..., float]) -> LatencyModel:
+    """A latency model from a preset name, a mapping (``{"kind": "linear", ...}``), a callable, or as given."""
+    if isinstance(spec, LatencyModel):
+        return spec
+    if isinstance(spec, str):
+        if spec not in PRESETS:
+            raise ValueError(f"unknown latency preset {spec!r}; presets: {sorted(PRESETS)}")
+        spec = PRESETS[spec]
+    if isinstance(spec, Mapping):
+        kw = dict(spec)
+        kind = kw.pop("kind", None)
+        try:
+            if kind == "linear":
+                return LinearLatency(**kw)
+            if kind == "jaillet":
+                return JailletLatency(**kw)
+        except TypeError as e:
+            raise ValueError(f"latency model {kind!r}: {e}") from None
+        raise ValueError(f"latency model kind must be 'linear' or 'jaillet', got {kind!r}")
+    if callable(spec):
+        return CallableLatency(spec)
+    raise ValueError(f"time_model must be 'slot', a preset name, a mapping or a callable, got {spec!r}")

@@ -1,0 +1,228 @@
+"""Arrival-rate schedules for time-varying Poisson arrivals.
+
+A schedule gives the rate ``lambda(t)`` (per slot in discrete time, per second
+in continuous time) and its integral, so that the number of arrivals in a
+window is ``Poisson(integral)`` and their times follow the intensity.
+
+* :class:`Constant` ``(rate)``
+* :class:`Steps` ``(times, rates)``: ``rates[k]`` from ``times[k]`` on
+  (``times[0] == 0``); with ``period`` it repeats.
+* :class:`Sinusoid` ``(mean, amplitude, period, phase=0)``: a diurnal cycle,
+  ``mean + amplitude * sin(2 pi (t / period + phase))`` (``amplitude <= mean``).
+* :class:`Bursts` ``(base, burst, every, duration, start=0)``: ``burst`` for
+  ``duration`` at the start of every ``every`` (from ``start``), else ``base``.
+
+Mapping forms: ``{"kind": "steps", "times": [...], "rates": [...]}``, etc.; a
+plain number is a constant rate.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+import numpy as np
+
+__all__ = ["RateSchedule", "Constant", "Steps", "Sinusoid", "Bursts", "make_rate"]
+
+
+def _nonneg(name: str, v: Any) -> float:
+    try:
+        x = float(v)
+    except (TypeError, ValueError):
+        raise ValueError(f"{name} must be a non-negative finite number, got {v!r}") from None
+    if isinstance(v, bool) or not math.isfinite(x) or x < 0:
+        raise ValueError(f"{name} must be a non-negative finite number, got {v!r}")
+    return x
+
+
+def _positive(name: str, v: Any) -> float:
+    x = _nonneg(name, v)
+    if x == 0:
+        raise ValueError(f"{name} must be positive, got {v!r}")
+    return x
+
+
+class RateSchedule:
+    """Arrival rate over time."""
+
+    def rate(self, t: np.ndarray) -> np.ndarray:
+        """``lambda(t)`` at each time."""
+        raise NotImplementedError
+
+    def integral(self, t0: np.ndarray | float, t1: np.ndarray | float) -> np.ndarray:
+        """``int_{t0}^{t1} lambda``: expected arrivals in ``[t0, t1)``."""
+        raise NotImplementedError
+
+    def peak(self) -> float:
+        """An upper bound of ``lambda``."""
+        raise NotImplementedError
+
+    def mean(self) -> float:
+        """Long-run mean rate."""
+        raise NotImplementedError
+
+    def to_spec(self) -> Any:
+        raise NotImplementedError
+
+    def sample_times(self, rng: np.random.Generator, t0: float, t1: float) -> np.ndarray:
+        """Sorted arrival times of a Poisson process with this intensity on ``[t0, t1)``."""
+        n = int(rng.poisson(float(self.integral(t0, t1))))
+        if n == 0:
+            return np.zeros(0)
+        peak = self.peak()
+        out: list[np.ndarray] = []
+        got = 0
+        while got < n:  # rejection sampling from the normalised intensity
+            c = rng.uniform(t0, t1, size=2 * (n - got) + 8)
+            c = c[rng.random(c.size) * peak < self.rate(c)]
+            out.append(c)
+            got += c.size
+        return np.sort(np.concatenate(out)[:n])
+
+
+class Constant(RateSchedule):
+    def __init__(self, rate: float) -> None:
+        self.r = _nonneg("rate", rate)
+
+    def rate(self, t: np.ndarray) -> np.ndarray:
+        return np.full(np.shape(t), self.r)
+
+    def integral(self, t0: Any, t1: Any) -> np.ndarray:
+        return self.r * (np.asarray(t1, dtype=np.float64) - np.asarray(t0, dtype=np.float64))
+
+    def peak(self) -> float:
+        return self.r
+
+    def mean(self) -> float:
+        return self.r
+
+    def sample_times(self, rng: np.random.Generator, t0: float, t1: float) -> np.ndarray:
+        n = int(rng.poisson(self.r * (t1 - t0)))
+        return np.sort(rng.uniform(t0, t1, size=n))
+
+    def to_spec(self) -> float:
+        return self.r
+
+
+class Steps(RateSchedule):
+    """Piecewise-constant rate: ``rates[k]`` on ``[times[k], times[k+1])``, the last forever
+    (or, with ``period``, the pattern repeats every ``period``)."""
+
+    def __init__(self, times: Sequence[float], rates: Sequence[float], period: float | None = None) -> None:
+        ts = [_nonneg(f"times[{i}]", x) for i, x in enumerate(times)]
+        rs = [_nonneg(f"rates[{i}]", x) for i, x in enumerate(rates)]
+        if not ts or len(ts) != len(rs):
+            raise ValueError(f"steps need as many times as rates (>= 1), got {len(ts)} and {len(rs)}")
+        if ts[0] != 0 or any(b <= a for a, b in zip(ts, ts[1:])):
+            raise ValueError(f"step times must start at 0 and increase, got {list(times)}")
+        self.times, self.rates = np.asarray(ts), np.asarray(rs)
+        self.period = None if period is None else _positive("period", period)
+        if self.period is not None and self.period <= ts[-1]:
+            raise ValueError(f"period {period} must exceed the last step time {ts[-1]}")
+        # cumulative integral at each step start
+        widths = np.diff(np.append(self.times, self.period if self.period else self.times[-1]))
+        self._cum = np.concatenate([[0.0], np.cumsum(self.rates * widths)])
+
+    def _F(self, t: np.ndarray) -> np.ndarray:
+        t = np.asarray(t, dtype=np.float64)
+        base = np.zeros_like(t)
+        if self.period is not None:
+            cycles = np.floor(t / self.period)
+            base = cycles * self._cum[-1]
+            t = t - cycles * self.period
+        k = np.searchsorted(self.times, t, side="right") - 1
+        return base + self._cum[k] + self.rates[k] * (t - self.times[k])
+
+    def rate(self, t: np.ndarray) -> np.ndarray:
+        t = np.asarray(t, dtype=np.float64)
+        if self.period is not None:
+            t = np.mod(t, self.period)
+        return self.rates[np.searchsorted(self.times, t, side="right") - 1]
+
+    def integral(self, t0: Any, t1: Any) -> np.ndarray:
+        return self._F(t1) - self._F(t0)
+
+    def peak(self) -> float:
+        return float(self.rates.max())
+
+    def mean(self) -> float:
+        if self.period is None:
+            return float(self.rates[-1])
+        return float(self._cum[-1] / self.period)
+
+    def to_spec(self) -> dict[str, Any]:
+        out: dict[str, Any] = {"kind": "steps", "times": self.times.tolist(), "rates": self.rates.tolist()}
+        if self.period is not None:
+            out["period"] = self.period
+        return out
+
+
+class Sinusoid(RateSchedule):
+    """``mean + amplitude * sin(2 pi (t / period + phase))`` (a diurnal pattern)."""
+
+    def __init__(self, mean: float, amplitude: float, period: float, phase: float = 0.0) -> None:
+        self.m = _nonneg("mean", mean)
+        self.a = _nonneg("amplitude", amplitude)
+        if self.a > self.m:
+            raise ValueError(f"amplitude ({amplitude}) must not exceed mean ({mean}): rates must stay >= 0")
+        self.period = _positive("period", period)
+        self.phase = float(phase)
+
+    def rate(self, t: np.ndarray) -> np.ndarray:
+        return self.m + self.a * np.sin(2 * np.pi * (np.asarray(t, dtype=np.float64) / self.period + self.phase))
+
+    def integral(self, t0: Any, t1: Any) -> np.ndarray:
+        w = 2 * np.pi / self.period
+        t0, t1 = np.asarray(t0, dtype=np.float64), np.asarray(t1, dtype=np.float64)
+        ph = 2 * np.pi * self.phase
+        return self.m * (t1 - t0) - self.a / w * (np.cos(w * t1 + ph) - np.cos(w * t0 + ph))
+
+    def peak(self) -> float:
+        return self.m + self.a
+
+    def mean(self) -> float:
+        return self.m
+
+    def to_spec(self) -> dict[str, Any]:
+        return {"kind": "sinusoid", "mean": self.m, "amplitude": self.a, "period": self.period, "phase": self.phase}
+
+
+class Bursts(Steps):
+    """``burst`` during ``duration`` at the start of every ``every`` (from ``start``), ``base`` otherwise."""
+
+    def __init__(self, base: float, burst: float, every: float, duration: float, start: float = 0.0) -> None:
+        self.spec = {"kind": "bursts", "base": base, "burst": burst, "every": every, "duration": duration,
+                     "start": start}
+        every, duration = _positive("every", every), _positive("duration", duration)
+        if duration >= every:
+            raise ValueError(f"burst duration ({duration}) must be shorter than every ({every})")
+        start = _nonneg("start", start) % every
+        if start == 0:
+            super().__init__([0.0, duration], [burst, base], period=every)
+        elif start + duration <= every:
+            super().__init__([0.0, start, start + duration], [base, burst, base], period=every)
+        else:
+            over = start + duration - every
+            super().__init__([0.0, over, start], [burst, base, burst], period=every)
+
+    def to_spec(self) -> dict[str, Any]:
+        return dict(self.spec)
+
+
+def make_rate(spec: RateSchedule | Mapping[str, Any] | float) -> RateSchedule:
+    """A schedule from a number (constant), a mapping with ``kind``, or as given."""
+    if isinstance(spec, RateSchedule):
+        return spec
+    if isinstance(spec, Mapping):
+        kw = dict(spec)
+        kind = kw.pop("kind", None)
+        cls = {"constant": Constant, "steps": Steps, "sinusoid": Sinusoid, "bursts": Bursts}.get(kind)  # type: ignore[arg-type]
+        if cls is None:
+            raise ValueError(f"rate kind must be constant, steps, sinusoid or bursts, got {kind!r}")
+        try:
+            return cls(**kw)
+        except TypeError as e:
+            raise ValueError(f"rate {kind!r}: {e}") from None
+    return Constant(spec)  # type: ignore[arg-type]
