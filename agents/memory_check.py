@@ -47,6 +47,12 @@ def future_fit_count(
     k = int(np.searchsorted(first, free[0], side="right"))
     if k == 0:
         return 0
+    # a second necessary condition: at h1 = (shortest candidate output) - 1 all k are still running
+    h1 = int(cand_output[:k].min()) - 1
+    if h1 > 0:
+        k = min(k, int(np.searchsorted(np.cumsum(cand_prompt[:k] + 1 + h1), free[h1], side="right")))
+        if k == 0:
+            return 0
     cp, co = cand_prompt[:k], cand_output[:k]
     prof = (cp[:, None] + 1 + h[None, :]) * (h[None, :] < co[:, None])
     used = np.cumsum(prof, axis=0)  # used[c, h]: tokens of candidates 0..c at h
