@@ -92,7 +92,7 @@ def _compare(args: argparse.Namespace) -> int:
             print(f"error: scenario {sc.name} runs to the end of its workload; drop --horizons", file=sys.stderr)
             return 2
         horizons = None
-        tune_h = args.tune_horizon
+        tune_h = args.tune_horizon or 20_000  # tuning runs are cut at 20k iterations
     else:
         horizons = sorted(set(args.horizons or [1000, 2000, 3000, 4000, 5000]))
         tune_h = args.tune_horizon or min(horizons[-1], 2000)
@@ -158,7 +158,8 @@ def build_parser() -> argparse.ArgumentParser:
                    "azure scenarios run to the end of their workload instead")
     c.add_argument("--seeds", type=int, default=3, help="reporting seeds 0..N-1 (default 3)")
     c.add_argument("--tune-seeds", type=int, default=2, help="tuning seeds 1000.. (default 2)")
-    c.add_argument("--tune-horizon", type=int, default=None, help="horizon of tuning runs (default min(T, 2000))")
+    c.add_argument("--tune-horizon", type=int, default=None,
+                   help="horizon of tuning runs (default min(T, 2000); 20000 iterations for run-to-end scenarios)")
     c.add_argument("--no-tune", action="store_true", help="use the scenario's default parameters")
     c.add_argument("--agents", default=None,
                    help="semicolon-separated agents, e.g. 'flow-control:b=12;mc;alpha-greedy:alpha=0.2'")

@@ -208,6 +208,7 @@ class FlowControlEnv(gym.Env[Any, Any]):
     | ``arrival_rate`` | (1,) | [0, queue_cap] | moving average of arrivals per slot (``rate_window``) |
     | ``projected_usage`` | (H,) | [0, projection_cap] | known lengths only: the active set's demand / ``M`` at ``t + h``, ``h`` in ``projection_offsets``, with no admission or eviction |
     | ``class_queue`` | (m,) | [0, queue_cap] | known lengths and classes only: waiting requests per class |
+    | ``last_duration`` | (1,) | [0, duration_cap] | continuous time only: seconds the last iteration took |
 
     Counts are clipped to their caps. With ``output_length_known=False`` nothing
     in the observation depends on output lengths (it is never revealed).
@@ -223,6 +224,20 @@ class FlowControlEnv(gym.Env[Any, Any]):
     so average) latency, the paper's responsiveness metric; a wasted token (a
     token generated and then lost to eviction) costs as much as one request
     waiting one slot, charging the recomputation that evictions cause.
+    In continuous time ``N_t`` is multiplied by the iteration's duration in
+    seconds, so the sum is the total latency in seconds.
+
+    ## Continuous time
+
+    With ``time_model`` a batch latency model (:mod:`flowgym.latency`: a preset
+    such as ``"llama2-70b-tp2-a100"``, a linear model, or a callable) and a
+    timed workload (arrivals in seconds), a step is one batch iteration: its
+    duration comes from the prompt tokens it prefills, the requests it decodes
+    and the KV tokens they hold (after eviction); a request joins the queue at
+    the first iteration that starts at or after its arrival; an idle server with
+    an empty queue jumps to the next arrival. Latencies and throughputs are then
+    in seconds, ``arrival_rate`` is per second and ``info`` adds ``duration``
+    and ``time`` (the clock at the end of the iteration).
 
     ## Starting State
 

@@ -101,7 +101,8 @@ def env_for(agent: Any, env_kwargs: dict[str, Any], horizon: int | None) -> Flow
     else ``ValueError`` says which.
     """
     kw = dict(env_kwargs)
-    kw["horizon"] = horizon
+    if horizon is not None or "horizon" not in kw:
+        kw["horizon"] = horizon  # None: the scenario's own (a cap), or run to the end of a finite workload
     for key, value in agent.env_options().items():
         if key == "max_budget":
             kw["max_budget"] = max(int(kw.get("max_budget", FlowControlConfig.max_budget)), int(value))
@@ -117,7 +118,11 @@ def env_for(agent: Any, env_kwargs: dict[str, Any], horizon: int | None) -> Flow
 def run_episode(
     agent: Any, env_kwargs: dict[str, Any], seed: int, horizon: int | None, label: str | None = None
 ) -> Episode:
-    """Run ``agent`` for ``horizon`` slots (``None``: to the end of a finite workload) on ``seed``."""
+    """Run ``agent`` for ``horizon`` slots on ``seed``.
+
+    ``horizon=None`` keeps the scenario's ``horizon`` (for a finite workload, a safety cap:
+    the run ends when the workload drains) or, if it has none, runs to the end.
+    """
     env = env_for(agent, env_kwargs, horizon)
     t0 = time.perf_counter()
     obs, _ = env.reset(seed=seed)

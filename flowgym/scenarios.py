@@ -85,11 +85,9 @@ class Scenario:
     env: dict[str, Any]
     agents: list[AgentSpec]
     default_rate: float | None = None
-
-    @property
-    def finite(self) -> bool:
-        """Runs to the end of its workload (``horizon`` is ``None``) rather than for given horizons."""
-        return "horizon" in self.env and self.env["horizon"] is None
+    #: Runs to the end of its finite workload (the env's ``horizon`` is only a safety cap)
+    #: rather than being reported at given horizons.
+    finite: bool = False
 
     def env_kwargs(self) -> dict[str, Any]:
         return copy.deepcopy(self.env)
@@ -156,12 +154,17 @@ def _paper_realdata(rate: float, which: str) -> Scenario:
                          "n_requests": 50_000, "timed": True},
             "time_model": "llama2-70b-tp2-a100",
             "max_budget": 1024,
-            "horizon": None,
+            "horizon": MAX_ITERATIONS,
         },
         agents=_timed_agents(),
         default_rate=rate,
+        finite=True,
     )
 
+
+#: Safety cap on the iterations of a run-to-the-end scenario: a policy that never drains the
+#: workload (e.g. a zero budget, or evict-all thrashing) is truncated there, its requests unfinished.
+MAX_ITERATIONS = 1_000_000
 
 #: KV budget of the Azure scenarios (tokens); see docs/reproduction.md for the reasoning.
 AZURE_M = 131_072
@@ -179,10 +182,11 @@ def _azure(trace: str, rate: float) -> Scenario:
             "workload": {"kind": "azure", "trace": trace, "rate_multiplier": float(rate)},
             "time_model": "llama2-70b-tp2-a100",
             "max_budget": 1024,
-            "horizon": None,
+            "horizon": MAX_ITERATIONS,
         },
         agents=_timed_agents(),
         default_rate=rate,
+        finite=True,
     )
 
 
