@@ -15,7 +15,6 @@ import time
 from collections.abc import Sequence
 from typing import Any
 
-import numpy as np
 
 from flowgym.env import FlowControlEnv
 from flowgym.metrics import METRIC_NAMES

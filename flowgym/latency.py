@@ -22,6 +22,8 @@ import math
 from collections.abc import Callable, Mapping
 from typing import Any
 
+from flowgym._checks import non_negative
+
 __all__ = [
     "LatencyModel",
     "LinearLatency",
@@ -33,13 +35,7 @@ __all__ = [
 
 
 def _coef(name: str, v: Any) -> float:
-    try:
-        x = float(v)
-    except (TypeError, ValueError):
-        raise ValueError(f"latency coefficient {name} must be a number, got {v!r}") from None
-    if isinstance(v, bool) or not math.isfinite(x) or x < 0:
-        raise ValueError(f"latency coefficient {name} must be finite and non-negative, got {v!r}")
-    return x
+    return non_negative(f"latency coefficient {name}", v)
 
 
 class LatencyModel:

@@ -18,30 +18,18 @@ plain number is a constant rate.
 
 from __future__ import annotations
 
-import math
 from collections.abc import Mapping, Sequence
 from typing import Any
 
 import numpy as np
 
+from flowgym._checks import non_negative, positive
+
 __all__ = ["RateSchedule", "Constant", "Steps", "Sinusoid", "Bursts", "make_rate"]
 
 
-def _nonneg(name: str, v: Any) -> float:
-    try:
-        x = float(v)
-    except (TypeError, ValueError):
-        raise ValueError(f"{name} must be a non-negative finite number, got {v!r}") from None
-    if isinstance(v, bool) or not math.isfinite(x) or x < 0:
-        raise ValueError(f"{name} must be a non-negative finite number, got {v!r}")
-    return x
-
-
-def _positive(name: str, v: Any) -> float:
-    x = _nonneg(name, v)
-    if x == 0:
-        raise ValueError(f"{name} must be positive, got {v!r}")
-    return x
+_nonneg = non_negative
+_positive = positive
 
 
 class RateSchedule:

@@ -140,28 +140,6 @@ def _timed_agents() -> list[AgentSpec]:
     ]
 
 
-def _paper_realdata(rate: float, which: str) -> Scenario:
-    return Scenario(
-        name=f"paper-realdata-{which}",
-        description=(
-            f"Dong & Cao Section 4.2 stand-in: 50,000 requests with SYNTHETIC LMSYS-like lengths "
-            f"(log-normals from published medians/means), Poisson {rate:g} req/s, M={PAPER_M}, "
-            f"Llama-2-70B TP2 A100 batch latency, unknown output lengths."
-        ),
-        env={
-            "M": PAPER_M,
-            "workload": {"kind": "iid", "rate": float(rate), "lengths": {"kind": "lmsys-like"},
-                         "n_requests": 50_000, "timed": True},
-            "time_model": "llama2-70b-tp2-a100",
-            "max_budget": 1024,
-            "horizon": MAX_ITERATIONS,
-        },
-        agents=_timed_agents(),
-        default_rate=rate,
-        finite=True,
-    )
-
-
 #: Safety cap on the iterations of a run-to-the-end scenario: a policy that never drains the
 #: workload (e.g. a zero budget, or evict-all thrashing) is truncated there, its requests unfinished.
 MAX_ITERATIONS = 1_000_000
@@ -170,23 +148,33 @@ MAX_ITERATIONS = 1_000_000
 AZURE_M = 131_072
 
 
+def _timed(name: str, description: str, M: int, workload: dict[str, Any], rate: float) -> Scenario:
+    """A continuous-time scenario run to the end of its finite workload (Llama-2-70B latency)."""
+    env = {"M": M, "workload": workload, "time_model": "llama2-70b-tp2-a100", "max_budget": 1024,
+           "horizon": MAX_ITERATIONS}
+    return Scenario(name, description, env, _timed_agents(), default_rate=rate, finite=True)
+
+
+def _paper_realdata(rate: float, which: str) -> Scenario:
+    return _timed(
+        f"paper-realdata-{which}",
+        f"Dong & Cao Section 4.2 stand-in: 50,000 requests with SYNTHETIC LMSYS-like lengths "
+        f"(log-normals from published medians/means), Poisson {rate:g} req/s, M={PAPER_M}, "
+        f"Llama-2-70B TP2 A100 batch latency, unknown output lengths.",
+        PAPER_M,
+        {"kind": "iid", "rate": float(rate), "lengths": {"kind": "lmsys-like"}, "n_requests": 50_000, "timed": True},
+        rate,
+    )
+
+
 def _azure(trace: str, rate: float) -> Scenario:
-    return Scenario(
-        name=f"azure-{trace}",
-        description=(
-            f"Azure LLM inference trace 2023 ({trace}) replayed with its real timestamps "
-            f"(rate multiplier {rate:g}), M={AZURE_M}, Llama-2-70B TP2 A100 batch latency, unknown lengths."
-        ),
-        env={
-            "M": AZURE_M,
-            "workload": {"kind": "azure", "trace": trace, "rate_multiplier": float(rate)},
-            "time_model": "llama2-70b-tp2-a100",
-            "max_budget": 1024,
-            "horizon": MAX_ITERATIONS,
-        },
-        agents=_timed_agents(),
-        default_rate=rate,
-        finite=True,
+    return _timed(
+        f"azure-{trace}",
+        f"Azure LLM inference trace 2023 ({trace}) replayed with its real timestamps "
+        f"(rate multiplier {rate:g}), M={AZURE_M}, Llama-2-70B TP2 A100 batch latency, unknown lengths.",
+        AZURE_M,
+        {"kind": "azure", "trace": trace, "rate_multiplier": float(rate)},
+        rate,
     )
 
 

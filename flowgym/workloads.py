@@ -29,6 +29,8 @@ from typing import Any, NamedTuple
 
 import numpy as np
 
+from flowgym._checks import non_negative, positive_int
+
 __all__ = [
     "CHUNK_SLOTS",
     "CHUNK_SECONDS",
@@ -83,24 +85,8 @@ def request_work(prompt_len: Any, output_len: Any) -> Any:
     return float(w) if w.ndim == 0 else w
 
 
-def _positive_int(name: str, value: Any) -> int:
-    try:
-        ok = float(value) == int(value) and int(value) >= 1
-    except (TypeError, ValueError, OverflowError):
-        ok = False
-    if not ok or isinstance(value, bool):
-        raise ValueError(f"{name} must be a positive integer, got {value!r}")
-    return int(value)
-
-
-def _rate(name: str, value: Any) -> float:
-    try:
-        v = float(value)
-    except (TypeError, ValueError):
-        raise ValueError(f"{name} must be a non-negative finite number, got {value!r}") from None
-    if not math.isfinite(v) or v < 0 or isinstance(value, bool):
-        raise ValueError(f"{name} must be a non-negative finite number, got {value!r}")
-    return v
+_positive_int = positive_int
+_rate = non_negative
 
 
 class Workload(ABC):

@@ -15,7 +15,7 @@ import flowgym
 from flowgym import FlowControlEnv, Trace
 from flowgym.datasets import azure_lengths, azure_trace, lengths_from_csv, lmsys_like_lengths
 from flowgym.latency import PRESETS, JailletLatency, LinearLatency, make_latency_model
-from flowgym.rates import Bursts, Constant, Sinusoid, Steps, make_rate
+from flowgym.rates import Bursts, Sinusoid, Steps, make_rate
 from flowgym.workloads import IIDPoisson, make_workload
 
 LIN = {"kind": "linear", "c0": 1.0, "c_prefill": 0.1, "c_decode": 0.01, "c_kv": 0.001}
