@@ -27,35 +27,37 @@ def future_fit_count(
     ``l + j + h + 1`` tokens at ``h`` slots from now while ``h < o - j``; a
     candidate admitted now holds ``l + h + 1`` while ``h < o``. The check stops
     at the first candidate that does not fit (first come, first served).
+
+    Between two completions the usage only grows, so it is checked at the last
+    slot of each request (``h = remaining - 1``) and nowhere else.
     """
+    if cand_prompt.size == 0:
+        return 0
     rem = np.maximum(act_output - act_generated, 1)
-    H = int(max(rem.max(initial=0), cand_output.max(initial=0)))
-    if H == 0:
-        return 0
-    h = np.arange(H)
-    # active profile: A[h] = sum_{rem_i > h} (b_i + h), b_i = l_i + j_i + 1
     b = act_prompt + act_generated + 1
-    cnt = np.bincount(np.minimum(rem, H), minlength=H + 1)
-    wsum = np.bincount(np.minimum(rem, H), weights=b, minlength=H + 1)
-    n_gt = cnt[::-1].cumsum()[::-1][1:]  # n_gt[h] = #{rem > h}
-    s_gt = wsum[::-1].cumsum()[::-1][1:]
-    free = M - (s_gt + h * n_gt)
-    if free[0] < 0:
-        return 0
+    order = np.argsort(rem)
+    rem_s, b_s = rem[order], b[order]
+    suffix_b = np.concatenate([np.cumsum(b_s[::-1])[::-1], [0]])
+
+    def free_at(h: np.ndarray) -> np.ndarray:
+        """``M - sum_{rem_i > h} (b_i + h)``: room left by the active set at offsets ``h``."""
+        i = np.searchsorted(rem_s, h, side="right")  # first active with rem > h
+        return M - (suffix_b[i] + h * (rem_s.size - i))
+
+    room0 = free_at(np.zeros(1, dtype=np.int64))[0]
+    if rem_s.size:
+        worst = free_at(rem_s - 1).min()  # the active set alone must fit
+        if worst < 0:
+            return 0
     # quick bound: the candidates' first-slot tokens must fit
-    first = np.cumsum(cand_prompt + 1)
-    k = int(np.searchsorted(first, free[0], side="right"))
+    k = int(np.searchsorted(np.cumsum(cand_prompt + 1), room0, side="right"))
     if k == 0:
         return 0
-    # a second necessary condition: at h1 = (shortest candidate output) - 1 all k are still running
-    h1 = int(cand_output[:k].min()) - 1
-    if h1 > 0:
-        k = min(k, int(np.searchsorted(np.cumsum(cand_prompt[:k] + 1 + h1), free[h1], side="right")))
-        if k == 0:
-            return 0
     cp, co = cand_prompt[:k], cand_output[:k]
-    prof = (cp[:, None] + 1 + h[None, :]) * (h[None, :] < co[:, None])
-    used = np.cumsum(prof, axis=0)  # used[c, h]: tokens of candidates 0..c at h
+    crit = np.unique(np.concatenate([rem_s - 1, co - 1]))  # offsets where some request is at its last slot
+    free = free_at(crit)
+    prof = (cp[:, None] + 1 + crit[None, :]) * (crit[None, :] < co[:, None])
+    used = np.cumsum(prof, axis=0)  # used[c, x]: tokens of candidates 0..c at offset crit[x]
     ok = (used <= free[None, :]).all(axis=1)
     bad = np.flatnonzero(~ok)
     return int(bad[0]) if bad.size else k
