@@ -11,7 +11,7 @@ from typing import Any
 import gymnasium as gym
 import numpy as np
 
-from flowgym.engine import EVICTION_RULES, QUEUE_ORDERS, Engine, SlotStats
+from flowgym.engine import EVICTION_RULES, QUEUE_ORDERS, Engine
 from flowgym.metrics import compute_metrics
 from flowgym.spaces import DictObservation, Features, FlatObservation, GlobalBudget, PerClassBudget
 from flowgym.view import SystemView
@@ -348,7 +348,7 @@ class FlowControlEnv(gym.Env[Any, Any]):
         self._horizon = cfg.horizon
         self._rate = 0.0
         self._started = False
-        self._last: SlotStats | None = None
+        self._view: SystemView | None = None
 
     # ------------------------------------------------------------------ gym API
 
@@ -357,7 +357,6 @@ class FlowControlEnv(gym.Env[Any, Any]):
         wl_seed = int(self.np_random.integers(0, 2**63 - 1))
         self.engine.reset(np.random.default_rng(wl_seed))
         self._rate = 0.0
-        self._last = None
         arrived = self.engine.arrive()
         self._rate = 0.0 if self._timed else arrived * self._alpha
         self._started = True
@@ -374,7 +373,6 @@ class FlowControlEnv(gym.Env[Any, Any]):
         n_sys = eng.n_queued + eng.n_active
         arrived, rejected = eng.last_arrivals, eng.last_rejected
         st = eng.serve(budget)
-        self._last = st
         if self._timed:  # requests in system x seconds: the episode sum is total latency in seconds
             n_sys *= eng.last_duration
         reward = -(
@@ -426,8 +424,14 @@ class FlowControlEnv(gym.Env[Any, Any]):
     # ------------------------------------------------------------------ results
 
     def view(self) -> SystemView:
-        """The read-only :class:`~flowgym.view.SystemView` that scripted agents read."""
-        return SystemView(self.engine, self.config.output_length_known)
+        """The read-only :class:`~flowgym.view.SystemView` that scripted agents read.
+
+        A live window on the engine (its properties read the current state), so one
+        instance serves the whole life of the environment.
+        """
+        if self._view is None:
+            self._view = SystemView(self.engine, self.config.output_length_known)
+        return self._view
 
     def request_log(self) -> dict[str, np.ndarray]:
         """Per-request numpy arrays of every request that has arrived, by request id.
