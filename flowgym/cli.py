@@ -136,6 +136,77 @@ def _compare(args: argparse.Namespace) -> int:
     return 0
 
 
+def _hindsight(args: argparse.Namespace) -> int:
+    import numpy as np
+
+    from flowgym.hindsight import OBJECTIVES, compare_to_hindsight, format_comparison
+
+    objectives = [k.strip() for k in args.objectives.split(",") if k.strip()]
+    bad = [k for k in objectives if k not in OBJECTIVES]
+    if bad or not objectives:
+        print(f"error: --objectives must be a comma-separated subset of {','.join(OBJECTIVES)}", file=sys.stderr)
+        return 2
+    cls = None
+    if args.trace is not None:
+        from flowgym.workloads import Trace
+
+        if args.M is None:
+            print("error: give --M (the KV budget) with --trace", file=sys.stderr)
+            return 2
+        tr = Trace.from_csv(args.trace, cls_column=args.cls_column)
+        inv = np.empty(len(tr), dtype=np.int64)
+        inv[tr.row] = np.arange(len(tr))
+        a, l, o = tr.arrival[inv], tr.prompt_len[inv], tr.output_len[inv]
+        cls = tr.cls[inv] if args.cls_column else None
+        M = args.M
+        what = f"trace {args.trace} ({len(tr)} requests), M={M}"
+    else:
+        rng = np.random.default_rng(args.seed)
+        M = args.M if args.M is not None else int(rng.integers(30, 51))
+        s = int(rng.integers(1, 6))
+        o = rng.integers(1, M - s + 1, size=args.random)
+        l = np.full(args.random, s)
+        if args.online is None:
+            a = np.zeros(args.random, dtype=np.int64)
+            how = "all arriving at slot 0"
+        else:
+            rate = args.online * M / float((l * o + o * (o + 1) / 2).mean())
+            a = np.floor(np.cumsum(rng.exponential(1.0 / rate, args.random))).astype(np.int64)
+            how = f"Poisson arrivals at load {args.online:g} ({rate:.3f} per slot)"
+        what = (f"random instance (Jaillet et al.): {args.random} requests, prompt {s}, outputs U{{1..{M - s}}}, "
+                f"M={M}, {how}, seed {args.seed}")
+    if args.agents:
+        agents = [x.strip() for x in args.agents.split(";") if x.strip()]
+    else:
+        from flowgym.theory import max_global_budget
+        from flowgym.workloads import request_work
+
+        b = max(1, max_global_budget(M, float(np.mean(request_work(l, o)))))
+        agents = ["mc-sf", "mc", "a-min", "greedy-lifo", f"flow-control:b={b}"]
+    T = args.T
+    if T is None and any(k in ("completed", "tokens") for k in objectives):
+        print("error: the completed/tokens objectives need --T", file=sys.stderr)
+        return 2
+    print(what)
+    res, rows = compare_to_hindsight(a, l, o, M, agents, objectives=objectives, T=T, time_limit=args.time_limit, cls=cls)
+    print(format_comparison(res, rows))
+    if args.json:
+        out = {
+            "instance": {"arrival": a.tolist(), "prompt_len": l.tolist(), "output_len": o.tolist(), "M": int(M)},
+            "T": T,
+            "hindsight": {k: {"status": r.status, "optimal": r.optimal, "value": r.value, "bound": r.bound, "gap": r.gap,
+                              "horizon": r.horizon, "horizon_exact": r.horizon_exact, "solve_seconds": r.solve_seconds,
+                              "heuristic": r.heuristic, "heuristic_value": r.heuristic_value,
+                              "refine_status": r.refine_status, "start": r.start.tolist()}
+                          for k, r in res.items()},
+            "rows": rows,
+        }
+        with open(args.json, "w") as fh:
+            json.dump(out, fh, indent=1, default=lambda v: v.tolist() if hasattr(v, "tolist") else float(v))
+        print(f"wrote {args.json}")
+    return 0
+
+
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="flowgym", description=__doc__)
     sub = p.add_subparsers(dest="command", required=True)
@@ -182,6 +253,33 @@ def build_parser() -> argparse.ArgumentParser:
     r.add_argument("--seed", type=int, default=0)
     r.add_argument("--json", action="store_true", help="print the metrics as JSON")
     r.set_defaults(func=_run)
+    h = sub.add_parser(
+        "hindsight",
+        help="the hindsight optimum of a small trace (integer program, HiGHS) against the agents",
+        description="Solve the offline schedule of a finite trace as an integer program with SciPy's HiGHS "
+        "(minimum total latency, minimum maximum latency, or maximum completions by T), check it by replaying "
+        "it in the simulator, run the agents on the same trace and print each agent's ratio to the optimum. "
+        "A solve stopped by the time limit reports its gap, never optimality. Small instances only "
+        "(tens of requests).",
+    )
+    src = h.add_mutually_exclusive_group(required=True)
+    src.add_argument("--trace", default=None, help="CSV trace (columns arrival,prompt_len,output_len)")
+    src.add_argument("--random", type=int, default=None, metavar="N",
+                     help="a random instance of N requests as in Jaillet et al.: M ~ U[30,50], one prompt "
+                     "size s ~ U{1..5}, outputs U{1..M-s}")
+    h.add_argument("--M", type=int, default=None, help="KV budget (required with --trace; random: drawn)")
+    h.add_argument("--cls-column", default=None, help="class-id column of the trace (for per-class flow control)")
+    h.add_argument("--online", type=float, default=None, metavar="RHO",
+                   help="random instance: Poisson arrivals at load RHO instead of all at slot 0")
+    h.add_argument("--seed", type=int, default=0, help="seed of the random instance")
+    h.add_argument("--objectives", default="total_latency,max_latency",
+                   help="comma-separated: total_latency, max_latency, completed, tokens (default the first two)")
+    h.add_argument("--T", type=int, default=None, help="horizon of the completed/tokens objectives")
+    h.add_argument("--agents", default=None,
+                   help="semicolon-separated agents (default mc-sf;mc;a-min;greedy-lifo;flow-control:b=<Theorem 2>)")
+    h.add_argument("--time-limit", type=float, default=60.0, help="seconds per objective (default 60)")
+    h.add_argument("--json", default=None, help="also write the instance, schedules and rows as JSON")
+    h.set_defaults(func=_hindsight)
     return p
 
 
