@@ -91,10 +91,11 @@ def _compare(args: argparse.Namespace) -> int:
             print(f"error: scenario {sc.name} runs to the end of its workload; drop --horizons", file=sys.stderr)
             return 2
         horizons = None
-        tune_h = args.tune_horizon or 20_000  # tuning runs are cut at 20k iterations
+        tune_h = args.tune_horizon  # None: the scenario's smaller tuning workload, run to its end
     else:
         horizons = sorted(set(args.horizons or [1000, 2000, 3000, 4000, 5000]))
         tune_h = args.tune_horizon or min(horizons[-1], 2000)
+    tune_kwargs = sc.tune_env_kwargs()
     seeds = list(range(args.seeds))
     tune_seeds = [1000 + i for i in range(args.tune_seeds)]
     n_tune = sum(len(s.tune[1]) * len(tune_seeds) for s in specs if s.tune and not args.no_tune)
@@ -105,7 +106,7 @@ def _compare(args: argparse.Namespace) -> int:
     for spec in specs:
         if spec.tune and not args.no_tune:
             param = spec.tune[0]
-            best, _ = tune(spec, env_kwargs, tune_seeds, tune_h, progress=bar.update)
+            best, _ = tune(spec, tune_kwargs, tune_seeds, tune_h, progress=bar.update)
             base = spec.label or spec.name
             label = f"{base} {param}={best}"
             tuned[label] = {param: best}
@@ -115,13 +116,14 @@ def _compare(args: argparse.Namespace) -> int:
     table.tuned = tuned
     print(table.format())
     if tuned:
-        print(f"tuned on seeds {tune_seeds} at T={tune_h or 'end'} (lowest mean time in system): "
+        where = f"T={tune_h}" if tune_h else ("the end of " + json.dumps(sc.tune_env.get("workload", {})) if sc.tune_env else "the end")
+        print(f"tuned on seeds {tune_seeds} at {where} (lowest mean time in system): "
               + ", ".join(f"{k}" for k in tuned))
     os.makedirs(args.out, exist_ok=True)
     stem = os.path.join(args.out, sc.name)
     table.to_csv(stem + ".csv")
     table.to_json(stem + ".json", scenario=sc.name, description=sc.description, env=env_kwargs,
-                  tune_seeds=tune_seeds, tune_horizon=tune_h)
+                  tune_seeds=tune_seeds, tune_horizon=tune_h, tune_env=sc.tune_env)
     written = [stem + ".csv", stem + ".json"]
     if not args.no_plots:
         from flowgym.plots import plot_kv_usage, plot_metrics_bars, plot_metrics_vs_horizon
@@ -229,7 +231,8 @@ def build_parser() -> argparse.ArgumentParser:
     c.add_argument("--seeds", type=int, default=3, help="reporting seeds 0..N-1 (default 3)")
     c.add_argument("--tune-seeds", type=int, default=2, help="tuning seeds 1000.. (default 2)")
     c.add_argument("--tune-horizon", type=int, default=None,
-                   help="horizon of tuning runs (default min(T, 2000); 20000 iterations for run-to-end scenarios)")
+                   help="horizon of tuning runs (default min(T, 2000); run-to-end scenarios tune on a smaller workload "
+                   "run to its end: the first 5,000 requests, or the first 15 minutes of an Azure trace)")
     c.add_argument("--no-tune", action="store_true", help="use the scenario's default parameters")
     c.add_argument("--agents", default=None,
                    help="semicolon-separated agents, e.g. 'flow-control:b=12;mc;alpha-greedy:alpha=0.2'")

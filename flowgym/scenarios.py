@@ -88,9 +88,24 @@ class Scenario:
     #: Runs to the end of its finite workload (the env's ``horizon`` is only a safety cap)
     #: rather than being reported at given horizons.
     finite: bool = False
+    #: Overrides of :attr:`env` for tuning runs (``workload`` entries are merged into the
+    #: workload mapping). Finite scenarios tune on a smaller workload run to its end, so every
+    #: grid value is judged on the same arrivals over the same drain, not on a cut at an
+    #: iteration count (which in continuous time covers a different span of seconds per policy).
+    tune_env: dict[str, Any] = field(default_factory=dict)
 
     def env_kwargs(self) -> dict[str, Any]:
         return copy.deepcopy(self.env)
+
+    def tune_env_kwargs(self) -> dict[str, Any]:
+        """The environment arguments of tuning runs: :meth:`env_kwargs` with :attr:`tune_env` applied."""
+        kw = self.env_kwargs()
+        for k, v in copy.deepcopy(self.tune_env).items():
+            if k == "workload" and isinstance(kw.get("workload"), dict):
+                kw["workload"].update(v)
+            else:
+                kw[k] = v
+        return kw
 
 
 B_GRID = [8, 10, 12, 14, 16, 20, 24, 32]
@@ -148,11 +163,20 @@ MAX_ITERATIONS = 1_000_000
 AZURE_M = 131_072
 
 
-def _timed(name: str, description: str, M: int, workload: dict[str, Any], rate: float) -> Scenario:
-    """A continuous-time scenario run to the end of its finite workload (Llama-2-70B latency)."""
+#: Safety cap on the iterations of a tuning run (its workload is about a tenth of the full one).
+MAX_TUNE_ITERATIONS = 200_000
+
+
+def _timed(name: str, description: str, M: int, workload: dict[str, Any], rate: float,
+           tune_workload: dict[str, Any]) -> Scenario:
+    """A continuous-time scenario run to the end of its finite workload (Llama-2-70B latency).
+
+    Tuning runs use ``tune_workload`` (merged into ``workload``), run to its end.
+    """
     env = {"M": M, "workload": workload, "time_model": "llama2-70b-tp2-a100", "max_budget": 1024,
            "horizon": MAX_ITERATIONS}
-    return Scenario(name, description, env, _timed_agents(), default_rate=rate, finite=True)
+    tune_env = {"workload": tune_workload, "horizon": MAX_TUNE_ITERATIONS}
+    return Scenario(name, description, env, _timed_agents(), default_rate=rate, finite=True, tune_env=tune_env)
 
 
 def _paper_realdata(rate: float, which: str) -> Scenario:
@@ -164,6 +188,7 @@ def _paper_realdata(rate: float, which: str) -> Scenario:
         PAPER_M,
         {"kind": "iid", "rate": float(rate), "lengths": {"kind": "lmsys-like"}, "n_requests": 50_000, "timed": True},
         rate,
+        {"n_requests": 5_000},  # tuning: the first 5,000 requests of the tuning seeds, run to the end
     )
 
 
@@ -175,6 +200,7 @@ def _azure(trace: str, rate: float) -> Scenario:
         AZURE_M,
         {"kind": "azure", "trace": trace, "rate_multiplier": float(rate)},
         rate,
+        {"window": [0.0, 900.0]},  # tuning: the trace's first 15 minutes (original time), run to the end
     )
 
 

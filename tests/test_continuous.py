@@ -321,3 +321,19 @@ def test_realdata_and_azure_scenarios_run():
     kw["workload"]["window"] = [0, 200]
     ep = run_episode(make_agent("greedy-lifo"), kw, seed=0, horizon=None)
     assert ep.metrics()["completed"] == ep.log["arrival"].size
+
+
+def test_finite_scenarios_tune_on_a_smaller_workload_run_to_its_end():
+    from flowgym.scenarios import get_scenario
+
+    sc = get_scenario("paper-realdata-low")
+    kw = sc.tune_env_kwargs()
+    assert kw["workload"]["n_requests"] == 5_000 and kw["workload"]["rate"] == 10.0
+    assert kw["workload"]["lengths"] == {"kind": "lmsys-like"}
+    assert sc.env_kwargs()["workload"]["n_requests"] == 50_000  # the reported runs are untouched
+    assert kw["horizon"] < sc.env_kwargs()["horizon"]
+    az = get_scenario("azure-code", rate=0.5).tune_env_kwargs()
+    assert az["workload"] == {"kind": "azure", "trace": "code", "rate_multiplier": 0.5, "window": [0.0, 900.0]}
+    env = flowgym.FlowControlEnv(**az)
+    env.reset(seed=0)
+    assert env.unwrapped.workload.total_requests == 2598  # requests in the first 15 minutes of the code trace
