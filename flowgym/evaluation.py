@@ -169,6 +169,8 @@ class ResultTable:
     #: tuned parameter values by agent label.
     tuned: dict[str, Any] = field(default_factory=dict)
     wall_seconds: dict[str, float] = field(default_factory=dict)
+    #: unit of time of latencies and throughputs: ``"slot"``, or ``"s"`` in continuous time.
+    time_unit: str = "slot"
 
     def summary(self) -> list[dict[str, Any]]:
         """Mean and 95% CI half-width (``<metric>_ci``) of each metric, per agent and horizon."""
@@ -191,14 +193,15 @@ class ResultTable:
         """A text table of the summary at ``horizon`` (the longest by default)."""
         T = self.horizons[-1] if horizon is None else horizon
         rows = [r for r in self.summary() if r["horizon"] == T]
-        short = {"avg_latency": "avg lat", "p95_latency": "p95 lat", "mean_time_in_system": "time in sys", "request_throughput": "req/slot",
-                 "token_throughput": "tok/slot", "evictions": "evictions", "overflow_events": "overflows",
+        short = {"avg_latency": "avg lat", "p95_latency": "p95 lat", "mean_time_in_system": "time in sys", "request_throughput": f"req/{self.time_unit}",
+                 "token_throughput": f"tok/{self.time_unit}", "evictions": "evictions", "overflow_events": "overflows",
                  "wasted_tokens": "wasted", "mean_kv_usage": "mean U/M", "std_kv_usage": "std U/M",
                  "max_kv_usage": "max U/M"}
         w = max(len(r["agent"]) for r in rows) if rows else 5
         head = f"{'agent':<{w}} " + " ".join(f"{short.get(m, m):>17}" for m in metrics)
         when = "end of the workload" if T is None else str(T)
-        lines = [f"T = {when}, {len(self.seeds)} seeds, mean +/- 95% CI", head, "-" * len(head)]
+        unit = "latencies in seconds, " if self.time_unit == "s" else ""
+        lines = [f"T = {when}, {len(self.seeds)} seeds, {unit}mean +/- 95% CI", head, "-" * len(head)]
         for r in rows:
             cells = []
             for m in metrics:
@@ -228,6 +231,7 @@ class ResultTable:
             "seeds": self.seeds,
             "tuned": self.tuned,
             "wall_seconds": self.wall_seconds,
+            "time_unit": self.time_unit,
             "rows": self.rows,
             "summary": self.summary(),
             **extra,
@@ -283,7 +287,8 @@ def evaluate(
     if not seeds:
         raise ValueError("give at least one seed")
     bar = progress if isinstance(progress, Progress) else Progress(len(pairs) * len(seeds), bool(progress))
-    table = ResultTable([], labels, hs, list(seeds))
+    table = ResultTable([], labels, hs, list(seeds),
+                        time_unit="s" if env_kwargs.get("time_model") is not None else "slot")
     for agent, label in pairs:
         wall = 0.0
         for seed in seeds:

@@ -77,22 +77,41 @@ def plot_metrics_bars(table: ResultTable, path: str, title: str = "", unit: str 
     plt.close(fig)
 
 
-def plot_kv_usage(table: ResultTable, path: str, title: str = "", window: int | None = 500) -> None:
-    """KV usage ``U_t / M`` over time per agent (first seed), one panel each, with its std in the legend.
+def plot_kv_usage(table: ResultTable, path: str, title: str = "", window: int | None | str = "auto",
+                  max_points: int = 2000) -> dict[str, tuple[int, int]]:
+    """KV usage ``U_t / M`` over time per agent (first seed), one panel each, with its std in the title.
 
-    ``window`` shows the last ``window`` slots (``None``: the whole run).
+    ``window`` shows the last ``window`` slots, ``None`` the whole run; ``"auto"`` (default)
+    shows the last 500 slots of a fixed-horizon run (its steady state) and the whole of a
+    run-to-the-end one (whose last slots are only the drain). A longer series is drawn as
+    ``max_points`` bins: the bin mean, with the bin's min-max range shaded. The mean and std
+    in each title are over the whole shown series. Returns each agent's first and last slot shown.
     """
     plt = _plt()
+    if window == "auto":
+        window = None if any(h is None for h in table.horizons) else 500
     n = len(table.kv_usage)
+    shown: dict[str, tuple[int, int]] = {}
     fig, axes = plt.subplots(n, 1, figsize=(12, 1.7 * n + 0.6), sharex=True, squeeze=False)
     for ax, (agent, u) in zip(axes[:, 0], table.kv_usage.items()):
         t = np.arange(u.size)
-        if window is not None and u.size > window:
-            t, u = t[-window:], u[-window:]
-        ax.plot(t, u, lw=0.8)
+        if window is not None and u.size > int(window):
+            t, u = t[-int(window):], u[-int(window):]
+        shown[agent] = (int(t[0]), int(t[-1]))
+        label = f"{agent}: slots {t[0]}-{t[-1]}: mean {u.mean():.3f}, std {u.std():.3f}"
+        if u.size > max_points:
+            edges = np.linspace(0, u.size, max_points + 1).astype(np.int64)
+            starts = edges[:-1]
+            counts = np.diff(edges)
+            mean = np.add.reduceat(u, starts) / counts
+            ax.fill_between(t[starts], np.minimum.reduceat(u, starts), np.maximum.reduceat(u, starts),
+                            alpha=0.3, lw=0)
+            ax.plot(t[starts], mean, lw=0.8)
+        else:
+            ax.plot(t, u, lw=0.8)
         ax.set_ylim(0, 1.05)
         ax.set_ylabel("U/M", fontsize=8)
-        ax.set_title(f"{agent}: slots {t[0]}-{t[-1]}: mean {u.mean():.3f}, std {u.std():.3f}", fontsize=8, loc="left")
+        ax.set_title(label, fontsize=8, loc="left")
         ax.grid(alpha=0.3)
     axes[-1, 0].set_xlabel("slot")
     if title:
@@ -100,3 +119,4 @@ def plot_kv_usage(table: ResultTable, path: str, title: str = "", window: int | 
     fig.tight_layout()
     fig.savefig(path, dpi=110)
     plt.close(fig)
+    return shown
