@@ -10,6 +10,8 @@ budget is timed end to end (reset, steps, metrics).
     python benchmarks/bench_env.py [--steps 50000] [--repeats 3]
 
 Goal (issue: FlowControl-v0): FlowControl-v0 / CartPole-v1 >= 0.5.
+The full suite (vector environments, PPO end to end) is ``benchmarks/bench_vector.py``;
+results in ``docs/performance.md``.
 """
 
 from __future__ import annotations

@@ -1,7 +1,9 @@
 """flowgym: token-level LLM serving under a KV-cache limit, as a Gymnasium environment.
 
 ``import flowgym`` registers ``FlowControl-v0`` (entry point
-``flowgym.env:FlowControlEnv``). The story of the package, module by module:
+``flowgym.env:FlowControlEnv``; ``gym.make_vec`` uses the batched
+``flowgym.vector:make_vector_env``, see :mod:`flowgym.vector`; :mod:`flowgym.sb3` adapts it to
+Stable-Baselines3). The story of the package, module by module:
 workloads (:mod:`flowgym.workloads`, :mod:`flowgym.rates`, :mod:`flowgym.datasets`)
 -> engine (:mod:`flowgym.engine`, :mod:`flowgym.rules`, :mod:`flowgym.latency`)
 -> environment (:mod:`flowgym.env`, :mod:`flowgym.spaces`, :mod:`flowgym.view`)
@@ -41,4 +43,8 @@ __all__ = [
 ]
 
 if "FlowControl-v0" not in _gym.registry:
-    _gym.register(id="FlowControl-v0", entry_point="flowgym.env:FlowControlEnv")
+    _gym.register(
+        id="FlowControl-v0",
+        entry_point="flowgym.env:FlowControlEnv",
+        vector_entry_point="flowgym.vector:make_vector_env",
+    )

@@ -537,13 +537,48 @@ class Engine:
 
         ``edges`` ascending from 0. Uses that activation slots are sorted.
         """
-        starts = self.active_starts()
+        h, tail = self._h, self._tail
+        starts = self._a_start[h:tail]  # a view: searchsorted only reads it
+        if tail - h != self.n_active:
+            starts = starts[self._a_fin[h:tail] > self.t]
         # j = t - s is in [e_k, e_{k+1})  <=>  t - e_{k+1} < s <= t - e_k
-        P = np.searchsorted(starts, self.t - edges, side="right")
+        P = starts.searchsorted(self.t - edges, side="right")
         hist = np.empty(edges.size, _I64)
-        hist[:-1] = P[:-1] - P[1:]
+        np.subtract(P[:-1], P[1:], out=hist[:-1])
         hist[-1] = P[-1]
         return hist
+
+    def projected_demand(self, offsets: np.ndarray) -> np.ndarray:
+        """``D_{t+h}`` of the current active set for each ``h`` in ``offsets``, if nothing were admitted or evicted.
+
+        Uses output lengths. A request finishing at ``f = t + u`` holds ``l + j + h + 1``
+        tokens at ``t + h`` while ``u > h``; summed with the completion calendar
+        (no pass over the active set): with ``act[u]`` the requests still active at
+        ``t + u`` and ``tok[h]`` the ``l + o`` tokens released by ``t + h``,
+        ``D_{t+h} = held + sum_{u < h} act[u] - tok[h] + act[h]``. ``h = 0`` is
+        this slot's demand before admission.
+        """
+        act = self.n_active
+        out = np.zeros(offsets.size, _I64)
+        if act == 0:
+            return out
+        held = self.held
+        D = [held + act]
+        t, mask, cal_n, cal_tok = self.t, self._cal_mask, self._cal_n, self._cal_tok
+        sum_act = tok = 0
+        for u in range(t + 1, t + 1 + int(offsets.max())):
+            sum_act += act
+            i = u & mask
+            act -= cal_n[i]
+            tok += cal_tok[i]
+            if act == 0:  # everyone has finished: D is 0 from here on
+                break
+            D.append(held + sum_act - tok + act)
+        n = len(D)
+        for j, h in enumerate(offsets.tolist()):
+            if h < n:
+                out[j] = D[h]
+        return out
 
     def series(self) -> dict[str, np.ndarray]:
         """Per-slot records so far: one array per :class:`SlotStats` field."""

@@ -119,11 +119,7 @@ class Features:
             v[self._s_hist] = 0.0
         if self.known:
             if eng.n_active:
-                rem = eng.active_remaining()
-                base = eng.prompt[eng.active_ids()] + eng.active_generated() + 1
-                h = self.offsets
-                alive = rem[:, None] > h[None, :]
-                proj = ((base[:, None] + h[None, :]) * alive).sum(axis=0) / M
+                proj = eng.projected_demand(self.offsets) / M
                 v[self._s_proj] = np.minimum(proj, self.projection_cap)
             else:
                 v[self._s_proj] = 0.0

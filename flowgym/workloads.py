@@ -156,6 +156,24 @@ class Workload(ABC):
 # --------------------------------------------------------------------------- Poisson, classes
 
 
+def _slot_shuffle(rel_slot: np.ndarray, u: np.ndarray) -> np.ndarray:
+    """``np.lexsort((u, rel_slot))`` (by slot, then ``u``, then index), four times faster.
+
+    ``u`` comes from ``Generator.random``, so ``u * 2**53`` is an exact integer
+    below ``2**53``; with ``rel_slot < 1024`` the pair packs into one int64 key.
+    Equal keys (``u`` repeated, probability ~1e-10 per chunk) fall back to
+    ``lexsort`` itself, whose tie order is by index: the result is always identical.
+    """
+    if rel_slot.size == 0 or int(rel_slot[-1]) >= 1024:
+        return np.lexsort((u, rel_slot))
+    key = (rel_slot << 53) | (u * 9007199254740992.0).astype(np.int64)
+    order = np.argsort(key)
+    k = key[order]
+    if (k[1:] == k[:-1]).any():
+        return np.lexsort((u, rel_slot))
+    return order
+
+
 class MultiClassPoisson(Workload):
     """The paper's synthetic workload: ``m`` classes, independent Poisson arrivals.
 
@@ -201,7 +219,7 @@ class MultiClassPoisson(Workload):
         total = int(flat.sum())
         slot = np.repeat(np.repeat(np.arange(t0, t1, dtype=np.int64), m), flat)
         cls = np.repeat(np.tile(np.arange(m, dtype=np.int64), n_slots), flat)
-        order = np.lexsort((rng.random(total), slot))
+        order = _slot_shuffle(slot - t0, rng.random(total))
         slot, cls = slot[order], cls[order]
         return Requests(slot, self.classes[cls, 0], self.classes[cls, 1], cls)
 

@@ -1,0 +1,211 @@
+"""Speed of FlowControl-v0 against Gymnasium's CartPole, every figure measured in the same run.
+
+Prints, with the machine, the versions and the load average (the 1-minute load
+before and after: other processes on the machine slow every figure alike, so
+read the ratios):
+
+1. single environment, both via ``gym.make`` (same default wrappers):
+   FlowControl-v0 steps/s (unknown and known output lengths) vs CartPole-v1;
+2. the batched vector environment (``gym.make_vec("FlowControl-v0", num_envs=N)``,
+   :class:`flowgym.vector.FlowControlVectorEnv`) at N = 64 and 256 vs
+   Gymnasium's ``CartPoleVectorEnv`` (``gym.make_vec("CartPole-v1", num_envs=N,
+   vectorization_mode="vector_entry_point")``), in environment steps per second
+   (N per call), plus Gymnasium's ``SyncVectorEnv`` over FlowControl-v0 for scale;
+3. one full paper-synthetic ``T = 10000`` rollout (lambda = 5 per class,
+   ``B = 12``, reset + steps + metrics), single environment;
+4. PPO end to end (Stable-Baselines3 ``PPO("MlpPolicy")`` on
+   :class:`flowgym.sb3.FlowControlSB3VecEnv`): environment steps per second of
+   ``model.learn`` (rollouts + updates), after one warm-up rollout.
+
+FlowControl-v0 runs the paper's three classes at lambda = 2.1 per class
+(rho = 0.52, about 250 requests active) with a fixed budget ``B = 8`` and a
+1000-slot horizon (episodes end and reset during the measurement).
+
+    python benchmarks/bench_vector.py [--steps 30000] [--vec-steps 2000] [--repeats 3]
+                                      [--ppo-steps 65536] [--torch-threads 1] [--quick]
+
+Goals (issue 7): single env >= 0.5x CartPole-v1; batched N = 256 >= 0.5x
+CartPoleVectorEnv at N = 256; PPO end to end >= 5,000 steps/s on 2 cores.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import platform
+import time
+from typing import Any
+
+import gymnasium as gym
+import numpy as np
+
+import flowgym  # noqa: F401  (registers FlowControl-v0)
+
+PAPER = [[10, 20], [10, 40], [10, 60]]
+BENCH = {"horizon": 1000, "workload": {"kind": "poisson", "classes": PAPER, "rates": 2.1}}
+BUDGET = 8
+
+
+def machine() -> str:
+    cpu = platform.processor() or platform.machine()
+    try:
+        with open("/proc/cpuinfo") as f:
+            for line in f:
+                if line.startswith("model name"):
+                    cpu = line.split(":", 1)[1].strip()
+                    break
+    except OSError:
+        pass
+    return f"{cpu}, {os.cpu_count()} logical CPUs, {platform.system()} {platform.release()}"
+
+
+def load() -> str:
+    try:
+        return "%.2f %.2f %.2f" % os.getloadavg()
+    except OSError:  # pragma: no cover - not on every platform
+        return "n/a"
+
+
+def single_sps(env: gym.Env, action: Any, steps: int, repeats: int, warmup: int = 2000) -> float:
+    """Best steps/s over ``repeats`` runs of ``steps`` steps (resetting when an episode ends)."""
+    best = 0.0
+    for r in range(repeats):
+        env.reset(seed=r)
+        for _ in range(warmup):
+            _, _, te, tr, _ = env.step(action)
+            if te or tr:
+                env.reset()
+        t0 = time.perf_counter()
+        for _ in range(steps):
+            _, _, te, tr, _ = env.step(action)
+            if te or tr:
+                env.reset()
+        best = max(best, steps / (time.perf_counter() - t0))
+    return best
+
+
+def vector_sps(env: gym.vector.VectorEnv, action: np.ndarray, calls: int, repeats: int, warmup: int = 200) -> float:
+    """Best environment steps/s (``num_envs`` per call) over ``repeats`` runs; the env autoresets itself."""
+    best = 0.0
+    for r in range(repeats):
+        env.reset(seed=r)
+        for _ in range(warmup):
+            env.step(action)
+        t0 = time.perf_counter()
+        for _ in range(calls):
+            env.step(action)
+        best = max(best, env.num_envs * calls / (time.perf_counter() - t0))
+    return best
+
+
+def rollout_seconds(repeats: int) -> tuple[float, dict[str, Any]]:
+    env = gym.make("FlowControl-v0", horizon=10_000, workload={"kind": "poisson", "classes": PAPER, "rates": 5.0})
+    times, m = [], {}
+    for r in range(repeats):
+        t0 = time.perf_counter()
+        env.reset(seed=r)
+        done = False
+        while not done:
+            _, _, te, tr, _ = env.step(12)
+            done = te or tr
+        m = env.unwrapped.metrics()
+        times.append(time.perf_counter() - t0)
+    return min(times), m
+
+
+def ppo_sps(num_envs: int, n_steps: int, batch_size: int, n_epochs: int, total: int, threads: int) -> float | None:
+    try:
+        import torch
+        from stable_baselines3 import PPO
+
+        from flowgym.sb3 import FlowControlSB3VecEnv
+    except ImportError as e:
+        print(f"PPO end to end: skipped ({e})")
+        return None
+    torch.set_num_threads(threads)
+    venv = FlowControlSB3VecEnv(num_envs, observation="flat", **BENCH)
+    venv.seed(0)
+    model = PPO("MlpPolicy", venv, n_steps=n_steps, batch_size=batch_size, n_epochs=n_epochs, seed=0, device="cpu")
+    model.learn(num_envs * n_steps)  # warm-up rollout and update
+    t0 = time.perf_counter()
+    model.learn(total, reset_num_timesteps=False)
+    return (model.num_timesteps - num_envs * n_steps) / (time.perf_counter() - t0)
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--steps", type=int, default=30_000, help="single-env steps per repeat")
+    ap.add_argument("--vec-steps", type=int, default=2_000, help="vector env calls per repeat")
+    ap.add_argument("--repeats", type=int, default=3)
+    ap.add_argument("--ppo-envs", type=int, default=64)
+    ap.add_argument("--ppo-n-steps", type=int, default=128)
+    ap.add_argument("--ppo-batch", type=int, default=1024)
+    ap.add_argument("--ppo-epochs", type=int, default=4)
+    ap.add_argument("--ppo-steps", type=int, default=65_536, help="timed PPO environment steps")
+    ap.add_argument("--torch-threads", type=int, default=1)
+    ap.add_argument("--quick", action="store_true", help="a few seconds, for a smoke run (noisy figures)")
+    args = ap.parse_args()
+    if args.quick:
+        args.steps, args.vec_steps, args.repeats, args.ppo_steps = 3000, 200, 1, 8192
+    versions = f"python {platform.python_version()}, numpy {np.__version__}, gymnasium {gym.__version__}"
+    try:
+        import stable_baselines3
+        import torch
+
+        versions += f", stable-baselines3 {stable_baselines3.__version__}, torch {torch.__version__}"
+    except ImportError:
+        pass
+    print(f"machine: {machine()}")
+    print(f"versions: {versions}")
+    print(f"load average at start (1, 5, 15 min): {load()}")
+    print(f"best of {args.repeats}; FlowControl-v0: lambda=2.1 x 3 classes, B={BUDGET}, horizon 1000\n")
+
+    cart = gym.make("CartPole-v1")
+    s_cart = single_sps(cart, 1, args.steps, args.repeats)
+    s_fc = single_sps(gym.make("FlowControl-v0", **BENCH), BUDGET, args.steps, args.repeats)
+    s_known = single_sps(gym.make("FlowControl-v0", output_length_known=True, **BENCH), BUDGET, args.steps,
+                         args.repeats)
+    print("single environment (gym.make)                 steps/s    / CartPole-v1")
+    print(f"  CartPole-v1                              {s_cart:11.0f}")
+    print(f"  FlowControl-v0 (unknown lengths)         {s_fc:11.0f}    {s_fc / s_cart:6.3f}   (goal >= 0.5)")
+    print(f"  FlowControl-v0 (known lengths)           {s_known:11.0f}    {s_known / s_cart:6.3f}")
+
+    print("\nvector environments (gym.make_vec)            env steps/s  / CartPoleVectorEnv")
+    ratios = {}
+    for N in (64, 256):
+        cv = gym.make_vec("CartPole-v1", num_envs=N, vectorization_mode="vector_entry_point")
+        v_cart = vector_sps(cv, np.ones(N, np.int64), args.vec_steps, args.repeats)
+        fv = gym.make_vec("FlowControl-v0", num_envs=N, **BENCH)
+        assert fv.backend == "batched"
+        v_fc = vector_sps(fv, np.full(N, BUDGET, np.int64), args.vec_steps, args.repeats)
+        fk = gym.make_vec("FlowControl-v0", num_envs=N, output_length_known=True, **BENCH)
+        v_known = vector_sps(fk, np.full(N, BUDGET, np.int64), args.vec_steps, args.repeats)
+        sync_calls = max(1, args.vec_steps * 64 // (N * 8))
+        fs = gym.make_vec("FlowControl-v0", num_envs=N, vectorization_mode="sync", **BENCH)
+        v_sync = vector_sps(fs, np.full(N, BUDGET, np.int64), sync_calls, 1, warmup=10)
+        ratios[N] = v_fc / v_cart
+        goal = "   (goal >= 0.5)" if N == 256 else ""
+        print(f"  N={N:<4d} CartPoleVectorEnv                {v_cart:11.0f}")
+        print(f"  N={N:<4d} FlowControl-v0 batched            {v_fc:11.0f}    {v_fc / v_cart:6.3f}{goal}")
+        print(f"  N={N:<4d} FlowControl-v0 batched, known     {v_known:11.0f}    {v_known / v_cart:6.3f}")
+        print(f"  N={N:<4d} FlowControl-v0 SyncVectorEnv      {v_sync:11.0f}    {v_sync / v_cart:6.3f}")
+
+    secs, m = rollout_seconds(args.repeats)
+    print(f"\nT=10000 paper-synthetic rollout (lambda=5 x 3, B=12, single env): {secs:.3f} s "
+          f"({10_000 / secs:.0f} steps/s; {m['arrived']} requests, {m['completed']} completed)")
+
+    ppo = ppo_sps(args.ppo_envs, args.ppo_n_steps, args.ppo_batch, args.ppo_epochs, args.ppo_steps,
+                  args.torch_threads)
+    if ppo is not None:
+        print(f"PPO end to end (MlpPolicy, {args.ppo_envs} batched envs, n_steps={args.ppo_n_steps}, "
+              f"batch={args.ppo_batch}, epochs={args.ppo_epochs}, torch threads={args.torch_threads}): "
+              f"{ppo:.0f} steps/s   (goal >= 5000)")
+    print(f"\nload average at end (1, 5, 15 min): {load()}")
+    print("goals: single {} | batched N=256 {} | PPO {}".format(
+        "met" if s_fc / s_cart >= 0.5 else "missed",
+        "met" if ratios[256] >= 0.5 else "missed",
+        "n/a" if ppo is None else ("met" if ppo >= 5000 else "missed")))
+
+
+if __name__ == "__main__":
+    main()

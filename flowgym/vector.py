@@ -1,0 +1,384 @@
+"""FlowControl-v0 as a natively batched Gymnasium vector environment.
+
+``gym.make_vec("FlowControl-v0", num_envs=N, ...)`` calls :func:`make_vector_env`
+(the registered ``vector_entry_point``). For the configurations the batched
+engine supports (:func:`flowgym.batched.unsupported`; the defaults among them)
+it returns a :class:`FlowControlVectorEnv`: ``N`` environments in one set of
+numpy arrays (:class:`~flowgym.batched.BatchedEngine`), one pass per slot for
+all of them. For any other configuration it returns a
+:class:`FlowControlSyncVectorEnv` (Gymnasium's ``SyncVectorEnv`` over single
+``FlowControl-v0`` environments) whose ``fallback_reason`` names the argument
+that needed it. Either way ``envs.backend`` says which (``"batched"`` or
+``"sync"``), and both follow the same semantics: the batched environment's
+observations, rewards, terminations, truncations, infos and request logs equal
+those of ``gym.make_vec(..., vectorization_mode="sync")`` for the same seeds.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+import gymnasium as gym
+import numpy as np
+from gymnasium.utils import seeding
+from gymnasium.vector import AutoresetMode, SyncVectorEnv, VectorEnv
+from gymnasium.vector.utils import batch_space
+
+from flowgym.batched import BatchedEngine, unsupported
+from flowgym.env import DEFAULT_REWARD_WEIGHTS, FlowControlConfig, FlowControlEnv
+
+__all__ = ["FlowControlVectorEnv", "FlowControlSyncVectorEnv", "make_vector_env", "batched_unsupported"]
+
+_STEP_INT_KEYS = ("t", "arrived", "rejected", "admitted", "evicted", "wasted_tokens", "completed", "usage",
+                  "queue_len", "active")
+
+
+def batched_unsupported(config: FlowControlConfig, render_mode: str | None = None, **extra: Any) -> str | None:
+    """Why ``config`` needs the fallback (naming the argument), or ``None`` when it can be batched."""
+    if extra:
+        return f"{sorted(extra)} (arguments only single environments take)"
+    if render_mode is not None:
+        return f"render_mode={render_mode!r} (the batched environment does not render)"
+    if config.time_model != "slot":
+        return f"time_model={config.time_model!r} (the batched engine runs unit slots only)"
+    from flowgym.workloads import make_workload
+
+    try:
+        wl = make_workload(config.workload)
+    except Exception:  # noqa: BLE001 - let the single environment raise its own error
+        return "workload (not buildable here)"
+    return unsupported(config.M, wl, eviction=config.eviction, queue_order=config.queue_order,
+                       per_class=config.per_class_budget)
+
+
+class FlowControlVectorEnv(VectorEnv):
+    """``num_envs`` FlowControl-v0 environments stepped together in one set of numpy arrays.
+
+    ## Spaces
+
+    ``single_observation_space`` and ``single_action_space`` are those of
+    ``gym.make("FlowControl-v0", **kwargs)`` (a ``Dict`` of float32 ``Box``es or,
+    with ``observation="flat"``, one ``Box``; ``Discrete(max_budget + 1)``).
+    ``observation_space`` and ``action_space`` are their batched forms
+    (``gymnasium.vector.utils.batch_space``): observations have a leading axis
+    of length ``num_envs`` (with ``"dict"``, each key is a view of one fresh
+    float32 ``(num_envs, features)`` array), actions are ``num_envs`` budgets
+    (a ``MultiDiscrete``; any integer array of shape ``(num_envs,)`` in range).
+
+    ## Autoreset
+
+    ``metadata["autoreset_mode"] = AutoresetMode.NEXT_STEP``, as Gymnasium's own
+    ``CartPoleVectorEnv`` and ``SyncVectorEnv``: the step on which an environment
+    is truncated (or terminated) returns its final observation; on the next
+    step its action is ignored, it is reset, and that step returns its first
+    observation with reward 0, ``terminated = truncated = False`` and the reset
+    info (``t``, ``arrived``, ``rho``). ``reset(options={"reset_mask": mask})``
+    resets only the masked environments.
+
+    ## Seeding
+
+    ``reset(seed=s)`` seeds environment ``i`` with ``s + i`` (a list seeds each
+    one); ``reset()`` without a seed continues each environment's generator, as
+    autoresets do. Environment ``i`` then draws exactly the requests that
+    ``gym.make("FlowControl-v0").reset(seed=s + i)`` draws, so for the same seeds
+    everything (observations, rewards, infos, :meth:`request_log`) equals
+    ``gym.make_vec(..., vectorization_mode="sync")``.
+
+    ## Infos
+
+    A dict of arrays of length ``num_envs`` with a boolean ``"_key"`` mask per
+    key, as ``SyncVectorEnv`` builds them from the single environments' infos.
+
+    ## Supported configurations
+
+    Unit slots (``time_model="slot"``), a ``"poisson"`` (multi-class) or endless
+    ``"iid"`` workload whose requests all fit in ``M`` (nothing is rejected),
+    ``queue_order="fifo"``, ``eviction="lifo"`` or ``"all"``, a global budget
+    (``per_class_budget=False``), known or unknown output lengths, dict or flat
+    observations, any reward weights, horizon and feature settings, no
+    ``render_mode``. Anything else raises ``ValueError`` naming the argument;
+    :func:`make_vector_env` (what ``gym.make_vec`` calls) falls back to
+    :class:`FlowControlSyncVectorEnv` instead.
+
+    Args:
+        num_envs: number of environments.
+        config: a :class:`~flowgym.env.FlowControlConfig` or a mapping; keyword
+            arguments (those of ``gym.make("FlowControl-v0", ...)``) override it.
+    """
+
+    metadata = {"autoreset_mode": AutoresetMode.NEXT_STEP, "render_modes": []}
+    #: ``"batched"``: this class; :class:`FlowControlSyncVectorEnv` says ``"sync"``.
+    backend = "batched"
+    fallback_reason: str | None = None
+
+    def __init__(
+        self,
+        num_envs: int = 1,
+        config: FlowControlConfig | dict[str, Any] | None = None,
+        render_mode: str | None = None,
+        **kwargs: Any,
+    ) -> None:
+        if isinstance(num_envs, bool) or not isinstance(num_envs, (int, np.integer)) or num_envs < 1:
+            raise ValueError(f"num_envs must be a positive integer, got {num_envs!r}")
+        cfg = FlowControlConfig.from_any(config, **kwargs)
+        why = batched_unsupported(cfg, render_mode)
+        if why is not None:
+            raise ValueError(
+                f"FlowControlVectorEnv does not support {why}; gym.make_vec('FlowControl-v0', ...) falls back "
+                "to single environments for it (flowgym.vector.make_vector_env)"
+            )
+        proto = FlowControlEnv(cfg)  # the single env: spaces, features, reward weights, load
+        self.config = cfg
+        self.num_envs = N = int(num_envs)
+        self.render_mode = None
+        self.single_observation_space = proto.observation_space
+        self.single_action_space = proto.action_space
+        self.observation_space = batch_space(self.single_observation_space, N)
+        self.action_space = batch_space(self.single_action_space, N)
+        self.features = f = proto.features
+        self._dict_obs = cfg.observation == "dict"
+        self._slices = list(f.slices.items())
+        self._s_hist = f.slices["generated_hist"]
+        self._i_rate = f.slices["arrival_rate"].start
+        self._s_proj = f.slices.get("projected_usage")
+        self._s_cls = f.slices.get("class_queue")
+        self.engine = BatchedEngine(
+            N,
+            cfg.M,
+            proto.workload,
+            eviction=cfg.eviction,
+            hist_edges=cfg.hist_edges,
+            projection_offsets=cfg.projection_offsets if cfg.output_length_known else None,
+            track_class_queue=proto.engine.track_class_queue,
+        )
+        w = {**DEFAULT_REWARD_WEIGHTS, **cfg.reward_weights}
+        s = float(cfg.reward_scale)
+        self._w_in, self._w_waste, self._w_ev, self._w_done = (
+            w["in_system"] / s, w["wasted_tokens"] / s, w["evictions"] / s, w["completed"] / s)
+        self._alpha = 1.0 / float(cfg.rate_window)
+        self._horizon = int(cfg.horizon)  # type: ignore[arg-type]  # endless workloads have one
+        self._max_budget = int(cfg.max_budget)
+        self._rho = proto.workload.load(cfg.M)
+        self._np_randoms: list[np.random.Generator | None] = [None] * N
+        self._rate = np.zeros(N)
+        self._autoreset = np.zeros(N, dtype=bool)
+        self._started = False
+
+    # ------------------------------------------------------------------ internals shared with the SB3 adapter
+
+    def _seeds(self, seed: int | Sequence[int | None] | None) -> list[int | None]:
+        N = self.num_envs
+        if seed is None:
+            return [None] * N
+        if isinstance(seed, (int, np.integer)) and not isinstance(seed, bool):
+            return [int(seed) + i for i in range(N)]
+        seeds = list(seed)  # type: ignore[arg-type]
+        if len(seeds) != N:
+            raise ValueError(f"seed must be an int, None or a list of {N} seeds, got {len(seeds)} seeds")
+        return seeds
+
+    def _reset_envs(self, idx: np.ndarray, seeds: Sequence[int | None]) -> np.ndarray:
+        """Reset environments ``idx`` (as ``FlowControlEnv.reset(seed=...)``); returns their arrivals."""
+        rngs = []
+        for i, s in zip(idx.tolist(), seeds):
+            if s is not None:
+                self._np_randoms[i] = seeding.np_random(s)[0]
+            elif self._np_randoms[i] is None:
+                self._np_randoms[i] = seeding.np_random()[0]
+            gen = self._np_randoms[i]
+            assert gen is not None
+            rngs.append(np.random.default_rng(int(gen.integers(0, 2**63 - 1))))
+        self.engine.reset(idx, rngs)
+        arrived = self.engine.last_arrivals[idx]
+        self._rate[idx] = arrived * self._alpha
+        self._started = True
+        return arrived
+
+    def _reset_info(self, idx: np.ndarray, arrived: np.ndarray, info: dict[str, Any]) -> dict[str, Any]:
+        N = self.num_envs
+        for key, vals, dtype in (("t", 0, np.int64), ("arrived", arrived, np.int64)):
+            arr = info.get(key)
+            if arr is None:
+                arr = np.zeros(N, dtype)
+                info[key] = arr
+                info["_" + key] = np.zeros(N, bool)
+            arr[idx] = vals
+            info["_" + key][idx] = True
+        rho = np.full(N, None, dtype=object) if self._rho is None else np.zeros(N)
+        rho[idx] = self._rho
+        info["rho"] = rho
+        mask = np.zeros(N, bool)
+        mask[idx] = True
+        info["_rho"] = mask
+        return info
+
+    def _budgets(self, actions: Any) -> np.ndarray:
+        N = self.num_envs
+        a = np.asarray(actions)
+        if a.shape != (N,) or not np.issubdtype(a.dtype, np.integer):
+            raise ValueError(
+                f"actions must be an integer array of shape ({N},) in the action space {self.action_space}, "
+                f"got {actions!r}"
+            )
+        if a.size and (int(a.min()) < 0 or int(a.max()) > self._max_budget):
+            raise ValueError(f"actions {actions!r} are not in the action space {self.action_space} "
+                             f"(budgets 0..{self._max_budget})")
+        return a.astype(np.int64)
+
+    def _advance(self, budget: np.ndarray, skip: np.ndarray | None = None) -> tuple[
+        np.ndarray, np.ndarray, np.ndarray, dict[str, np.ndarray]
+    ]:
+        """One slot for every environment: serve, reward, truncation, then next arrivals (not for ``skip``)."""
+        eng = self.engine
+        arrived = eng.last_arrivals.copy()
+        n_sys = eng.n_queued + eng.n_active
+        st = eng.serve(budget)
+        reward = -(self._w_in * n_sys + self._w_waste * st["wasted_tokens"] + self._w_ev * st["evicted"]
+                   - self._w_done * st["completed"])
+        terminated = np.zeros(self.num_envs, dtype=bool)  # endless workloads never terminate
+        truncated = eng.t >= self._horizon
+        st["arrived"] = arrived
+        stop = truncated if skip is None else truncated | skip
+        if not stop.any():
+            k = eng.arrive()
+            self._rate += (k - self._rate) * self._alpha
+        elif not stop.all():
+            idx = np.flatnonzero(~stop)
+            k = eng.arrive(idx)[idx]
+            self._rate[idx] += (k - self._rate[idx]) * self._alpha
+        return reward, terminated, truncated, st
+
+    def _step_info(self, st: dict[str, np.ndarray]) -> dict[str, Any]:
+        N = self.num_envs
+        ones = np.ones(N, bool)
+        info: dict[str, Any] = {}
+        for key in _STEP_INT_KEYS:
+            info[key] = st[key] if key != "rejected" else np.zeros(N, np.int64)
+            info["_" + key] = ones.copy()
+        info["overflow"] = st["evicted"] > 0
+        info["_overflow"] = ones.copy()
+        info["kv_usage"] = st["usage"] / self.config.M
+        info["_kv_usage"] = ones.copy()
+        return info
+
+    def _observe(self) -> Any:
+        eng = self.engine
+        f = self.features
+        M = f.M
+        qc = f.queue_cap
+        v = np.empty((self.num_envs, f.size), dtype=np.float32)
+        v[:, 0] = eng.held / M
+        v[:, 1] = np.minimum(eng.n_queued, qc)
+        v[:, 2] = eng.n_active
+        v[:, 3] = np.minimum(eng.queued_prompt_tokens / M, f.queue_token_cap)
+        v[:, self._s_hist] = eng.H
+        v[:, self._i_rate] = np.minimum(self._rate, qc)
+        if self._s_proj is not None:
+            v[:, self._s_proj] = np.minimum(eng.projected_usage() / M, f.projection_cap)
+        if self._s_cls is not None:
+            v[:, self._s_cls] = np.minimum(eng.class_queue[:, : f.m], qc)
+        if self._dict_obs:
+            return {name: v[:, s] for name, s in self._slices}
+        return v
+
+    # ------------------------------------------------------------------ VectorEnv API
+
+    def reset(
+        self,
+        *,
+        seed: int | Sequence[int | None] | None = None,
+        options: dict[str, Any] | None = None,
+    ) -> tuple[Any, dict[str, Any]]:
+        """Reset every environment (or those of ``options["reset_mask"]``); seeds ``seed + i``."""
+        seeds = self._seeds(seed)
+        N = self.num_envs
+        mask = None if options is None else options.get("reset_mask")
+        if mask is not None:
+            mask = np.asarray(mask)
+            if mask.shape != (N,) or mask.dtype != np.bool_ or not mask.any():
+                raise ValueError(f"options['reset_mask'] must be a boolean array of shape ({N},) with a True, "
+                                 f"got {mask!r}")
+            if not self._started and not mask.all():
+                raise ValueError("the first reset must reset every environment (no reset_mask)")
+            idx = np.flatnonzero(mask)
+        else:
+            idx = np.arange(N)
+        arrived = self._reset_envs(idx, [seeds[i] for i in idx.tolist()])
+        self._autoreset[idx] = False
+        return self._observe(), self._reset_info(idx, arrived, {})
+
+    def step(self, actions: Any) -> tuple[Any, np.ndarray, np.ndarray, np.ndarray, dict[str, Any]]:
+        """Step every environment one slot with budgets ``actions`` (autoreset: next step)."""
+        if not self._started:
+            raise RuntimeError("call reset() before step()")
+        budget = self._budgets(actions)
+        auto = self._autoreset
+        any_auto = bool(auto.any())
+        if any_auto:
+            budget[auto] = 0
+        reward, terminated, truncated, st = self._advance(budget, auto if any_auto else None)
+        info = self._step_info(st)
+        if any_auto:
+            idx = np.flatnonzero(auto)
+            reward[idx] = 0.0
+            truncated[idx] = False
+            terminated[idx] = False
+            if idx.size == self.num_envs:  # every env resets: only reset infos, as SyncVectorEnv
+                info = {}
+            for key, val in info.items():
+                if key.startswith("_"):
+                    val[idx] = False
+                else:
+                    val[idx] = 0
+            arrived = self._reset_envs(idx, [None] * idx.size)
+            self._reset_info(idx, arrived, info)
+        self._autoreset = terminated | truncated
+        return self._observe(), reward, terminated, truncated, info
+
+    def request_log(self, i: int) -> dict[str, np.ndarray]:
+        """Per-request arrays of environment ``i``'s current episode (as ``FlowControlEnv.request_log``)."""
+        if not 0 <= int(i) < self.num_envs:
+            raise ValueError(f"i must be an environment index in [0, {self.num_envs}), got {i!r}")
+        return self.engine.request_log(int(i))
+
+    def close_extras(self, **kwargs: Any) -> None:
+        """Nothing to release."""
+
+
+class FlowControlSyncVectorEnv(SyncVectorEnv):
+    """Gymnasium's ``SyncVectorEnv`` over single FlowControl-v0 environments: the fallback.
+
+    :func:`make_vector_env` returns it for configurations the batched engine does
+    not support; ``fallback_reason`` names the argument. Same API and semantics
+    (autoreset ``NEXT_STEP``, seeds ``seed + i``), a Python loop over environments.
+    """
+
+    backend = "sync"
+
+    def __init__(self, num_envs: int, reason: str, **kwargs: Any) -> None:
+        self.fallback_reason: str | None = reason
+
+        def make() -> gym.Env:
+            return gym.make("FlowControl-v0", **kwargs)
+
+        super().__init__([make for _ in range(int(num_envs))])
+
+
+def make_vector_env(num_envs: int = 1, **kwargs: Any) -> VectorEnv:
+    """The ``vector_entry_point`` of FlowControl-v0: batched when supported, else the sync fallback.
+
+    Takes the keyword arguments of ``gym.make("FlowControl-v0", ...)``. Returns a
+    :class:`FlowControlVectorEnv` (``backend == "batched"``) or, naming the reason
+    in ``fallback_reason``, a :class:`FlowControlSyncVectorEnv` (``backend == "sync"``).
+    """
+    if isinstance(num_envs, bool) or not isinstance(num_envs, (int, np.integer)) or num_envs < 1:
+        raise ValueError(f"num_envs must be a positive integer, got {num_envs!r}")
+    kw = dict(kwargs)
+    render_mode = kw.pop("render_mode", None)
+    extra = {k: kw.pop(k) for k in ("max_episode_steps", "disable_env_checker") if k in kw}
+    cfg = FlowControlConfig.from_any(kw.pop("config", None), **kw)  # raises on bad arguments
+    why = batched_unsupported(cfg, render_mode, **extra)
+    if why is None:
+        return FlowControlVectorEnv(num_envs, cfg)
+    return FlowControlSyncVectorEnv(num_envs, why, **kwargs)
