@@ -92,7 +92,9 @@ def plot_kv_usage(table: ResultTable, path: str, title: str = "", window: int | 
         window = None if any(h is None for h in table.horizons) else 500
     n = len(table.kv_usage)
     shown: dict[str, tuple[int, int]] = {}
-    fig, axes = plt.subplots(n, 1, figsize=(12, 1.7 * n + 0.6), sharex=True, squeeze=False)
+    # whole runs of different lengths (a policy that never drains runs to the iteration cap)
+    # get their own x axes; windows of a fixed-horizon table share one
+    fig, axes = plt.subplots(n, 1, figsize=(12, 1.7 * n + 0.6), sharex=window is not None, squeeze=False)
     for ax, (agent, u) in zip(axes[:, 0], table.kv_usage.items()):
         t = np.arange(u.size)
         if window is not None and u.size > int(window):
@@ -113,7 +115,7 @@ def plot_kv_usage(table: ResultTable, path: str, title: str = "", window: int | 
         ax.set_ylabel("U/M", fontsize=8)
         ax.set_title(label, fontsize=8, loc="left")
         ax.grid(alpha=0.3)
-    axes[-1, 0].set_xlabel("slot")
+    axes[-1, 0].set_xlabel("slot" if table.time_unit == "slot" else "iteration (batch)")
     if title:
         fig.suptitle(title)
     fig.tight_layout()
