@@ -1,7 +1,7 @@
 """Stable-Baselines3 ``VecEnv`` adapter for the batched FlowControl-v0 environment.
 
 ``import flowgym`` does not import this module; importing it needs
-``stable-baselines3`` (the ``test`` extra). PPO (or any SB3 algorithm) then
+``stable-baselines3`` (the ``train`` extra). PPO (or any SB3 algorithm) then
 trains on ``N`` batched environments directly, with no ``DummyVecEnv`` loop::
 
     from stable_baselines3 import PPO
@@ -37,7 +37,7 @@ try:
     from stable_baselines3.common.vec_env.base_vec_env import VecEnv, VecEnvIndices, VecEnvStepReturn
 except ImportError as e:  # pragma: no cover - depends on the installation
     raise ImportError(
-        "flowgym.sb3 needs stable-baselines3: pip install stable-baselines3 (or flowgym's 'test' extra)"
+        "flowgym.sb3 needs stable-baselines3: pip install 'flowgym[train]'"
     ) from e
 
 from flowgym.vector import FlowControlVectorEnv
