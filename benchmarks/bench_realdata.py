@@ -1,7 +1,7 @@
 """Wall time of continuous-time runs: one 50,000-request paper-realdata-high run per agent, and a
 full Azure conv replay.
 
-    python benchmarks/bench_realdata.py [--scenario paper-realdata-high] [--azure]
+    python benchmarks/bench_realdata.py [--scenario paper-realdata-high] [--no-azure]
 
 Goal (issue: continuous time and real workloads): one agent's 50,000-request run in about a second.
 """
