@@ -3,7 +3,8 @@
 Every agent has ``reset(config, seed)`` and ``act(observation, view)``, and
 declares the environment options it needs (``env_options()``). Build one by
 name with :func:`make_agent` (``"flow-control"``, ``"alpha-greedy"``, ``"mc"``,
-``"mc-sf"``, ``"a-min"``, ``"greedy-lifo"``, ``"fixed"``, ``"random"``).
+``"mc-sf"``, ``"a-min"``, ``"greedy-lifo"``, ``"fixed"``, ``"random"``, and ``"learned"``,
+a Stable-Baselines3 policy trained by ``flowgym train``: ``make_agent("learned", path=...)``).
 """
 
 from __future__ import annotations
@@ -13,6 +14,7 @@ from typing import Any
 from agents.base import Agent
 from agents.flow_control import FixedBudget, FlowControl, RandomBudget
 from agents.greedy import AlphaProtectionGreedy, GreedyLIFO
+from agents.learned import LearnedBudget
 from agents.memory_check import MCSF, AMin, MemoryCheck
 
 __all__ = [
@@ -25,6 +27,7 @@ __all__ = [
     "MemoryCheck",
     "MCSF",
     "AMin",
+    "LearnedBudget",
     "AGENTS",
     "make_agent",
 ]
@@ -39,6 +42,7 @@ AGENTS: dict[str, type[Agent]] = {
     "greedy-lifo": GreedyLIFO,
     "fixed": FixedBudget,
     "random": RandomBudget,
+    "learned": LearnedBudget,
 }
 
 

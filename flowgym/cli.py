@@ -4,6 +4,10 @@
   separate seeds, reported per horizon with 95% confidence intervals, written
   as CSV, JSON and PNG plots (the paper's Section 4.1 experiment by default).
 * ``flowgym run``: one scenario under a fixed activation budget, metrics printed.
+* ``flowgym hindsight``: the hindsight optimum of a small trace against the agents.
+* ``flowgym train``: train a learned budget (Stable-Baselines3, PPO by default) on a
+  scenario and evaluate it against the baselines; ``compare --agents
+  "learned:path=DIR"`` then includes it.
 """
 
 from __future__ import annotations
@@ -209,6 +213,60 @@ def _hindsight(args: argparse.Namespace) -> int:
     return 0
 
 
+def _json_arg(text: str) -> Any:
+    try:
+        return json.loads(text)
+    except json.JSONDecodeError as e:
+        raise argparse.ArgumentTypeError(f"not valid JSON ({e.msg}): {text!r}") from None
+
+
+def _net_arch(text: str) -> tuple[int, ...]:
+    try:
+        out = tuple(int(x) for x in text.split(",") if x.strip())
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"--net-arch takes comma-separated layer sizes, e.g. 64,64 (got {text!r})") from None
+    if not out or min(out) < 1:
+        raise argparse.ArgumentTypeError(f"--net-arch takes positive layer sizes, got {text!r}")
+    return out
+
+
+def _train(args: argparse.Namespace) -> int:
+    from flowgym.train import TrainConfig, train
+
+    try:
+        import flowgym.train as _t
+
+        _t.require_sb3()
+    except ImportError as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+    fields = {f for f in TrainConfig.__dataclass_fields__}
+    kw = {k: v for k, v in vars(args).items() if k in fields and v is not None}
+    kw["progress"] = not args.quiet
+    kw["plot"] = not args.no_plots
+    if kw.get("out") is None:
+        kw["out"] = f"runs/{args.algo}-{args.scenario}"
+    cfg = TrainConfig(**kw)
+    cfg.validate()
+    import os
+
+    print(f"training {cfg.algo} on {cfg.scenario} for {cfg.total_timesteps} decisions of {cfg.action_repeat} slots "
+          f"({cfg.n_envs} {cfg.vec_env} envs, "
+          f"seed {cfg.seed}); load average {os.getloadavg()[0]:.2f}; writing {cfg.out}/")
+    res = train(cfg)
+    print(f"trained {res.timesteps} decisions ({res.timesteps * cfg.action_repeat} slots) in {res.wall_seconds:.0f} s "
+          f"({res.steps_per_second:.0f} decisions/s, {res.steps_per_second * cfg.action_repeat:.0f} slots/s, "
+          f"load average {os.getloadavg()[0]:.2f}); model.zip is the {res.selected} policy")
+    if res.table is not None:
+        print(res.table.format())
+        if res.table.tuned:
+            print("baselines tuned on seeds 1000.. (lowest mean time in system): " + ", ".join(res.table.tuned))
+    print(f"wrote {cfg.out}/ (model.zip, vecnormalize.pkl, flowgym_agent.json, curves.csv"
+          + ("" if args.no_plots else ", curves.png") + (", eval.*" if res.table is not None else "") + ")")
+    print(f'use it: flowgym compare --scenario {cfg.scenario} --agents "learned:path={cfg.out};flow-control:b=12"')
+    return 0
+
+
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="flowgym", description=__doc__)
     sub = p.add_subparsers(dest="command", required=True)
@@ -221,7 +279,8 @@ def build_parser() -> argparse.ArgumentParser:
     )
     c.add_argument("--scenario", default="paper-synthetic-known",
                    help="paper-synthetic-known (default), paper-synthetic-unknown, paper-realdata-low, "
-                   "paper-realdata-high, azure-conv, azure-code")
+                   "paper-realdata-high, azure-conv, azure-code, adaptive-low, adaptive-high, adaptive-switch, "
+                   "adaptive-diurnal, adaptive-azure-conv")
     c.add_argument("--rate", type=float, default=None,
                    help="arrival rate: per class per slot for paper-synthetic (default 5, the paper's), "
                    "requests/s for paper-realdata (10, 50), timestamp speed-up for azure (0.25, 0.4)")
@@ -235,7 +294,8 @@ def build_parser() -> argparse.ArgumentParser:
                    "run to its end: the first 5,000 requests, or the first 15 minutes of an Azure trace)")
     c.add_argument("--no-tune", action="store_true", help="use the scenario's default parameters")
     c.add_argument("--agents", default=None,
-                   help="semicolon-separated agents, e.g. 'flow-control:b=12;mc;alpha-greedy:alpha=0.2'")
+                   help="semicolon-separated agents, e.g. 'flow-control:b=12;mc;alpha-greedy:alpha=0.2'; "
+                   "a trained model: 'learned:path=examples/ppo_default'")
     c.add_argument("--out", default="results", help="output folder (default results/)")
     c.add_argument("--no-plots", action="store_true", help="skip the PNG plots")
     c.add_argument("--quiet", action="store_true", help="no progress bar")
@@ -283,7 +343,81 @@ def build_parser() -> argparse.ArgumentParser:
     h.add_argument("--time-limit", type=float, default=60.0, help="seconds per objective (default 60)")
     h.add_argument("--json", default=None, help="also write the instance, schedules and rows as JSON")
     h.set_defaults(func=_hindsight)
+    t = sub.add_parser(
+        "train",
+        help="train a learned activation budget (Stable-Baselines3; needs pip install 'flowgym[train]')",
+        description="Train an SB3 agent (PPO by default) on a scenario with vectorised environments, "
+        "VecNormalize (saved with the model), evaluation on separate seeds during training, checkpoints "
+        "and a progress bar; then evaluate it against the scenario's baselines (fixed budget tuned by grid "
+        "search) on seeds 0..N-1. Writes a model directory that 'flowgym compare --agents "
+        "\"learned:path=DIR\"' and agents.LearnedBudget load. Defaults: about 10 minutes on 2 CPU cores. "
+        "See docs/training.md.",
+    )
+    d = _train_defaults()
+    t.add_argument("--scenario", default=d.scenario,
+                   help=f"scenario to train on (default {d.scenario}; also adaptive-low, adaptive-high, "
+                   "adaptive-diurnal, adaptive-azure-conv or any flowgym compare scenario)")
+    t.add_argument("--rate", type=float, default=None, help="the scenario's rate argument (default: its own)")
+    t.add_argument("--algo", default=d.algo, help="ppo (default), a2c, dqn, or package.module:Class")
+    t.add_argument("--total-timesteps", type=int, default=d.total_timesteps,
+                   help=f"decisions (SB3 timesteps; slots = decisions x action repeat) (default {d.total_timesteps})")
+    t.add_argument("--n-envs", type=int, default=d.n_envs, help=f"vectorised environments (default {d.n_envs})")
+    t.add_argument("--vec-env", choices=["dummy", "subproc"], default=d.vec_env,
+                   help="dummy: one process (default); subproc: one process per env")
+    t.add_argument("--seed", type=int, default=d.seed, help=f"seed of the algorithm and of training env 0 (default {d.seed})")
+    t.add_argument("--learning-rate", type=float, default=d.learning_rate, help=f"(default {d.learning_rate})")
+    t.add_argument("--n-steps", type=int, default=d.n_steps, help=f"rollout steps per env (default {d.n_steps})")
+    t.add_argument("--batch-size", type=int, default=d.batch_size, help=f"minibatch (default {d.batch_size})")
+    t.add_argument("--n-epochs", type=int, default=d.n_epochs, help=f"PPO epochs (default {d.n_epochs})")
+    t.add_argument("--gamma", type=float, default=d.gamma, help=f"discount (default {d.gamma})")
+    t.add_argument("--gae-lambda", type=float, default=d.gae_lambda, help=f"(default {d.gae_lambda})")
+    t.add_argument("--clip-range", type=float, default=d.clip_range, help=f"PPO clip (default {d.clip_range})")
+    t.add_argument("--ent-coef", type=float, default=d.ent_coef, help=f"entropy bonus (default {d.ent_coef})")
+    t.add_argument("--vf-coef", type=float, default=d.vf_coef, help=f"(default {d.vf_coef})")
+    t.add_argument("--max-grad-norm", type=float, default=d.max_grad_norm, help=f"(default {d.max_grad_norm})")
+    t.add_argument("--net-arch", type=_net_arch, default=d.net_arch,
+                   help="hidden layer sizes of policy and value nets (default " + ",".join(map(str, d.net_arch)) + ")")
+    t.add_argument("--algo-kwargs", type=_json_arg, default=None,
+                   help='JSON of extra algorithm arguments, e.g. \'{"target_kl": 0.02}\'')
+    t.add_argument("--action-repeat", type=int, default=d.action_repeat,
+                   help=f"slots each decision is held for; --total-timesteps counts decisions (default {d.action_repeat})")
+    t.add_argument("--action-rule", choices=["mean", "mode"], default=d.action_rule,
+                   help="deterministic budget of the policy: expected budget, rounded (default), or argmax")
+    t.add_argument("--max-budget", type=int, default=d.max_budget,
+                   help=f"largest budget the policy may choose (default {d.max_budget})")
+    t.add_argument("--env-overrides", type=_json_arg, default=None,
+                   help='JSON of FlowControl-v0 arguments overriding the scenario\'s, e.g. '
+                   '\'{"reward_weights": {"in_system": 1, "wasted_tokens": 0.5}}\'')
+    t.add_argument("--no-norm-obs", dest="norm_obs", action="store_false", default=None,
+                   help="do not normalise observations")
+    t.add_argument("--no-norm-reward", dest="norm_reward", action="store_false", default=None,
+                   help="do not normalise rewards")
+    t.add_argument("--clip-obs", type=float, default=d.clip_obs, help=f"(default {d.clip_obs})")
+    t.add_argument("--eval-freq", type=int, default=d.eval_freq,
+                   help=f"evaluate every N decisions, 0 = never (default {d.eval_freq})")
+    t.add_argument("--eval-episodes", type=int, default=d.eval_episodes, help=f"(default {d.eval_episodes})")
+    t.add_argument("--eval-seed", type=int, default=d.eval_seed, help=f"first evaluation seed (default {d.eval_seed})")
+    t.add_argument("--checkpoint-freq", type=int, default=d.checkpoint_freq,
+                   help=f"checkpoint every N decisions, 0 = never (default {d.checkpoint_freq})")
+    t.add_argument("--final-eval-seeds", type=int, default=d.final_eval_seeds,
+                   help=f"report seeds 0..N-1 of the final table, 0 = no table (default {d.final_eval_seeds})")
+    t.add_argument("--tune-seeds", type=int, default=d.tune_seeds,
+                   help=f"tuning seeds 1000.. of the baselines (default {d.tune_seeds})")
+    t.add_argument("--select", choices=["best", "last"], default=d.select,
+                   help="model.zip = the best evaluated policy (default) or the last")
+    t.add_argument("--torch-threads", type=int, default=d.torch_threads, help=f"(default {d.torch_threads})")
+    t.add_argument("--device", default=d.device, help=f"torch device (default {d.device})")
+    t.add_argument("--out", default=None, help="output directory (default runs/<algo>-<scenario>)")
+    t.add_argument("--no-plots", action="store_true", help="skip curves.png")
+    t.add_argument("--quiet", action="store_true", help="no progress bar")
+    t.set_defaults(func=_train)
     return p
+
+
+def _train_defaults() -> Any:
+    from flowgym.train import TrainConfig
+
+    return TrainConfig()
 
 
 def main(argv: Sequence[str] | None = None) -> int:

@@ -12,7 +12,15 @@ import copy
 from dataclasses import dataclass, field
 from typing import Any
 
-__all__ = ["AgentSpec", "Scenario", "SCENARIOS", "get_scenario", "PAPER_CLASSES", "PAPER_M"]
+__all__ = [
+    "AgentSpec",
+    "Scenario",
+    "SCENARIOS",
+    "ADAPTIVE_SCENARIOS",
+    "get_scenario",
+    "PAPER_CLASSES",
+    "PAPER_M",
+]
 
 #: The paper's synthetic classes (l_k, o_k), Section 4.1.
 PAPER_CLASSES = [[10, 20], [10, 40], [10, 60]]
@@ -204,6 +212,110 @@ def _azure(trace: str, rate: float) -> Scenario:
     )
 
 
+# --------------------------------------------------------------------------- adaptivity
+
+#: Per-class arrival rates of the adaptive scenarios: a low load (rho = 0.49) and an overload
+#: (rho = 1.11, beyond Proposition 1's limit) of the paper's three classes at M = 16492.
+ADAPTIVE_LOW, ADAPTIVE_HIGH = 2.0, 4.5
+#: Slots of an adaptive episode (and of its reports): two full cycles of the switching and diurnal loads.
+ADAPTIVE_HORIZON = 4000
+#: Slots per cycle of the switching and diurnal loads (1000 slots low, 1000 high for the switch).
+ADAPTIVE_PERIOD = 2000
+#: Flow control's budget grid on the adaptive scenarios (finer around M / E[w] = 12.2).
+B_GRID_ADAPTIVE = [4, 6, 8, 10, 11, 12, 13, 14, 16, 20, 24, 32]
+#: Original-time windows (seconds) of the Azure conv trace: the first half hour trains and tunes,
+#: the second half hour is held out for reports (a trace replay is the same for every seed).
+AZURE_TRAIN_WINDOW, AZURE_REPORT_WINDOW = [0.0, 1800.0], [1800.0, 3600.0]
+
+
+def _adaptive_agents(grid: list[Any]) -> list[AgentSpec]:
+    return [
+        AgentSpec("flow-control", {"b": 12}, tune=("b", grid), label="flow-control (best fixed b)"),
+        AgentSpec("alpha-greedy", {"alpha": 0.1}, tune=("alpha", ALPHA_GRID), label="alpha-greedy"),
+        AgentSpec("mc", label="MC"),
+        AgentSpec("a-min", label="A_min"),
+        AgentSpec("greedy-lifo", label="greedy-LIFO (vLLM-like)"),
+    ]
+
+
+def _adaptive(which: str, scale: float) -> Scenario:
+    """The paper's three classes with unknown output lengths under a (time-varying) load.
+
+    Arrivals are Poisson with total rate ``3 * lambda(t)`` and each request's class drawn
+    uniformly, which is the same as three independent per-class Poisson processes at
+    ``lambda(t)`` each. ``scale`` multiplies every rate.
+    """
+    s = _positive_scale(scale)
+    lo, hi = 3 * ADAPTIVE_LOW * s, 3 * ADAPTIVE_HIGH * s
+    if which == "low":
+        rate: Any = lo
+        what = f"stationary low load, lambda={ADAPTIVE_LOW * s:g} per class per slot"
+    elif which == "high":
+        rate = hi
+        what = f"stationary overload, lambda={ADAPTIVE_HIGH * s:g} per class per slot"
+    elif which == "switch":
+        half = ADAPTIVE_PERIOD // 2
+        rate = {"kind": "steps", "times": [0.0, float(half)], "rates": [lo, hi], "period": float(ADAPTIVE_PERIOD)}
+        what = (f"load switching every {half} slots between lambda={ADAPTIVE_LOW * s:g} and "
+                f"lambda={ADAPTIVE_HIGH * s:g} per class per slot (low first)")
+    elif which == "diurnal":
+        rate = {"kind": "sinusoid", "mean": (lo + hi) / 2, "amplitude": (hi - lo) / 2,
+                "period": float(ADAPTIVE_PERIOD), "phase": -0.25}
+        what = (f"diurnal sinusoid between lambda={ADAPTIVE_LOW * s:g} and {ADAPTIVE_HIGH * s:g} per class per "
+                f"slot, period {ADAPTIVE_PERIOD} slots (starts at the trough)")
+    else:  # pragma: no cover - internal
+        raise ValueError(which)
+    env = {
+        "M": PAPER_M,
+        "workload": {
+            "kind": "iid",
+            "rate": rate,
+            "lengths": {"kind": "empirical", "pairs": copy.deepcopy(PAPER_CLASSES), "weights": [1.0, 1.0, 1.0]},
+        },
+        "output_length_known": False,
+        "max_budget": 64,
+        "horizon": ADAPTIVE_HORIZON,
+    }
+    return Scenario(
+        name=f"adaptive-{which}",
+        description=(f"Adaptivity: {what}; the paper's classes (10,20), (10,40), (10,60), M={PAPER_M}, "
+                     f"unknown output lengths, {ADAPTIVE_HORIZON} slots."),
+        env=env,
+        agents=_adaptive_agents(B_GRID_ADAPTIVE),
+        default_rate=1.0,
+    )
+
+
+def _positive_scale(scale: Any) -> float:
+    try:
+        s = float(scale)
+    except (TypeError, ValueError):
+        raise ValueError(f"rate (a load multiplier for the adaptive scenarios) must be a number, got {scale!r}") from None
+    if not (s > 0 and s < float("inf")):
+        raise ValueError(f"rate (a load multiplier for the adaptive scenarios) must be positive, got {scale!r}")
+    return s
+
+
+def _adaptive_azure(rate: float) -> Scenario:
+    sc = _timed(
+        "adaptive-azure-conv",
+        f"Adaptivity: the Azure conv trace 2023, second half hour (held out; the first half hour trains and "
+        f"tunes), real timestamps slowed by {rate:g}, M={AZURE_M}, Llama-2-70B TP2 A100 batch latency, "
+        f"unknown lengths, run to the end.",
+        AZURE_M,
+        {"kind": "azure", "trace": "conv", "rate_multiplier": float(rate), "window": list(AZURE_REPORT_WINDOW)},
+        rate,
+        {"window": list(AZURE_TRAIN_WINDOW)},
+    )
+    sc.env["max_budget"] = 64
+    sc.agents[0] = AgentSpec("flow-control", {"b": 4}, tune=("b", B_GRID_TIMED), label="flow-control (best fixed b)")
+    return sc
+
+
+#: The scenarios of ``flowgym train`` and ``benchmarks/bench_learned.py``.
+ADAPTIVE_SCENARIOS = ("adaptive-low", "adaptive-high", "adaptive-switch", "adaptive-diurnal", "adaptive-azure-conv")
+
+
 SCENARIOS = {
     "paper-synthetic-known": lambda rate=5.0: _paper_synthetic(True, rate),
     "paper-synthetic-unknown": lambda rate=5.0: _paper_synthetic(False, rate),
@@ -214,12 +326,19 @@ SCENARIOS = {
     # timestamps are slowed down by default to put the load near capacity.
     "azure-conv": lambda rate=0.25: _azure("conv", rate),
     "azure-code": lambda rate=0.4: _azure("code", rate),
+    # ``rate`` of the adaptive synthetic scenarios multiplies every arrival rate (default 1).
+    "adaptive-low": lambda rate=1.0: _adaptive("low", rate),
+    "adaptive-high": lambda rate=1.0: _adaptive("high", rate),
+    "adaptive-switch": lambda rate=1.0: _adaptive("switch", rate),
+    "adaptive-diurnal": lambda rate=1.0: _adaptive("diurnal", rate),
+    "adaptive-azure-conv": lambda rate=0.25: _adaptive_azure(rate),
 }
 
 
 def get_scenario(name: str, *, rate: float | None = None) -> Scenario:
     """A named scenario; ``rate`` overrides its arrival rate (per class per slot for the
-    synthetic ones, requests per second for paper-realdata, a speed-up of the Azure timestamps)."""
+    synthetic ones, requests per second for paper-realdata, a speed-up of the Azure timestamps,
+    a multiplier of every rate for the ``adaptive-*`` synthetic ones)."""
     try:
         make = SCENARIOS[name]
     except KeyError:

@@ -600,7 +600,11 @@ def test_greedy_lifo_evicts_most_recently_admitted_first():
 SMALL = {"M": 600, "horizon": 40, "workload": {"kind": "poisson", "classes": [[5, 10], [5, 20]], "rates": 1.0}}
 
 
-@pytest.mark.parametrize("name", sorted(AGENTS))
+#: Agents that need a file to be built (tested in tests/test_train.py).
+NEEDS_PATH = {"learned"}
+
+
+@pytest.mark.parametrize("name", sorted(set(AGENTS) - NEEDS_PATH))
 def test_make_agent_by_name(name):
     params = {"b": 3} if name == "fixed" else {}
     agent = make_agent(name, **params)
@@ -611,6 +615,15 @@ def test_make_agent_by_name(name):
     res = run(agent, 3, **SMALL)
     assert all(res["inside"])
     assert len(res["actions"]) == SMALL["horizon"]
+
+
+def test_make_agent_learned_needs_a_model_directory(tmp_path):
+    with pytest.raises(ValueError, match="learned.*path"):
+        make_agent("learned")
+    with pytest.raises(ValueError, match="not a model directory"):
+        make_agent("learned", path=str(tmp_path / "nope"))
+    with pytest.raises(ValueError, match="lacks"):
+        make_agent("learned", path=str(tmp_path))
 
 
 def test_make_agent_fixed_needs_b():

@@ -10,7 +10,15 @@ import pytest
 from agents import FixedBudget, FlowControl, MemoryCheck, make_agent
 from flowgym.evaluation import env_for, evaluate, run_episode, t_quantile_975, tune
 from flowgym.metrics import metrics_at
-from flowgym.scenarios import SCENARIOS, AgentSpec, get_scenario
+from flowgym.scenarios import (
+    ADAPTIVE_HORIZON,
+    ADAPTIVE_PERIOD,
+    AZURE_REPORT_WINDOW,
+    AZURE_TRAIN_WINDOW,
+    SCENARIOS,
+    AgentSpec,
+    get_scenario,
+)
 
 SMALL = {
     "M": 3000,
@@ -98,6 +106,18 @@ def test_scenarios_and_agent_spec_parsing():
         sc = get_scenario(name)
         if name.startswith("paper-synthetic"):
             assert sc.env["workload"]["rates"] == 5.0 and not sc.finite
+        elif name in ("adaptive-low", "adaptive-high", "adaptive-switch", "adaptive-diurnal"):
+            # slotted, reported at their own horizon, which holds two full cycles of the load
+            assert not sc.finite and sc.env.get("time_model", "slot") == "slot"
+            assert sc.env["horizon"] == ADAPTIVE_HORIZON == 2 * ADAPTIVE_PERIOD
+            assert sc.tune_env_kwargs() == sc.env_kwargs()
+            assert sc.agents[0].name == "flow-control" and sc.agents[0].tune is not None
+        elif name == "adaptive-azure-conv":
+            # tuned and trained on the first half hour of the trace, reported on the second
+            assert sc.finite and sc.env["time_model"] == "llama2-70b-tp2-a100"
+            assert sc.env["workload"]["window"] == AZURE_REPORT_WINDOW
+            assert sc.tune_env_kwargs()["workload"]["window"] == AZURE_TRAIN_WINDOW
+            assert AZURE_TRAIN_WINDOW[1] <= AZURE_REPORT_WINDOW[0]
         else:
             assert sc.finite and sc.env["time_model"] == "llama2-70b-tp2-a100"
         for spec in sc.agents:

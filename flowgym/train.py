@@ -1,0 +1,798 @@
+"""Train a learned activation budget with Stable-Baselines3 (``flowgym train``).
+
+:func:`train` trains an SB3 algorithm (PPO by default) on a named scenario
+(:mod:`flowgym.scenarios`, e.g. ``adaptive-switch``) with
+
+* vectorised environments (``DummyVecEnv`` by default, ``SubprocVecEnv`` on request)
+  over ``gym.make("FlowControl-v0", ...)`` with the flat observation, each decision
+  held for ``action_repeat`` slots;
+* observation and reward normalisation (``VecNormalize``; its statistics are saved
+  with the model);
+* evaluation during training (a subclass of SB3's ``EvalCallback``) on separate
+  seeds, recording the return *and* the latency metrics of each evaluation
+  episode, acting by ``action_rule`` as :class:`agents.LearnedBudget` will; the
+  model with the lowest mean time in system is kept;
+* checkpoints, a progress bar on stderr, a CSV (and optionally PNG) of the curves;
+* a final evaluation table against the scenario's baselines (fixed budget tuned by
+  grid search on tuning seeds, greedy baselines) through
+  :func:`flowgym.evaluation.evaluate`, the same path every scripted agent takes.
+
+The result is a directory that :class:`agents.LearnedBudget` loads::
+
+    <out>/model.zip            the selected policy (SB3 zip)
+    <out>/vecnormalize.pkl     its observation normalisation (VecNormalize)
+    <out>/flowgym_agent.json   scenario, environment arguments, hyperparameters, seeds, timings
+    <out>/curves.csv           training reward and evaluation metrics against steps
+    <out>/curves.png           the same, plotted (when matplotlib is installed)
+    <out>/eval.txt|.csv|.json  the final evaluation table (unless disabled)
+    <out>/checkpoints/         periodic checkpoints (model + normalisation)
+    <out>/last_model.zip, last_vecnormalize.pkl   the policy at the end of training
+
+Seeds: training environments ``seed, seed + 1, ...`` (default 10,000..), evaluation
+during training ``eval_seed..`` (default 20,000..), tuning of the baselines 1000..,
+reports 0..N-1. Stable-Baselines3 and torch are imported lazily: ``import flowgym``
+works without them; :func:`train` raises an ``ImportError`` naming the
+``flowgym[train]`` extra when they are missing.
+"""
+
+from __future__ import annotations
+
+import csv
+import dataclasses
+import json
+import math
+import os
+import sys
+import time
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+
+__all__ = [
+    "TrainConfig",
+    "TrainResult",
+    "train",
+    "require_sb3",
+    "algorithm_class",
+    "learned_env_kwargs",
+    "make_vec_env",
+    "final_evaluation",
+    "plot_curves",
+    "policy_action",
+    "ACTION_RULES",
+    "MODEL_FILE",
+    "VECNORM_FILE",
+    "META_FILE",
+]
+
+MODEL_FILE = "model.zip"
+VECNORM_FILE = "vecnormalize.pkl"
+META_FILE = "flowgym_agent.json"
+CURVES_FILE = "curves.csv"
+#: Version of the layout of a model directory.
+FORMAT_VERSION = 1
+
+#: SB3 algorithms known by short name (anything else: ``"package.module:Class"``).
+ALGORITHMS = {"ppo": "stable_baselines3:PPO", "a2c": "stable_baselines3:A2C", "dqn": "stable_baselines3:DQN"}
+
+#: How a trained policy's action distribution becomes a budget (see :func:`policy_action`).
+ACTION_RULES = ("mean", "mode")
+
+#: Environment arguments that shape the observation: a learned agent declares them as trained.
+OBSERVATION_OPTIONS = (
+    "output_length_known",
+    "queue_cap",
+    "queue_token_cap",
+    "hist_edges",
+    "projection_offsets",
+    "projection_cap",
+    "rate_window",
+    "duration_cap",
+    "eviction",
+    "queue_order",
+)
+
+
+def require_sb3() -> None:
+    """Raise ``ImportError`` with the install hint when Stable-Baselines3 or torch is missing."""
+    try:
+        import stable_baselines3  # noqa: F401
+        import torch  # noqa: F401
+    except ImportError as e:
+        raise ImportError(
+            f"training and learned agents need Stable-Baselines3 and torch ({e}); "
+            "install them with: pip install 'flowgym[train]'"
+        ) from None
+
+
+@dataclass
+class TrainConfig:
+    """Every setting of :func:`train`, with the defaults of ``flowgym train``.
+
+    The defaults train PPO on ``adaptive-switch`` in about 8 minutes on 2 CPU
+    cores (``total_timesteps=1_000_000`` decisions, each held for ``action_repeat=8``
+    slots, measured at 2,300-2,600 decisions (19,000-21,000 slots) per second with 8
+    environments in one process, then about a minute of final evaluation; see
+    ``docs/training.md``).
+    """
+
+    #: Scenario name (:data:`flowgym.scenarios.SCENARIOS`).
+    scenario: str = "adaptive-switch"
+    #: Its ``rate`` argument (``None``: the scenario's default).
+    rate: float | None = None
+    #: ``ppo``, ``a2c``, ``dqn`` or ``"package.module:Class"`` of any SB3-compatible algorithm.
+    algo: str = "ppo"
+    #: Decisions of training (SB3 timesteps, summed over the vectorised environments);
+    #: the environments run ``action_repeat`` times as many slots.
+    total_timesteps: int = 1_000_000
+    #: Number of environments stepped together.
+    n_envs: int = 8
+    #: ``"dummy"`` (one process) or ``"subproc"`` (one process per environment).
+    vec_env: str = "dummy"
+    #: Seed of the algorithm and of the first training environment (the others: ``seed + i``).
+    seed: int = 10_000
+    learning_rate: float = 3e-4
+    #: Rollout length per environment (PPO, A2C).
+    n_steps: int = 512
+    #: Minibatch size (PPO, DQN).
+    batch_size: int = 256
+    #: Optimisation epochs per rollout (PPO).
+    n_epochs: int = 10
+    gamma: float = 0.99
+    gae_lambda: float = 0.95
+    #: PPO clip range.
+    clip_range: float = 0.2
+    ent_coef: float = 0.01
+    vf_coef: float = 0.5
+    max_grad_norm: float = 0.5
+    #: Hidden layers of the policy and value networks.
+    net_arch: tuple[int, ...] = (64, 64)
+    #: Extra keyword arguments of the algorithm's constructor (override the above).
+    algo_kwargs: dict[str, Any] = field(default_factory=dict)
+    #: Largest budget the learned policy may choose (its action is ``Discrete(max_budget + 1)``).
+    #: 16 keeps exploration near the useful range (the best fixed budgets of the adaptive
+    #: scenarios are 4..14; above about 8 the synthetic low load is not throttled at all).
+    max_budget: int = 16
+    #: Slots each decision is held for (1: a decision every slot). ``total_timesteps`` counts
+    #: decisions; the environment runs ``action_repeat`` times as many slots.
+    action_repeat: int = 8
+    #: Overrides of the scenario's environment arguments for training and for the agent
+    #: (e.g. ``{"reward_weights": {...}}``); the workload is always the scenario's.
+    env_overrides: dict[str, Any] = field(default_factory=dict)
+    norm_obs: bool = True
+    norm_reward: bool = True
+    clip_obs: float = 10.0
+    #: Evaluate every this many decisions (0: never; then the last model is kept).
+    eval_freq: int = 50_000
+    #: Episodes per evaluation (one per evaluation environment).
+    eval_episodes: int = 2
+    #: First seed of the evaluation episodes (the same seeds at every evaluation).
+    eval_seed: int = 20_000
+    #: Save a checkpoint every this many decisions (0: never).
+    checkpoint_freq: int = 200_000
+    #: Reporting seeds ``0..final_eval_seeds-1`` of the final table (0: no final table).
+    final_eval_seeds: int = 3
+    #: Tuning seeds ``1000..`` of the baselines in the final table.
+    tune_seeds: int = 2
+    #: Output directory.
+    out: str = "runs/ppo-adaptive-switch"
+    #: How the trained policy picks a budget, in evaluations and in :class:`agents.LearnedBudget`:
+    #: ``"mean"`` (expected budget of its action distribution, rounded) or ``"mode"`` (its argmax,
+    #: SB3's ``deterministic=True``). See :func:`flowgym.train.policy_action`.
+    action_rule: str = "mean"
+    #: ``"best"`` (lowest evaluation time in system) or ``"last"``: which policy becomes ``model.zip``.
+    select: str = "best"
+    progress: bool = True
+    #: Torch threads (1 is fastest for these small networks on a small machine).
+    torch_threads: int = 1
+    device: str = "cpu"
+    #: Write ``curves.png`` (needs matplotlib; skipped with a note when missing).
+    plot: bool = True
+
+    def validate(self) -> None:
+        """Raise ``ValueError`` naming the first invalid setting."""
+
+        def pos_int(name: str, v: Any, zero: bool = False) -> None:
+            if isinstance(v, bool) or not isinstance(v, (int, np.integer)) or v < (0 if zero else 1):
+                raise ValueError(f"{name} must be a {'non-negative' if zero else 'positive'} integer, got {v!r}")
+
+        def pos_num(name: str, v: Any, zero: bool = False) -> None:
+            if isinstance(v, bool) or not isinstance(v, (int, float, np.number)) or not math.isfinite(v) \
+                    or v < 0 or (v == 0 and not zero):
+                raise ValueError(f"{name} must be a {'non-negative' if zero else 'positive'} number, got {v!r}")
+
+        from flowgym.scenarios import SCENARIOS
+
+        if self.scenario not in SCENARIOS:
+            raise ValueError(f"unknown scenario {self.scenario!r}; known: {sorted(SCENARIOS)}")
+        if self.algo not in ALGORITHMS and ":" not in self.algo:
+            raise ValueError(f"algo must be one of {sorted(ALGORITHMS)} or 'package.module:Class', got {self.algo!r}")
+        for name in ("total_timesteps", "n_envs", "n_steps", "batch_size", "n_epochs", "max_budget",
+                     "eval_episodes", "torch_threads", "action_repeat"):
+            pos_int(name, getattr(self, name))
+        for name in ("eval_freq", "checkpoint_freq", "final_eval_seeds", "tune_seeds", "seed", "eval_seed"):
+            pos_int(name, getattr(self, name), zero=True)
+        pos_num("learning_rate", self.learning_rate)
+        pos_num("clip_range", self.clip_range)
+        pos_num("clip_obs", self.clip_obs)
+        pos_num("max_grad_norm", self.max_grad_norm)
+        pos_num("ent_coef", self.ent_coef, zero=True)
+        pos_num("vf_coef", self.vf_coef, zero=True)
+        for name in ("gamma", "gae_lambda"):
+            v = getattr(self, name)
+            if isinstance(v, bool) or not isinstance(v, (int, float)) or not 0 < v <= 1:
+                raise ValueError(f"{name} must be in (0, 1], got {v!r}")
+        if self.vec_env not in ("dummy", "subproc"):
+            raise ValueError(f"vec_env must be 'dummy' or 'subproc', got {self.vec_env!r}")
+        if self.action_rule not in ACTION_RULES:
+            raise ValueError(f"action_rule must be one of {list(ACTION_RULES)}, got {self.action_rule!r}")
+        if self.select not in ("best", "last"):
+            raise ValueError(f"select must be 'best' or 'last', got {self.select!r}")
+        arch = list(self.net_arch)
+        if not arch or any(isinstance(h, bool) or not isinstance(h, (int, np.integer)) or h < 1 for h in arch):
+            raise ValueError(f"net_arch must be a non-empty list of positive layer sizes, got {self.net_arch!r}")
+        if not isinstance(self.algo_kwargs, Mapping):
+            raise ValueError(f"algo_kwargs must be a mapping, got {self.algo_kwargs!r}")
+        if not isinstance(self.env_overrides, Mapping):
+            raise ValueError(f"env_overrides must be a mapping, got {self.env_overrides!r}")
+        for bad in ("workload", "observation", "max_budget"):
+            if bad in self.env_overrides:
+                raise ValueError(f"env_overrides may not set {bad!r} (the scenario gives the workload; "
+                                 f"observation is 'flat'; use max_budget= for the action range)")
+        if not self.out:
+            raise ValueError("out (the output directory) must be given")
+
+    def hyperparameters(self) -> dict[str, Any]:
+        """The settings as a JSON-ready dict."""
+        d = dataclasses.asdict(self)
+        d["net_arch"] = list(self.net_arch)
+        return d
+
+
+@dataclass
+class TrainResult:
+    """What :func:`train` produced."""
+
+    out: str
+    #: Environment steps actually run.
+    timesteps: int
+    wall_seconds: float
+    #: Environment steps per second during training (learning included).
+    steps_per_second: float
+    #: Rows of the curves (``kind`` ``train`` or ``eval``).
+    curves: list[dict[str, Any]]
+    #: ``"best"`` or ``"last"``: which policy is ``model.zip``.
+    selected: str
+    #: The final evaluation table (``None`` when disabled).
+    table: Any = None
+
+
+def algorithm_class(algo: str) -> type:
+    """The SB3 algorithm class of ``algo`` (a short name or ``"package.module:Class"``)."""
+    import importlib
+
+    target = ALGORITHMS.get(algo.lower(), algo)
+    mod, _, cls = target.partition(":")
+    if not cls:
+        raise ValueError(f"algo must be one of {sorted(ALGORITHMS)} or 'package.module:Class', got {algo!r}")
+    try:
+        return getattr(importlib.import_module(mod), cls)
+    except (ImportError, AttributeError) as e:
+        raise ValueError(f"cannot load algorithm {algo!r}: {e}") from None
+
+
+def policy_action(model: Any, obs: np.ndarray, rule: str = "mean") -> np.ndarray:
+    """Deterministic budgets of ``model`` for a batch of (normalised) observations.
+
+    ``"mode"`` is SB3's ``predict(deterministic=True)``, the most likely budget.
+    ``"mean"`` is the expected budget under the policy's action distribution,
+    rounded: for an ordinal action such as a budget it is steadier than the mode,
+    which jumps when a spread distribution's peak moves (on adaptive-switch the
+    mode of one policy gave 1472 slots of time in system, its mean 93). Algorithms
+    without an action distribution (DQN) fall back to ``"mode"``.
+    """
+    obs = np.asarray(obs, dtype=np.float32)
+    policy = getattr(model, "policy", None)
+    if rule == "mean" and hasattr(policy, "get_distribution"):
+        import torch
+
+        with torch.no_grad():
+            t, _ = policy.obs_to_tensor(obs)
+            dist = policy.get_distribution(t).distribution
+        probs = getattr(dist, "probs", None)
+        if probs is not None and probs.ndim == 2:
+            p = probs.cpu().numpy().astype(np.float64)
+            return np.rint(p @ np.arange(p.shape[1])).astype(np.int64)
+    action, _ = model.predict(obs, deterministic=True)
+    return np.asarray(action)
+
+
+class _RuleModel:
+    """Wraps an SB3 model so ``predict`` applies an action rule (for ``EvalCallback``)."""
+
+    def __init__(self, model: Any, rule: str) -> None:
+        self._model, self._rule = model, rule
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._model, name)
+
+    def predict(self, obs: Any, state: Any = None, episode_start: Any = None, deterministic: bool = True) -> Any:
+        return policy_action(self._model, obs, self._rule), state
+
+
+def learned_env_kwargs(scenario_env: Mapping[str, Any], max_budget: int,
+                       overrides: Mapping[str, Any] | None = None) -> dict[str, Any]:
+    """Environment arguments of a learned agent: the scenario's, the overrides, a flat observation
+    and the learned action range ``Discrete(max_budget + 1)``."""
+    kw = {**dict(scenario_env), **dict(overrides or {})}
+    kw["observation"] = "flat"
+    kw["max_budget"] = int(max_budget)
+    return kw
+
+
+def _action_repeat_wrapper() -> type:
+    import gymnasium as gym
+
+    class ActionRepeat(gym.Wrapper):
+        """Holds each action for ``repeat`` slots (fewer, coarser decisions); the reward is their sum.
+
+        Stops early when the episode ends. :class:`agents.LearnedBudget` repeats its
+        actions the same way, so it acts as it was trained.
+        """
+
+        def __init__(self, env: Any, repeat: int) -> None:
+            super().__init__(env)
+            self.repeat = int(repeat)
+
+        def step(self, action: Any) -> Any:
+            total = 0.0
+            for _ in range(self.repeat):
+                obs, r, te, tr, info = self.env.step(action)
+                total += float(r)
+                if te or tr:
+                    break
+            return obs, total, te, tr, info
+
+    return ActionRepeat
+
+
+def _metrics_wrapper() -> type:
+    import gymnasium as gym
+
+    class EpisodeMetrics(gym.Wrapper):
+        """Adds the latency metrics of the finished episode to the last step's ``info``."""
+
+        KEYS = ("avg_latency", "p95_latency", "mean_time_in_system", "request_throughput",
+                "token_throughput", "evictions", "completed")
+
+        def step(self, action: Any) -> Any:
+            obs, r, te, tr, info = self.env.step(action)
+            if te or tr:
+                m = self.env.unwrapped.metrics()
+                info["flowgym_metrics"] = {k: float(m[k]) for k in self.KEYS}
+            return obs, r, te, tr, info
+
+    return EpisodeMetrics
+
+
+def make_vec_env(env_kwargs: Mapping[str, Any], n_envs: int, seed: int, *, kind: str = "dummy",
+                 metrics: bool = False, action_repeat: int = 1) -> Any:
+    """``n_envs`` FlowControl-v0 environments (``gym.make``) in an SB3 VecEnv, seeded ``seed + i``.
+
+    Each is wrapped in SB3's ``Monitor`` (episode returns), with ``action_repeat > 1``
+    in a wrapper holding each action for that many slots and, with ``metrics``, in a
+    wrapper adding the episode's latency metrics to the last ``info``.
+    """
+    require_sb3()
+    import gymnasium as gym
+    from stable_baselines3.common.env_util import make_vec_env as sb3_make_vec_env
+    from stable_baselines3.common.vec_env import DummyVecEnv, SubprocVecEnv
+
+    import flowgym  # noqa: F401  (registers FlowControl-v0)
+
+    kw = dict(env_kwargs)
+    layers: list[Any] = []
+    if action_repeat > 1:
+        layers.append(lambda e, _cls=_action_repeat_wrapper(): _cls(e, action_repeat))
+    if metrics:
+        layers.append(_metrics_wrapper())
+
+    def wrapper(env: Any) -> Any:
+        for layer in layers:
+            env = layer(env)
+        return env
+
+    cls = SubprocVecEnv if kind == "subproc" else DummyVecEnv
+    return sb3_make_vec_env(lambda **_: gym.make("FlowControl-v0", **kw), n_envs=n_envs, seed=seed,
+                            vec_env_cls=cls, wrapper_class=wrapper if layers else None)
+
+
+# --------------------------------------------------------------------------- callbacks
+
+
+def _callbacks(cfg: TrainConfig, eval_venv: Any, n_eval: int, out: str, t_start: float) -> tuple[Any, Any]:
+    """The callback list of a run and the recorder holding the curves."""
+    from stable_baselines3.common.callbacks import BaseCallback, CallbackList, CheckpointCallback, EvalCallback
+
+    class Recorder(BaseCallback):
+        """Mean raw (unnormalised) reward per step of each rollout, a progress bar, the curves."""
+
+        def __init__(self) -> None:
+            super().__init__()
+            self.rows: list[dict[str, Any]] = []
+            self._sum, self._n = 0.0, 0
+            self._last_print = 0.0
+            self._done = False
+            self.last_eval: dict[str, float] = {}
+
+        def _on_step(self) -> bool:
+            venv = self.training_env
+            raw = venv.get_original_reward() if hasattr(venv, "get_original_reward") else self.locals.get("rewards")
+            if raw is not None:
+                self._sum += float(np.sum(raw))
+                self._n += int(np.size(raw))
+            if cfg.progress and not self._done:
+                now = time.perf_counter()
+                self._done = self.num_timesteps >= cfg.total_timesteps
+                if now - self._last_print > 1.0 or self._done:  # the full bar once, then silence
+                    self._last_print = now
+                    self._bar(now)
+            return True
+
+        def _bar(self, now: float) -> None:
+            frac = min(1.0, self.num_timesteps / cfg.total_timesteps)
+            el = now - t_start
+            eta = el / frac - el if frac > 0 else 0.0
+            sps = self.num_timesteps / el if el > 0 else 0.0
+            bar = "#" * int(frac * 30)
+            ev = ""
+            if self.last_eval:
+                ev = f" eval time-in-sys {self.last_eval['mean_time_in_system']:.1f}"
+            sys.stderr.write(f"\r[{bar:<30}] {self.num_timesteps}/{cfg.total_timesteps} {el:5.0f}s "
+                             f"eta {eta:4.0f}s {sps:6.0f} steps/s{ev:<28}")
+            if frac >= 1.0:
+                sys.stderr.write("\n")
+            sys.stderr.flush()
+
+        def _on_rollout_end(self) -> None:
+            if self._n:
+                self.rows.append({"kind": "train", "timesteps": self.num_timesteps,
+                                  "wall_seconds": time.perf_counter() - t_start,
+                                  "mean_step_reward": self._sum / self._n})
+            self._sum, self._n = 0.0, 0
+
+    rec = Recorder()
+
+    class LatencyEval(EvalCallback):
+        """SB3's ``EvalCallback`` on fixed seeds, also recording latency metrics; keeps the policy
+        (and its normalisation) with the lowest mean time in system."""
+
+        def __init__(self, *a: Any, **k: Any) -> None:
+            super().__init__(*a, **k)
+            self._episodes: list[dict[str, float]] = []
+            self.best_time_in_system = math.inf
+
+        def _log_success_callback(self, locals_: dict[str, Any], globals_: dict[str, Any]) -> None:
+            super()._log_success_callback(locals_, globals_)
+            if locals_["done"] and "flowgym_metrics" in locals_["info"]:
+                self._episodes.append(locals_["info"]["flowgym_metrics"])
+
+        def _on_step(self) -> bool:
+            due = self.eval_freq > 0 and self.n_calls % self.eval_freq == 0
+            if due:  # the same seeds at every evaluation, so evaluations compare
+                self.eval_env.seed(cfg.eval_seed)
+                self._episodes = []
+            model = self.model
+            self.model = _RuleModel(model, cfg.action_rule)  # evaluate as LearnedBudget will act
+            try:
+                ok = super()._on_step()
+            finally:
+                self.model = model
+            if due and self._episodes:
+                mean = {k: _finite_mean([e[k] for e in self._episodes]) for k in self._episodes[0]}
+                row = {"kind": "eval", "timesteps": self.num_timesteps,
+                       "wall_seconds": time.perf_counter() - t_start, "mean_return": float(self.last_mean_reward), **mean}
+                rec.rows.append(row)
+                rec.last_eval = mean
+                for k, v in mean.items():
+                    self.logger.record(f"eval/{k}", v)
+                if mean["mean_time_in_system"] < self.best_time_in_system:
+                    self.best_time_in_system = mean["mean_time_in_system"]
+                    self.model.save(os.path.join(out, "best_model.zip"))
+                    venv = self.model.get_vec_normalize_env()
+                    if venv is not None:
+                        venv.save(os.path.join(out, "best_vecnormalize.pkl"))
+            return ok
+
+    cbs: list[Any] = [rec]
+    evaluator = None
+    if cfg.eval_freq > 0:
+        evaluator = LatencyEval(eval_venv, n_eval_episodes=n_eval,
+                                eval_freq=max(1, cfg.eval_freq // cfg.n_envs), deterministic=True,
+                                verbose=0, warn=False)
+        cbs.append(evaluator)
+    if cfg.checkpoint_freq > 0:
+        cbs.append(CheckpointCallback(save_freq=max(1, cfg.checkpoint_freq // cfg.n_envs),
+                                      save_path=os.path.join(out, "checkpoints"), name_prefix="model",
+                                      save_vecnormalize=True))
+    return CallbackList(cbs), (rec, evaluator)
+
+
+# --------------------------------------------------------------------------- training
+
+
+def train(cfg: TrainConfig | None = None, **overrides: Any) -> TrainResult:
+    """Train a learned budget; write the model directory ``cfg.out``; return a :class:`TrainResult`.
+
+    Keyword arguments override fields of ``cfg`` (or of the defaults).
+    Same configuration and seed, same model (single process, ``torch_threads=1``).
+    """
+    cfg = dataclasses.replace(cfg or TrainConfig(), **overrides)
+    cfg.validate()
+    require_sb3()
+    import torch
+    from stable_baselines3.common.vec_env import VecNormalize
+
+    from flowgym.scenarios import get_scenario
+
+    torch.set_num_threads(cfg.torch_threads)
+    algo_cls = algorithm_class(cfg.algo)
+    sc = get_scenario(cfg.scenario, rate=cfg.rate)
+    train_kw = learned_env_kwargs(sc.tune_env_kwargs(), cfg.max_budget, cfg.env_overrides)
+    out = cfg.out
+    os.makedirs(out, exist_ok=True)
+
+    venv = make_vec_env(train_kw, cfg.n_envs, cfg.seed, kind=cfg.vec_env, action_repeat=cfg.action_repeat)
+    venv = VecNormalize(venv, norm_obs=cfg.norm_obs, norm_reward=cfg.norm_reward, clip_obs=cfg.clip_obs,
+                        gamma=cfg.gamma)
+    eval_venv, n_eval = None, 0
+    if cfg.eval_freq > 0:
+        # a trace replay is the same episode for every seed: one evaluation episode suffices
+        n_eval = 1 if sc.finite else cfg.eval_episodes
+        eval_venv = VecNormalize(make_vec_env(train_kw, n_eval, cfg.eval_seed, metrics=True,
+                                              action_repeat=cfg.action_repeat),
+                                 training=False, norm_obs=cfg.norm_obs, norm_reward=False, clip_obs=cfg.clip_obs)
+
+    kwargs = _algo_kwargs(cfg, algo_cls)
+    model = algo_cls("MlpPolicy", venv, seed=cfg.seed, device=cfg.device, verbose=0, **kwargs)
+    t0 = time.perf_counter()
+    callbacks, (rec, evaluator) = _callbacks(cfg, eval_venv, n_eval, out, t0)
+    model.learn(total_timesteps=cfg.total_timesteps, callback=callbacks, progress_bar=False)
+    wall = time.perf_counter() - t0
+    steps = int(model.num_timesteps)
+
+    model.save(os.path.join(out, "last_model.zip"))
+    venv.save(os.path.join(out, "last_vecnormalize.pkl"))
+    selected = "last"
+    if cfg.select == "best" and evaluator is not None and os.path.exists(os.path.join(out, "best_model.zip")):
+        selected = "best"
+    src = "best" if selected == "best" else "last"
+    os.replace(os.path.join(out, f"{src}_model.zip"), os.path.join(out, MODEL_FILE))
+    os.replace(os.path.join(out, f"{src}_vecnormalize.pkl"), os.path.join(out, VECNORM_FILE))
+    if selected == "best":  # keep the last policy too, for reference
+        model.save(os.path.join(out, "last_model.zip"))
+        venv.save(os.path.join(out, "last_vecnormalize.pkl"))
+    venv.close()
+    if eval_venv is not None:
+        eval_venv.close()
+
+    obs_shape = list(model.observation_space.shape)
+    meta = {
+        "format": FORMAT_VERSION,
+        "algo": cfg.algo,
+        "algo_class": f"{algo_cls.__module__}:{algo_cls.__name__}",
+        "scenario": cfg.scenario,
+        "rate": cfg.rate,
+        "env_kwargs": train_kw,
+        "agent_env_options": _agent_options(train_kw),
+        "observation_shape": obs_shape,
+        "action_n": int(model.action_space.n),
+        "action_repeat": int(cfg.action_repeat),
+        "action_rule": cfg.action_rule,
+        "hyperparameters": cfg.hyperparameters(),
+        "algo_kwargs_used": {k: (list(v) if isinstance(v, tuple) else v) for k, v in kwargs.items()
+                             if k != "policy_kwargs"},
+        "seeds": {"train": [cfg.seed + i for i in range(cfg.n_envs)],
+                  "eval_during_training": [cfg.eval_seed + i for i in range(n_eval)],
+                  "tune": [1000 + i for i in range(cfg.tune_seeds)],
+                  "report": list(range(cfg.final_eval_seeds))},
+        "selected": selected,
+        "best_eval_time_in_system": None if evaluator is None or not math.isfinite(evaluator.best_time_in_system)
+        else evaluator.best_time_in_system,
+        "timesteps": steps,
+        "env_slots": steps * cfg.action_repeat,  # exact unless an episode ends inside a held decision
+        "wall_seconds": wall,
+        "steps_per_second": steps / wall if wall > 0 else None,
+        "env_slots_per_second": steps * cfg.action_repeat / wall if wall > 0 else None,
+        "loadavg": list(os.getloadavg()) if hasattr(os, "getloadavg") else None,
+        "versions": _versions(),
+    }
+    with open(os.path.join(out, META_FILE), "w") as fh:
+        json.dump(meta, fh, indent=1, default=_json_default)
+    _write_curves(rec.rows, os.path.join(out, CURVES_FILE))
+    if cfg.plot:
+        try:
+            plot_curves(rec.rows, os.path.join(out, "curves.png"), title=f"{cfg.algo.upper()} on {cfg.scenario}")
+        except ImportError:
+            print("note: matplotlib is not installed; curves.png skipped (pip install 'flowgym[plot]')",
+                  file=sys.stderr)
+    res = TrainResult(out, steps, wall, steps / wall if wall > 0 else float("nan"), rec.rows, selected)
+    if cfg.final_eval_seeds > 0:
+        res.table = final_evaluation(out, seeds=list(range(cfg.final_eval_seeds)),
+                                     tune_seeds=[1000 + i for i in range(cfg.tune_seeds)], progress=cfg.progress)
+    return res
+
+
+def _algo_kwargs(cfg: TrainConfig, algo_cls: type) -> dict[str, Any]:
+    """Constructor arguments for ``algo_cls``: the ones of ``cfg`` it accepts, then ``algo_kwargs``."""
+    import inspect
+
+    accepted = set(inspect.signature(algo_cls.__init__).parameters)
+    common = {
+        "learning_rate": cfg.learning_rate, "n_steps": cfg.n_steps, "batch_size": cfg.batch_size,
+        "n_epochs": cfg.n_epochs, "gamma": cfg.gamma, "gae_lambda": cfg.gae_lambda, "clip_range": cfg.clip_range,
+        "ent_coef": cfg.ent_coef, "vf_coef": cfg.vf_coef, "max_grad_norm": cfg.max_grad_norm,
+    }
+    try:
+        from stable_baselines3.common.on_policy_algorithm import OnPolicyAlgorithm
+
+        on_policy = issubclass(algo_cls, OnPolicyAlgorithm)
+    except ImportError:  # pragma: no cover - SB3 is required before this point
+        on_policy = True
+    if not on_policy:
+        # ``n_steps`` is the rollout length of on-policy algorithms; off-policy ones (DQN in
+        # SB3 >= 2.7) read it as n-step returns. Set it there through ``algo_kwargs``.
+        common.pop("n_steps")
+    kw = {k: v for k, v in common.items() if k in accepted}
+    kw["policy_kwargs"] = {"net_arch": list(cfg.net_arch)}
+    kw.update(dict(cfg.algo_kwargs))
+    return kw
+
+
+def _agent_options(env_kwargs: Mapping[str, Any]) -> dict[str, Any]:
+    """The options a learned agent declares: flat observation, its action range, and every
+    observation-shaping argument at its trained value."""
+    from flowgym.env import FlowControlConfig
+
+    defaults = FlowControlConfig()
+    opts: dict[str, Any] = {"observation": "flat", "max_budget": int(env_kwargs["max_budget"])}
+    for k in OBSERVATION_OPTIONS:
+        v = env_kwargs.get(k, getattr(defaults, k))
+        opts[k] = list(v) if isinstance(v, tuple) else v
+    return opts
+
+
+def _finite_mean(values: Sequence[float]) -> float:
+    """Mean of the finite values; NaN when there are none (e.g. no request completed)."""
+    v = np.asarray(values, dtype=np.float64)
+    v = v[np.isfinite(v)]
+    return float(v.mean()) if v.size else float("nan")
+
+
+def _versions() -> dict[str, str]:
+    out = {}
+    for mod in ("stable_baselines3", "torch", "gymnasium", "numpy"):
+        try:
+            out[mod] = __import__(mod).__version__
+        except Exception:  # pragma: no cover - informational only
+            pass
+    import flowgym
+
+    out["flowgym"] = flowgym.__version__
+    return out
+
+
+def _json_default(o: Any) -> Any:
+    if isinstance(o, np.integer):
+        return int(o)
+    if isinstance(o, np.floating):
+        return float(o)
+    if isinstance(o, (np.ndarray, tuple)):
+        return list(o)
+    raise TypeError(f"not JSON-serialisable: {type(o).__name__}")
+
+
+def _write_curves(rows: Sequence[Mapping[str, Any]], path: str) -> None:
+    cols = ["kind", "timesteps", "wall_seconds", "mean_step_reward", "mean_return", "mean_time_in_system",
+            "avg_latency", "p95_latency", "request_throughput", "token_throughput", "evictions", "completed"]
+    with open(path, "w", newline="") as fh:
+        w = csv.DictWriter(fh, fieldnames=cols, extrasaction="ignore")
+        w.writeheader()
+        for r in rows:
+            w.writerow(r)
+
+
+def read_curves(path: str) -> list[dict[str, Any]]:
+    """Rows of a ``curves.csv`` (numbers as floats, empty cells dropped)."""
+    rows = []
+    with open(path, newline="") as fh:
+        for r in csv.DictReader(fh):
+            rows.append({k: (v if k == "kind" else float(v)) for k, v in r.items() if v != ""})
+    return rows
+
+
+def plot_curves(rows: Sequence[Mapping[str, Any]], path: str, title: str = "") -> None:
+    """Two panels against decisions (SB3 timesteps): mean raw reward per decision of each rollout, and the
+    evaluation episodes' average latency and mean time in system. Needs matplotlib."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    tr = [r for r in rows if r["kind"] == "train"]
+    ev = [r for r in rows if r["kind"] == "eval"]
+    fig, (a1, a2) = plt.subplots(1, 2, figsize=(11, 4))
+    if tr:
+        x = np.asarray([r["timesteps"] for r in tr])
+        y = np.asarray([r["mean_step_reward"] for r in tr])
+        a1.plot(x, y, lw=0.6, alpha=0.5, label="per rollout")
+        k = max(1, len(y) // 25)
+        if len(y) >= k > 1:
+            a1.plot(x[k - 1:], np.convolve(y, np.ones(k) / k, mode="valid"), lw=1.5, label=f"moving mean ({k})")
+        a1.legend()
+    a1.set_xlabel("decisions (SB3 timesteps)")
+    a1.set_ylabel("mean reward per decision (raw)")
+    a1.set_title("training reward")
+    if ev:
+        x = [r["timesteps"] for r in ev]
+        a2.plot(x, [r["mean_time_in_system"] for r in ev], "o-", label="mean time in system")
+        a2.plot(x, [r["avg_latency"] for r in ev], "s--", label="avg latency (completed)")
+        a2.plot(x, [r["p95_latency"] for r in ev], "^:", label="p95 latency")
+        a2.legend()
+    a2.set_xlabel("decisions (SB3 timesteps)")
+    a2.set_ylabel("slots (seconds in continuous time)")
+    a2.set_title("evaluation on held-out seeds (deterministic policy)")
+    if title:
+        fig.suptitle(title)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+
+
+# --------------------------------------------------------------------------- final table
+
+
+def final_evaluation(model_dir: str, *, scenario: str | None = None, rate: float | None = None,
+                     seeds: Sequence[int] = (0, 1, 2), tune_seeds: Sequence[int] = (1000, 1001),
+                     baselines: bool = True, progress: bool = False, write: bool = True) -> Any:
+    """The learned agent of ``model_dir`` against the scenario's agents, tuned on ``tune_seeds``.
+
+    The scenario defaults to the one the model was trained on. Tunable baselines
+    (flow control's ``b``, alpha-greedy's ``alpha``) are grid-searched on
+    ``tune_seeds`` (minimising mean time in system; the scenario's tuning
+    environment) before the report on ``seeds``. Everything runs through
+    :func:`flowgym.evaluation.evaluate`. Returns its
+    :class:`~flowgym.evaluation.ResultTable` (with ``tuned`` filled) and, with
+    ``write``, saves ``eval.txt``, ``eval.csv`` and ``eval.json`` in ``model_dir``.
+    """
+    from agents.learned import LearnedBudget
+    from flowgym.evaluation import evaluate, tune
+    from flowgym.scenarios import AgentSpec, get_scenario
+
+    agent = LearnedBudget(model_dir)
+    sc = get_scenario(scenario or agent.meta["scenario"], rate=rate if scenario else agent.meta.get("rate"))
+    env_kwargs = sc.env_kwargs()
+    horizons = None if sc.finite else [int(env_kwargs.get("horizon") or 1000)]
+    tune_h = None if sc.finite else horizons[0]  # type: ignore[index]
+    specs: list[Any] = []
+    tuned: dict[str, Any] = {}
+    if baselines:
+        for spec in sc.agents:
+            if spec.tune:
+                param = spec.tune[0]
+                best, _ = tune(spec, sc.tune_env_kwargs(), list(tune_seeds), tune_h)
+                label = f"{spec.label or spec.name} {param}={best}"
+                tuned[label] = {param: best}
+                spec = AgentSpec(spec.name, {**spec.params, param: best}, None, label)
+            specs.append(spec)
+    table = evaluate([agent, *specs], env_kwargs, list(seeds), horizons, progress=progress)
+    table.tuned = tuned
+    if write:
+        text = sc.description + "\n" + table.format()
+        with open(os.path.join(model_dir, "eval.txt"), "w") as fh:
+            fh.write(text + "\n")
+        table.to_csv(os.path.join(model_dir, "eval.csv"))
+        table.to_json(os.path.join(model_dir, "eval.json"), scenario=sc.name, tune_seeds=list(tune_seeds))
+    return table

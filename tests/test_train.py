@@ -1,0 +1,280 @@
+"""Training a learned budget (flowgym.train), the LearnedBudget agent, the adaptive scenarios."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import sys
+
+import numpy as np
+import pytest
+
+from agents import FlowControl, LearnedBudget, make_agent
+from flowgym.cli import main
+from flowgym.evaluation import env_for, evaluate, run_episode
+from flowgym.scenarios import ADAPTIVE_SCENARIOS, AZURE_REPORT_WINDOW, AZURE_TRAIN_WINDOW, get_scenario
+from flowgym.train import TrainConfig, read_curves, require_sb3, train
+
+TINY = dict(total_timesteps=1024, action_repeat=2, n_envs=2, n_steps=256, batch_size=128, n_epochs=2, eval_freq=512,
+            eval_episodes=1, checkpoint_freq=512, final_eval_seeds=0, progress=False, plot=False,
+            env_overrides={"horizon": 400})
+
+
+def _actions(agent, env_kwargs, seed, horizon):
+    """The actions an agent takes on one seed (through the evaluation path's environment)."""
+    env = env_for(agent, env_kwargs, horizon)
+    obs, _ = env.reset(seed=seed)
+    agent.reset(env.config, seed=seed)
+    out, done = [], False
+    while not done:
+        a = agent.act(obs, env.view())
+        out.append(a)
+        obs, _, te, tr, _ = env.step(a)
+        done = te or tr
+    return np.asarray(out)
+
+
+@pytest.fixture(scope="module")
+def tiny_model(tmp_path_factory):
+    out = str(tmp_path_factory.mktemp("tiny") / "model")
+    res = train(TrainConfig(out=out, **TINY))
+    return out, res
+
+
+def test_training_writes_a_model_directory(tiny_model):
+    out, res = tiny_model
+    for f in ("model.zip", "vecnormalize.pkl", "flowgym_agent.json", "curves.csv", "last_model.zip"):
+        assert os.path.exists(os.path.join(out, f)), f
+    ckpts = os.listdir(os.path.join(out, "checkpoints"))
+    assert any(c.endswith(".zip") for c in ckpts) and any(c.endswith(".pkl") for c in ckpts)
+    meta = json.load(open(os.path.join(out, "flowgym_agent.json")))
+    assert meta["scenario"] == "adaptive-switch" and meta["timesteps"] == res.timesteps >= 1024
+    assert meta["agent_env_options"]["observation"] == "flat"
+    assert meta["action_n"] == TrainConfig().max_budget + 1
+    assert meta["hyperparameters"]["n_envs"] == 2
+    rows = read_curves(os.path.join(out, "curves.csv"))
+    evals = [r for r in rows if r["kind"] == "eval"]
+    assert len(evals) == 2 and all(r["mean_time_in_system"] > 0 for r in evals)
+    assert any(r["kind"] == "train" and r["mean_step_reward"] < 0 for r in rows)
+    # model.zip is the evaluated policy with the lowest time in system
+    assert meta["selected"] == "best"
+    assert meta["best_eval_time_in_system"] == pytest.approx(min(r["mean_time_in_system"] for r in evals))
+
+
+def test_reload_acts_identically_and_matches_sb3(tiny_model, tmp_path):
+    from stable_baselines3 import PPO
+    from stable_baselines3.common.vec_env import DummyVecEnv, VecNormalize
+
+    out, _ = tiny_model
+    copy = str(tmp_path / "copy")
+    shutil.copytree(out, copy)
+    sc = get_scenario("adaptive-switch")
+    a1 = _actions(LearnedBudget(out), sc.env_kwargs(), 3, 600)
+    a2 = _actions(LearnedBudget(copy), sc.env_kwargs(), 3, 600)
+    assert np.array_equal(a1, a2)
+    # the agent's frozen normalisation and argmax equal SB3's own VecNormalize + predict
+    agent = LearnedBudget(out)
+    import gymnasium as gym
+
+    kw = agent.meta["env_kwargs"]
+    vn = VecNormalize.load(os.path.join(out, "vecnormalize.pkl"), DummyVecEnv([lambda: gym.make("FlowControl-v0", **kw)]))
+    vn.training = False
+    model = PPO.load(os.path.join(out, "model.zip"), device="cpu")
+    env = env_for(agent, sc.env_kwargs(), 300)
+    obs, _ = env.reset(seed=5)
+    agent.reset(env.config, seed=5)
+    mode = LearnedBudget(out, action_rule="mode")
+    mode.reset(env.config, seed=5)
+    repeat = agent.action_repeat
+    assert repeat == TINY["action_repeat"] == agent.meta["action_repeat"]
+    assert agent.action_rule == agent.meta["action_rule"] == "mean"
+    held = None
+    for t in range(300):
+        mine, argmax = agent.act(obs, env.view()), mode.act(obs, env.view())
+        if t % repeat == 0:  # a decision: SB3's own normalisation, then argmax / expected budget
+            x = vn.normalize_obs(obs[None])
+            theirs, _ = model.predict(x, deterministic=True)
+            assert argmax == int(theirs[0])
+            probs = model.policy.get_distribution(model.policy.obs_to_tensor(x)[0]).distribution.probs
+            p = probs.detach().numpy()[0].astype(np.float64)
+            assert mine == int(np.rint(p @ np.arange(p.size)))
+            held = mine
+        else:  # held for action_repeat slots, as in training
+            assert mine == held
+        obs, *_ = env.step(mine)
+
+
+def test_same_seed_same_model(tiny_model, tmp_path):
+    out, _ = tiny_model
+    again = str(tmp_path / "again")
+    train(TrainConfig(out=again, **{**TINY, "eval_freq": 0, "checkpoint_freq": 0}))
+    sc = get_scenario("adaptive-switch")
+    last = str(tmp_path / "last")  # the first run's last policy, in its own directory
+    os.makedirs(last)
+    shutil.copy(os.path.join(out, "last_model.zip"), os.path.join(last, "model.zip"))
+    shutil.copy(os.path.join(out, "last_vecnormalize.pkl"), os.path.join(last, "vecnormalize.pkl"))
+    shutil.copy(os.path.join(out, "flowgym_agent.json"), os.path.join(last, "flowgym_agent.json"))
+    assert np.array_equal(_actions(LearnedBudget(again), sc.env_kwargs(), 1, 800),
+                          _actions(LearnedBudget(last), sc.env_kwargs(), 1, 800))
+
+
+def test_learned_agent_runs_through_the_evaluation_path(tiny_model):
+    out, _ = tiny_model
+    agent = make_agent("learned", path=out)
+    assert agent.env_options()["observation"] == "flat"
+    sc = get_scenario("adaptive-switch")
+    table = evaluate([agent, FlowControl(b=12)], sc.env_kwargs(), seeds=[0, 1], horizons=[300, 600])
+    rows = [r for r in table.rows if r["agent"] == agent.label()]
+    assert len(rows) == 4 and all(np.isfinite(r["mean_time_in_system"]) for r in rows)
+    # the same arrivals for both agents
+    for T in (300, 600):
+        arrived = {r["agent"]: r["arrived"] for r in table.rows if r["horizon"] == T and r["seed"] == 0}
+        assert len(set(arrived.values())) == 1
+    # deterministic: the same seed, the same episode
+    e1, e2 = run_episode(agent, sc.env_kwargs(), 7, 400), run_episode(agent, sc.env_kwargs(), 7, 400)
+    assert np.array_equal(e1.series["admitted"], e2.series["admitted"])
+
+
+def test_compare_cli_accepts_the_learned_agent(tiny_model, tmp_path, capsys):
+    out, _ = tiny_model
+    rc = main(["compare", "--scenario", "adaptive-switch", "--agents", f"learned:path={out};flow-control:b=12",
+               "--horizons", "300", "--seeds", "1", "--no-plots", "--quiet", "--out", str(tmp_path)])
+    assert rc == 0
+    text = open(tmp_path / "adaptive-switch.csv").read()
+    assert "learned (model)" in text and "flow-control b=12" in text
+
+
+def test_learned_agent_refuses_mismatched_environments(tiny_model, tmp_path):
+    out, _ = tiny_model
+    agent = LearnedBudget(out)
+    # an option it was trained with, set differently by the scenario
+    with pytest.raises(ValueError, match="output_length_known"):
+        run_episode(agent, get_scenario("paper-synthetic-known").env_kwargs(), 0, 10)
+    # another observation shape: continuous time adds the last iteration's duration
+    kw = get_scenario("adaptive-azure-conv").env_kwargs()
+    kw["workload"]["window"] = [0.0, 30.0]
+    with pytest.raises(ValueError, match="observation of shape"):
+        run_episode(agent, kw, 0, None)
+    # an environment built by hand with another queue cap
+    from flowgym.env import FlowControlEnv
+
+    env = FlowControlEnv(**{**agent.meta["env_kwargs"], "queue_cap": 10})
+    with pytest.raises(ValueError, match="queue_cap"):
+        agent.reset(env.config)
+    with pytest.raises(ValueError, match="not a model directory"):
+        LearnedBudget(str(tmp_path / "nope"))
+    os.makedirs(tmp_path / "empty")
+    with pytest.raises(ValueError, match="lacks"):
+        LearnedBudget(str(tmp_path / "empty"))
+    with pytest.raises(ValueError, match="learned"):
+        make_agent("learned")  # no path
+
+
+def test_train_cli_end_to_end(tmp_path, capsys):
+    out = str(tmp_path / "cli")
+    rc = main(["train", "--scenario", "adaptive-low", "--total-timesteps", "512", "--n-envs", "2", "--n-steps", "128",
+               "--batch-size", "128", "--n-epochs", "1", "--eval-freq", "256", "--eval-episodes", "1",
+               "--checkpoint-freq", "0", "--final-eval-seeds", "1", "--action-repeat", "2", "--action-rule", "mode", "--tune-seeds", "1", "--quiet", "--no-plots",
+               "--out", out, "--net-arch", "16,16", "--env-overrides", '{"horizon": 300}'])
+    assert rc == 0
+    printed = capsys.readouterr().out
+    assert "learned (cli)" in printed and "flow-control (best fixed b) b=" in printed
+    table = open(os.path.join(out, "eval.txt")).read()
+    for label in ("learned (cli)", "greedy-LIFO", "MC", "A_min", "alpha-greedy alpha="):
+        assert label in table
+    meta = json.load(open(os.path.join(out, "flowgym_agent.json")))
+    assert meta["hyperparameters"]["net_arch"] == [16, 16] and meta["env_kwargs"]["horizon"] == 300
+    assert meta["action_repeat"] == 2 and meta["env_slots"] == 2 * meta["timesteps"]
+    assert meta["action_rule"] == "mode" and LearnedBudget(out).action_rule == "mode"
+    assert not os.path.exists(os.path.join(out, "checkpoints"))
+
+
+@pytest.mark.parametrize("bad, match", [
+    ({"scenario": "nope"}, "unknown scenario"),
+    ({"n_envs": 0}, "n_envs"),
+    ({"gamma": 1.5}, "gamma"),
+    ({"vec_env": "ray"}, "vec_env"),
+    ({"net_arch": ()}, "net_arch"),
+    ({"algo": "sac-ish"}, "algo"),
+    ({"env_overrides": {"workload": {}}}, "workload"),
+    ({"select": "median"}, "select"),
+    ({"action_repeat": 0}, "action_repeat"),
+    ({"action_rule": "median"}, "action_rule"),
+])
+def test_train_config_errors_name_the_field(bad, match):
+    with pytest.raises(ValueError, match=match):
+        TrainConfig(**bad).validate()
+
+
+def test_train_cli_bad_input(capsys):
+    assert main(["train", "--n-envs", "0", "--quiet"]) == 2
+    assert "n_envs" in capsys.readouterr().err
+    with pytest.raises(SystemExit):
+        main(["train", "--env-overrides", "{not json"])
+
+
+def test_another_sb3_algorithm_plugs_in(tmp_path):
+    out = str(tmp_path / "a2c")
+    res = train(TrainConfig(out=out, **{**TINY, "algo": "a2c", "total_timesteps": 256, "n_steps": 16,
+                                        "eval_freq": 0, "checkpoint_freq": 0}))
+    assert res.selected == "last"
+    agent = LearnedBudget(out)
+    assert agent.meta["algo_class"] == "stable_baselines3.a2c.a2c:A2C"
+    assert "n_epochs" not in agent.meta["algo_kwargs_used"]  # only the arguments A2C accepts
+    ep = run_episode(agent, get_scenario("adaptive-low").env_kwargs(), 0, 200)
+    assert ep.metrics()["completed"] > 0
+
+
+def test_off_policy_algorithms_do_not_get_the_rollout_length():
+    from stable_baselines3 import DQN, PPO
+
+    from flowgym.train import _algo_kwargs
+
+    cfg = TrainConfig(n_steps=512)
+    assert "n_steps" not in _algo_kwargs(cfg, DQN) and _algo_kwargs(cfg, PPO)["n_steps"] == 512
+    assert _algo_kwargs(TrainConfig(algo_kwargs={"n_steps": 3}), DQN)["n_steps"] == 3
+
+
+def test_missing_sb3_says_which_extra(monkeypatch):
+    monkeypatch.setitem(sys.modules, "stable_baselines3", None)
+    with pytest.raises(ImportError, match=r"flowgym\[train\]"):
+        require_sb3()
+
+
+def test_adaptive_scenarios():
+    for name in ADAPTIVE_SCENARIOS:
+        sc = get_scenario(name)
+        assert sc.agents[0].tune is not None and sc.agents[0].name == "flow-control"
+        assert {a.name for a in sc.agents} >= {"greedy-lifo", "a-min", "mc", "alpha-greedy"}
+    # the switching load: low for 1000 slots, then high, per its rates
+    env = env_for(FlowControl(b=12), get_scenario("adaptive-switch").env_kwargs(), 2000)
+    env.reset(seed=0)
+    for _ in range(2000):
+        env.step(12)
+    arr = env.request_log()["arrival"]
+    low, high = (arr < 1000).sum() / 1000, (arr >= 1000).sum() / 1000
+    assert abs(low - 6.0) < 0.5 and abs(high - 13.5) < 0.5
+    sw = get_scenario("adaptive-switch", rate=2.0).env_kwargs()["workload"]["rate"]
+    assert sw["rates"] == [12.0, 27.0]
+    with pytest.raises(ValueError, match="rate"):
+        get_scenario("adaptive-low", rate=-1.0)
+    az = get_scenario("adaptive-azure-conv")
+    assert az.env_kwargs()["workload"]["window"] == AZURE_REPORT_WINDOW
+    assert az.tune_env_kwargs()["workload"]["window"] == AZURE_TRAIN_WINDOW
+    assert AZURE_TRAIN_WINDOW[1] <= AZURE_REPORT_WINDOW[0]  # reports on held-out requests
+
+
+SHIPPED = os.path.join(os.path.dirname(__file__), os.pardir, "examples", "ppo_default")
+
+
+def test_shipped_model_loads_and_acts():
+    assert os.path.exists(os.path.join(SHIPPED, "model.zip"))
+    size = sum(os.path.getsize(os.path.join(SHIPPED, f)) for f in os.listdir(SHIPPED))
+    assert size < 400_000  # "a few hundred KB at most"
+    agent = make_agent("learned", path=SHIPPED)
+    assert agent.meta["scenario"] == TrainConfig().scenario
+    sc = get_scenario(agent.meta["scenario"])
+    e1, e2 = run_episode(agent, sc.env_kwargs(), 0, 400), run_episode(agent, sc.env_kwargs(), 0, 400)
+    assert np.array_equal(e1.series["admitted"], e2.series["admitted"])
+    assert e1.metrics()["completed"] > 0
