@@ -153,14 +153,20 @@ def _paper_synthetic(known: bool, rate: float) -> Scenario:
 B_GRID_TIMED = [1, 2, 3, 4, 6, 8, 12, 16, 24]
 
 
-def _timed_agents() -> list[AgentSpec]:
+def _unknown_length_agents(b: int, grid: list[Any], fc_label: str) -> list[AgentSpec]:
+    """The agents of the unknown-length scenarios: flow control (budget ``b``, tuned over ``grid``),
+    alpha-greedy (tuned), MC, A_min and greedy-LIFO."""
     return [
-        AgentSpec("flow-control", {"b": 4}, tune=("b", B_GRID_TIMED), label="flow-control (Alg. 2)"),
+        AgentSpec("flow-control", {"b": b}, tune=("b", grid), label=fc_label),
         AgentSpec("alpha-greedy", {"alpha": 0.1}, tune=("alpha", ALPHA_GRID), label="alpha-greedy"),
         AgentSpec("mc", label="MC"),
         AgentSpec("a-min", label="A_min"),
         AgentSpec("greedy-lifo", label="greedy-LIFO (vLLM-like)"),
     ]
+
+
+def _timed_agents() -> list[AgentSpec]:
+    return _unknown_length_agents(4, B_GRID_TIMED, "flow-control (Alg. 2)")
 
 
 #: Safety cap on the iterations of a run-to-the-end scenario: a policy that never drains the
@@ -229,13 +235,7 @@ AZURE_TRAIN_WINDOW, AZURE_REPORT_WINDOW = [0.0, 1800.0], [1800.0, 3600.0]
 
 
 def _adaptive_agents(grid: list[Any]) -> list[AgentSpec]:
-    return [
-        AgentSpec("flow-control", {"b": 12}, tune=("b", grid), label="flow-control (best fixed b)"),
-        AgentSpec("alpha-greedy", {"alpha": 0.1}, tune=("alpha", ALPHA_GRID), label="alpha-greedy"),
-        AgentSpec("mc", label="MC"),
-        AgentSpec("a-min", label="A_min"),
-        AgentSpec("greedy-lifo", label="greedy-LIFO (vLLM-like)"),
-    ]
+    return _unknown_length_agents(12, grid, "flow-control (best fixed b)")
 
 
 def _adaptive(which: str, scale: float) -> Scenario:
