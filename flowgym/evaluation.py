@@ -287,12 +287,12 @@ def evaluate(
     if not seeds:
         raise ValueError("give at least one seed")
     bar = progress if isinstance(progress, Progress) else Progress(len(pairs) * len(seeds), bool(progress))
-    table = ResultTable([], labels, hs, list(seeds),
-                        time_unit="s" if env_kwargs.get("time_model") is not None else "slot")
+    table = ResultTable([], labels, hs, list(seeds))
     for agent, label in pairs:
         wall = 0.0
         for seed in seeds:
             ep = run_episode(agent, env_kwargs, int(seed), hs[-1], label)
+            table.time_unit = "slot" if ep.config.time_model == "slot" else "s"  # as the env built it
             wall += ep.wall_seconds
             for T in hs:
                 if T is not None and T > ep.series["usage"].size:  # a finite trace ended earlier

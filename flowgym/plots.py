@@ -54,9 +54,13 @@ def plot_metrics_vs_horizon(table: ResultTable, path: str, title: str = "") -> N
     plt.close(fig)
 
 
-def plot_metrics_bars(table: ResultTable, path: str, title: str = "", unit: str = "s") -> None:
-    """The four metrics per agent as bars with 95% CI whiskers (runs to the end of a workload)."""
+def plot_metrics_bars(table: ResultTable, path: str, title: str = "", unit: str | None = None) -> None:
+    """The four metrics per agent as bars with 95% CI whiskers (runs to the end of a workload).
+
+    ``unit``: of latencies and throughputs (default: the table's ``time_unit``).
+    """
     plt = _plt()
+    unit = table.time_unit if unit is None else unit
     summ = table.summary()
     fig, axes = plt.subplots(1, 4, figsize=(18, 4.2))
     labels = {"avg_latency": f"average latency ({unit})", "p95_latency": f"95% latency ({unit})",
@@ -85,30 +89,40 @@ def plot_kv_usage(table: ResultTable, path: str, title: str = "", window: int | 
     shows the last 500 slots of a fixed-horizon run (its steady state) and the whole of a
     run-to-the-end one (whose last slots are only the drain). A longer series is drawn as
     ``max_points`` bins: the bin mean, with the bin's min-max range shaded. The mean and std
-    in each title are over the whole shown series. Returns each agent's first and last slot shown.
+    in each title are over the whole shown series. Agents with an empty series are left out
+    (no file is written when none is left). Returns each agent's first and last slot shown.
     """
-    plt = _plt()
     if window == "auto":
         window = None if any(h is None for h in table.horizons) else 500
-    n = len(table.kv_usage)
+    if window is not None and (isinstance(window, bool) or not isinstance(window, int) or window < 1):
+        raise ValueError(f"window must be a positive number of slots, None or 'auto', got {window!r}")
+    if isinstance(max_points, bool) or not isinstance(max_points, int) or max_points < 1:
+        raise ValueError(f"max_points must be a positive integer, got {max_points!r}")
+    series = {a: u for a, u in table.kv_usage.items() if u.size}  # an empty series has nothing to draw
+    n = len(series)
+    if n == 0:
+        return {}
+    plt = _plt()
+    step = "slot" if table.time_unit == "slot" else "iteration"
     shown: dict[str, tuple[int, int]] = {}
     # whole runs of different lengths (a policy that never drains runs to the iteration cap)
     # get their own x axes; windows of a fixed-horizon table share one
     fig, axes = plt.subplots(n, 1, figsize=(12, 1.7 * n + 0.6), sharex=window is not None, squeeze=False)
-    for ax, (agent, u) in zip(axes[:, 0], table.kv_usage.items()):
+    for ax, (agent, u) in zip(axes[:, 0], series.items()):
         t = np.arange(u.size)
-        if window is not None and u.size > int(window):
-            t, u = t[-int(window):], u[-int(window):]
+        if window is not None and u.size > window:
+            t, u = t[-window:], u[-window:]
         shown[agent] = (int(t[0]), int(t[-1]))
-        label = f"{agent}: slots {t[0]}-{t[-1]}: mean {u.mean():.3f}, std {u.std():.3f}"
+        label = f"{agent}: {step}s {t[0]}-{t[-1]}: mean {u.mean():.3f}, std {u.std():.3f}"
         if u.size > max_points:
             edges = np.linspace(0, u.size, max_points + 1).astype(np.int64)
             starts = edges[:-1]
             counts = np.diff(edges)
             mean = np.add.reduceat(u, starts) / counts
-            ax.fill_between(t[starts], np.minimum.reduceat(u, starts), np.maximum.reduceat(u, starts),
+            centre = t[starts] + (counts - 1) / 2
+            ax.fill_between(centre, np.minimum.reduceat(u, starts), np.maximum.reduceat(u, starts),
                             alpha=0.3, lw=0)
-            ax.plot(t[starts], mean, lw=0.8)
+            ax.plot(centre, mean, lw=0.8)
         else:
             ax.plot(t, u, lw=0.8)
         ax.set_ylim(0, 1.05)

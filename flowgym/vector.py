@@ -71,7 +71,8 @@ class FlowControlVectorEnv(VectorEnv):
     ``metadata["autoreset_mode"] = AutoresetMode.NEXT_STEP``, as Gymnasium's own
     ``CartPoleVectorEnv`` and ``SyncVectorEnv``: the step on which an environment
     is truncated (or terminated) returns its final observation; on the next
-    step its action is ignored, it is reset, and that step returns its first
+    step its action is ignored (but still checked against the action space, unlike
+    ``SyncVectorEnv``: every action must be a valid budget), it is reset, and that step returns its first
     observation with reward 0, ``terminated = truncated = False`` and the reset
     info (``t``, ``arrived``, ``rho``). ``reset(options={"reset_mask": mask})``
     resets only the masked environments.

@@ -42,3 +42,29 @@ def test_tables_name_their_unit_of_time():
              "workload": {"kind": "iid", "rate": 2.0, "timed": True, "lengths": {"kind": "lmsys-like"}}}
     secs = evaluate([make_agent("fixed", b=4)], timed, seeds=[0], horizons=[50])
     assert secs.time_unit == "s" and "req/s" in secs.format() and "req/slot" not in secs.format()
+
+
+def test_empty_series_and_bad_arguments(tmp_path):
+    t = _table([None], 10)
+    t.kv_usage["empty"] = np.zeros(0)
+    assert plot_kv_usage(t, str(tmp_path / "kv.png")) == {"a": (0, 9)}
+    none = ResultTable(rows=[], agents=[], horizons=[None], seeds=[0])
+    assert plot_kv_usage(none, str(tmp_path / "none.png")) == {}
+    assert not (tmp_path / "none.png").exists()
+    for bad in (0, -5, 2.5):
+        with pytest.raises(ValueError, match="window"):
+            plot_kv_usage(t, str(tmp_path / "kv.png"), window=bad)
+    with pytest.raises(ValueError, match="max_points"):
+        plot_kv_usage(t, str(tmp_path / "kv.png"), max_points=0)
+
+
+def test_unit_of_time_follows_the_built_environment():
+    from flowgym.evaluation import evaluate
+    from agents import make_agent
+
+    explicit_slot = evaluate([make_agent("fixed", b=4)], {"horizon": 20, "time_model": "slot"}, seeds=[0], horizons=[20])
+    assert explicit_slot.time_unit == "slot" and "req/slot" in explicit_slot.format()
+    timed = {"horizon": 20, "time_model": "llama2-70b-tp2-a100",
+             "workload": {"kind": "iid", "rate": 2.0, "timed": True, "lengths": {"kind": "lmsys-like"}}}
+    as_config = evaluate([make_agent("fixed", b=4)], {"config": timed}, seeds=[0], horizons=[20])
+    assert as_config.time_unit == "s"

@@ -110,7 +110,7 @@ def run_equivalence(kwargs: dict, *, num_envs: int = 4, steps: int = 300, seed: 
     assert batched.backend == "batched", batched.fallback_reason
     assert_same(batched.reset(seed=seed), sync.reset(seed=seed), "reset")
     rng = np.random.default_rng(action_seed)
-    hi = (max_action or batched.single_action_space.n - 1) + 1
+    hi = (max_action if max_action is not None else batched.single_action_space.n - 1) + 1
     seen = {"evicted": 0, "autoresets": 0, "completed": 0}
     for t in range(steps):
         if stagger and t in stagger:
