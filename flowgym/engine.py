@@ -35,6 +35,7 @@ from typing import Any, NamedTuple
 
 import numpy as np
 
+from flowgym import _jit
 from flowgym.rules import (
     EVICTION_RULES,
     QUEUE_ORDERS,
@@ -91,6 +92,12 @@ class Engine:
 
     Call :meth:`reset` with a numpy ``Generator`` (it draws the workload), then
     alternate :meth:`arrive` and :meth:`serve`.
+
+    Attributes:
+        jit: use the compiled kernels of :mod:`flowgym._jit` (numba) for
+            admission, the histogram and the projection; defaults to
+            ``flowgym._jit.ENABLED`` (numba installed, ``FLOWGYM_JIT`` not ``0``).
+            Read at :meth:`reset`; results are the same either way.
     """
 
     def __init__(
@@ -129,12 +136,17 @@ class Engine:
         self.per_class = bool(per_class)
         self.track_class_queue = bool(track_class_queue) and self.m > 0
         self._rng: np.random.Generator | None = None
+        self.jit: bool = _jit.ENABLED
+        self._use_jit = False
         self.t = 0
 
     # ------------------------------------------------------------------ setup
 
     def reset(self, rng: np.random.Generator) -> None:
         """Empty the system and start a new run at slot 0, drawing requests from ``rng``."""
+        if self.jit and not _jit.AVAILABLE:
+            raise RuntimeError("Engine.jit=True needs numba: pip install 'flowgym[fast]'")
+        self._use_jit = bool(self.jit)
         self._rng = rng
         self.t = 0
         cap = 1024
@@ -162,7 +174,7 @@ class Engine:
         self._clock = np.zeros(256, np.float64)  # end time of each iteration
 
         keyed = not self.order.keys_are_ids
-        self.lanes = [Lane(keyed) for _ in range(self.m if self.per_class else 1)]
+        self.lanes = [Lane(keyed, jit=self._use_jit) for _ in range(self.m if self.per_class else 1)]
         self._fast_fifo = self.order.keys_are_ids and not self.per_class and not self.track_class_queue
         self.class_queue = np.zeros(max(self.m, 1), _I64)
 
@@ -180,8 +192,12 @@ class Engine:
         # slot f are counted at index f & _cal_mask (ring longer than any o).
         R = 1 << max(6, int(self.M).bit_length())
         self._cal_mask = R - 1
-        self._cal_n = [0] * R  # Python lists: per-slot scalar access is what they are for
-        self._cal_tok = [0] * R
+        if self._use_jit:  # the kernels write them
+            self._cal_n: Any = np.zeros(R, _I64)
+            self._cal_tok: Any = np.zeros(R, _I64)
+        else:  # Python lists: per-slot scalar access is what they are for
+            self._cal_n = [0] * R
+            self._cal_tok = [0] * R
         self.held = 0  # sum over active of l_i + j_i (tokens held at the start of a slot)
         self.n_queued = 0
         self.queued_prompt_tokens = 0
@@ -197,6 +213,8 @@ class Engine:
         self.last_arrivals = 0  # requests that arrived in the last arrive() call
         self.last_rejected = 0  # of which rejected
         self._rec = np.zeros((256, len(SlotStats._fields)), _I64)
+        self._pending: list[SlotStats] = []  # records of slots [_rec_n, t), written to _rec in blocks
+        self._rec_n = 0
 
     # ------------------------------------------------------------------ request table
 
@@ -340,7 +358,10 @@ class Engine:
         if self.track_class_queue:
             self.class_queue += np.bincount(c, minlength=self.m)
 
-    def _admit(self, budget: Any) -> np.ndarray | None:
+    def _admit(self, budget: Any) -> int:
+        """Phase 2: activate up to ``budget`` queue heads; returns how many started."""
+        if self._use_jit:
+            return self._admit_jit(budget)
         if self.per_class:
             parts = []
             for lane, b in zip(self.lanes, budget):
@@ -348,13 +369,13 @@ class Engine:
                 if k:
                     parts.append(lane.pop(k))
             if not parts:
-                return None
+                return 0
             ids = parts[0] if len(parts) == 1 else np.concatenate(parts)
         else:
             lane = self.lanes[0]
             k = min(int(budget), len(lane))
             if k == 0:
-                return None
+                return 0
             ids = lane.pop(k)
         k = ids.size
         tail = self._tail
@@ -374,15 +395,44 @@ class Engine:
             cal_n[i] += 1
             cal_tok[i] += l + f - t  # l + o
             p += l
+        if self.track_class_queue:
+            self.class_queue -= np.bincount(self.cls[ids], minlength=self.m)
+        self._admitted(k, p)
+        return k
+
+    def _admit_jit(self, budget: Any) -> int:
+        """:meth:`_admit` with the compiled kernels: same order, same state."""
+        if self.per_class:
+            ks = [min(int(b), len(lane)) for lane, b in zip(self.lanes, budget)]
+            k = sum(ks)
+        else:
+            lane = self.lanes[0]
+            k = min(int(budget), lane.tail - lane.head)
+            ks = [k]
+        if k == 0:
+            return 0
+        if self._tail + k > self._a_id.size:
+            self._compact(room=k)
+        tail, p = self._tail, 0
+        for lane, kk in zip(self.lanes, ks):
+            if kk:
+                p += _jit.admit_lane(lane.buf, lane.head, kk, self._a_id, self._a_start, self._a_fin, tail, self.t,
+                                     self.output, self.prompt, self.finish, self._cal_n, self._cal_tok)
+                if self.track_class_queue:
+                    _jit.count_classes(lane.buf, lane.head, kk, self.cls, self.class_queue)
+                lane.drop(kk)
+                tail += kk
+        self._admitted(k, p)
+        return k
+
+    def _admitted(self, k: int, p: int) -> None:
+        """Counts after ``k`` requests holding ``p`` prompt tokens became active (tail not yet moved)."""
         self.held += p
         self.queued_prompt_tokens -= p
         self.n_queued -= k
         self.n_active += k
-        self._tail = tail + k
+        self._tail += k
         self._adm_prompt = p
-        if self.track_class_queue:
-            self.class_queue -= np.bincount(self.cls[ids], minlength=self.m)
-        return ids
 
     def _compact(self, room: int = 0) -> None:
         """Drop dead entries from the active arrays (keeping order); make ``room``."""
@@ -452,11 +502,9 @@ class Engine:
         ``budget`` is ``B_t`` (an int), or with ``per_class`` one budget per class.
         """
         t = self.t
-        if t >= self._rec.shape[0]:
-            self._rec = np.concatenate([self._rec, np.zeros_like(self._rec)])
+        if t >= self._clock.size:
             self._clock = np.concatenate([self._clock, np.zeros_like(self._clock)])
-        admitted = self._admit(budget)
-        n_adm = 0 if admitted is None else admitted.size
+        n_adm = self._admit(budget)
         demand = self.held + self.n_active
         n_ev = wasted = 0
         if demand > self.M:
@@ -468,19 +516,37 @@ class Engine:
         self.held = demand
         self.generated_tokens += self.n_active
         i = (t + 1) & self._cal_mask
-        n_done = self._cal_n[i]
+        n_done = int(self._cal_n[i])
         if n_done:
-            self.held -= self._cal_tok[i]
+            self.held -= int(self._cal_tok[i])
             self._cal_n[i] = 0
             self._cal_tok[i] = 0
             self.n_active -= n_done
             self.total_completed += n_done
         st = SlotStats(t, demand, n_adm, n_ev, wasted, n_done, self.n_queued, self.n_active)
-        self._rec[t] = st
+        pending = self._pending
+        pending.append(st)
+        if len(pending) == 256:  # one numpy write per 256 slots instead of one per slot
+            self._flush_records()
         self.t = t + 1
         if self._tail - self._h - self.n_active > max(256, self.n_active):
             self._compact()
         return st
+
+    def _flush_records(self) -> None:
+        """Write the pending slot records into ``_rec`` (growing it)."""
+        pending = self._pending
+        if not pending:
+            return
+        lo = self._rec_n
+        hi = lo + len(pending)
+        if hi > self._rec.shape[0]:
+            grown = np.zeros((max(2 * self._rec.shape[0], hi), self._rec.shape[1]), _I64)
+            grown[:lo] = self._rec[:lo]
+            self._rec = grown
+        self._rec[lo:hi] = pending
+        self._rec_n = hi
+        pending.clear()
 
     def _advance_clock(self, n_adm: int) -> None:
         """Continuous time: this iteration's duration from its composition (after eviction)."""
@@ -532,12 +598,19 @@ class Engine:
         """Tokens each active request still has to generate (uses output lengths)."""
         return self._a_fin[self._h : self._tail][self._alive()] - self.t
 
-    def generated_histogram(self, edges: np.ndarray) -> np.ndarray:
+    def generated_histogram(self, edges: np.ndarray, out: np.ndarray | None = None, offset: int = 0) -> np.ndarray:
         """Active requests by tokens generated, in bins ``[edges[k], edges[k+1])`` (last open).
 
-        ``edges`` ascending from 0. Uses that activation slots are sorted.
+        ``edges``: int64, ascending from 0. Returns a new int64 array, or with
+        ``out`` writes ``out[offset : offset + edges.size]`` and returns ``out``.
+        Uses that activation slots are sorted.
         """
         h, tail = self._h, self._tail
+        if self._use_jit:
+            if out is None:
+                out, offset = np.empty(edges.size, _I64), 0
+            _jit.histogram_into(self._a_start, self._a_fin, h, tail, self.t, edges, out, offset)
+            return out
         starts = self._a_start[h:tail]  # a view: searchsorted only reads it
         if tail - h != self.n_active:
             starts = starts[self._a_fin[h:tail] > self.t]
@@ -546,7 +619,10 @@ class Engine:
         hist = np.empty(edges.size, _I64)
         np.subtract(P[:-1], P[1:], out=hist[:-1])
         hist[-1] = P[-1]
-        return hist
+        if out is None:
+            return hist
+        out[offset : offset + edges.size] = hist
+        return out
 
     def projected_demand(self, offsets: np.ndarray) -> np.ndarray:
         """``D_{t+h}`` of the current active set for each ``h`` in ``offsets``, if nothing were admitted or evicted.
@@ -561,6 +637,10 @@ class Engine:
         act = self.n_active
         out = np.zeros(offsets.size, _I64)
         if act == 0:
+            return out
+        if self._use_jit:
+            _jit.projected_demand(self.held, act, self.t, self._cal_mask, self._cal_n, self._cal_tok,
+                                  np.asarray(offsets, _I64), out)
             return out
         held = self.held
         D = [held + act]
@@ -582,6 +662,7 @@ class Engine:
 
     def series(self) -> dict[str, np.ndarray]:
         """Per-slot records so far: one array per :class:`SlotStats` field."""
+        self._flush_records()
         rec = self._rec[: self.t]
         out = {name: rec[:, i].copy() for i, name in enumerate(SlotStats._fields)}
         if self.timed:  # end time of each iteration (seconds)

@@ -35,6 +35,8 @@ from typing import TYPE_CHECKING, NamedTuple
 
 import numpy as np
 
+from flowgym import _jit
+
 if TYPE_CHECKING:
     from flowgym.engine import Engine
 
@@ -151,10 +153,11 @@ class Lane:
     kept. New FIFO arrivals are appended; anything else is merged at its place.
     """
 
-    __slots__ = ("buf", "kbuf", "head", "tail", "keyed")
+    __slots__ = ("buf", "kbuf", "head", "tail", "keyed", "jit")
 
-    def __init__(self, keyed: bool, capacity: int = 256) -> None:
+    def __init__(self, keyed: bool, capacity: int = 256, jit: bool = False) -> None:
         self.keyed = keyed
+        self.jit = jit  # append ranges with the compiled kernel (flowgym._jit)
         self.buf = np.empty(capacity, dtype=_I64)
         self.kbuf = np.empty(capacity, dtype=_I64) if keyed else self.buf
         self.head = 0
@@ -197,8 +200,12 @@ class Lane:
     def append_range(self, lo: int, hi: int) -> None:
         """Append ids ``lo..hi-1`` (FIFO lanes only: new arrivals come last)."""
         k = hi - lo
-        self._reserve(k)
-        self.buf[self.tail : self.tail + k] = np.arange(lo, hi, dtype=_I64)
+        if self.tail + k > self.buf.size:
+            self._reserve(k)
+        if self.jit:
+            _jit.fill_range(self.buf, self.tail, lo, hi)
+        else:
+            self.buf[self.tail : self.tail + k] = np.arange(lo, hi, dtype=_I64)
         self.tail += k
 
     def push(self, ids: np.ndarray, keys: np.ndarray) -> None:
@@ -229,10 +236,14 @@ class Lane:
     def pop(self, k: int) -> np.ndarray:
         """Remove and return the first ``k`` ids (``k <= len``)."""
         out = self.buf[self.head : self.head + k].copy()
+        self.drop(k)
+        return out
+
+    def drop(self, k: int) -> None:
+        """Remove the first ``k`` ids (``k <= len``), once they have been read."""
         self.head += k
         if self.head == self.tail:
             self.head = self.tail = 0
-        return out
 
 
 # --------------------------------------------------------------------------- eviction rules

@@ -114,7 +114,7 @@ class Features:
         if self.timed:
             v[self._i_dur] = min(eng.last_duration, self.duration_cap)
         if eng.n_active:
-            v[self._s_hist] = eng.generated_histogram(self.edges)
+            eng.generated_histogram(self.edges, out=v, offset=self._s_hist.start)
         else:
             v[self._s_hist] = 0.0
         if self.known:

@@ -1,0 +1,132 @@
+"""The compiled kernels (flowgym._jit, numba) against the numpy code they replace.
+
+The engine runs either path (``Engine.jit``); the kernels touch no random
+generator, so for the same seed and actions both must give the same
+observations, rewards, infos, per-request logs and per-slot series, in every
+configuration (queue orders, eviction rules, per-class budgets, known lengths,
+continuous time, traces).
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+from gymnasium.spaces import Discrete
+from hypothesis import given, settings
+
+from flowgym import FlowControlEnv, _jit
+from flowgym.engine import Engine
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import reference_model  # noqa: E402
+from test_semantics import traces  # noqa: E402
+from test_vector import BATCHED, FALLBACK  # noqa: E402
+
+pytestmark = pytest.mark.skipif(not _jit.AVAILABLE, reason="numba is not installed (pip install 'flowgym[fast]')")
+
+CONFIGS = {**BATCHED, **{f"fallback-{k}": v for k, v in FALLBACK.items()},
+           "per-class-saturated": {"output_length_known": True, "per_class_budget": True, "max_budget": 6, "M": 900,
+                                   "horizon": 300, "workload": {"kind": "poisson", "classes": [[10, 20], [10, 40],
+                                                                                               [10, 60]],
+                                                                "rates": 3.0}},
+           "sjf-known-evictions": {"output_length_known": True, "queue_order": "sjf", "M": 500, "horizon": 400,
+                                   "workload": {"kind": "poisson", "classes": [[10, 20], [10, 40], [10, 60]],
+                                                "rates": 1.5}},
+           "estimate-order": {"queue_order": "estimate", "eviction": "estimate", "M": 500, "horizon": 400,
+                              "workload": {"kind": "poisson", "classes": [[10, 20], [10, 40], [10, 60]],
+                                           "rates": 1.5}}}
+
+
+def _episode(kwargs: dict, jit: bool, seed: int, steps: int) -> tuple[list, dict, dict]:
+    env = FlowControlEnv(**kwargs)
+    env.engine.jit = jit
+    obs, info = env.reset(seed=seed)
+    space = env.action_space
+    space.seed(seed)
+    largest = space.n - 1 if isinstance(space, Discrete) else space.nvec - 1  # greedy: forces evictions
+    rng = np.random.default_rng(seed)
+    trail = [(obs, info)]
+    for _ in range(steps):
+        obs, r, te, tr, info = env.step(largest if rng.random() < 0.3 else space.sample())
+        trail.append((obs, r, te, tr, info))
+        if te or tr:
+            break
+    return trail, env.request_log(), env.series()
+
+
+def _equal(a, b, where: str) -> None:
+    if isinstance(a, dict):
+        assert a.keys() == b.keys(), where
+        for k in a:
+            _equal(a[k], b[k], f"{where}.{k}")
+    elif isinstance(a, (tuple, list)):
+        assert len(a) == len(b), where
+        for i, (x, y) in enumerate(zip(a, b)):
+            _equal(x, y, f"{where}[{i}]")
+    elif isinstance(a, np.ndarray):
+        assert a.dtype == b.dtype and np.array_equal(a, b, equal_nan=a.dtype.kind == "f"), where
+    else:
+        assert type(a) is type(b) and (a == b or (a != a and b != b)), f"{where}: {a!r} != {b!r}"
+
+
+@pytest.mark.parametrize("name", sorted(CONFIGS))
+@pytest.mark.parametrize("seed", [0, 7])
+def test_compiled_equals_numpy(name, seed):
+    kwargs = CONFIGS[name]
+    fast = _episode(kwargs, True, seed, 600)
+    slow = _episode(kwargs, False, seed, 600)
+    _equal(fast, slow, name)
+
+
+def test_compiled_path_is_the_default_and_both_paths_ran():
+    env = FlowControlEnv()
+    assert env.engine.jit is _jit.ENABLED
+    env.reset(seed=0)
+    assert env.engine._use_jit is _jit.ENABLED
+    assert isinstance(env.engine._cal_n, np.ndarray) is _jit.ENABLED
+    env.engine.jit = False
+    env.reset(seed=0)
+    assert isinstance(env.engine._cal_n, list)
+
+
+@settings(max_examples=150, deadline=None)
+@given(traces())
+def test_replay_agrees_with_the_reference_model_on_both_paths(case):
+    arrival, prompt_len, output_len, kwargs = case
+    expected = reference_model.simulate(arrival, prompt_len, output_len, **kwargs)
+    for enabled in (True, False):
+        old = _jit.ENABLED
+        _jit.ENABLED = enabled  # replay builds its own engine: switch the default
+        try:
+            import flowgym
+
+            got = flowgym.replay(list(arrival), list(prompt_len), list(output_len), **kwargs)
+        finally:
+            _jit.ENABLED = old
+        for key in ("finish", "evictions", "rejected", "usage", "queue_len", "active"):
+            assert np.asarray(got[key]).tolist() == np.asarray(expected[key]).tolist(), (enabled, key)
+        assert got["wasted_tokens"] == expected["wasted_tokens"]
+
+
+def test_jit_without_numba_is_refused(monkeypatch):
+    monkeypatch.setattr(_jit, "AVAILABLE", False)
+    eng = Engine(100, {"kind": "poisson", "classes": [[1, 2]], "rates": 1.0})
+    eng.jit = True
+    with pytest.raises(RuntimeError, match="numba"):
+        eng.reset(np.random.default_rng(0))
+
+
+@pytest.mark.parametrize("value, expected", [("0", "False"), ("off", "False"), ("1", "True")])
+def test_environment_variable_switches_the_default(value, expected):
+    code = "import flowgym._jit as j; print(j.ENABLED)"
+    out = subprocess.run([sys.executable, "-c", code], env={**os.environ, "FLOWGYM_JIT": value},
+                         capture_output=True, text=True, check=True)
+    assert out.stdout.strip() == expected
+
+
+def test_kernels_compile():
+    _jit.check_kernels()
