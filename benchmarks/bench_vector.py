@@ -5,7 +5,9 @@ before and after: other processes on the machine slow every figure alike, so
 read the ratios):
 
 1. single environment, both via ``gym.make`` (same default wrappers):
-   FlowControl-v0 steps/s (unknown and known output lengths) vs CartPole-v1;
+   FlowControl-v0 steps/s (unknown and known output lengths) vs CartPole-v1,
+   with the compiled kernels (numba, ``flowgym[fast]``; the default when
+   installed) and on the numpy path (``Engine.jit = False``);
 2. the batched vector environment (``gym.make_vec("FlowControl-v0", num_envs=N)``,
    :class:`flowgym.vector.FlowControlVectorEnv`) at N = 64 and 256 vs
    Gymnasium's ``CartPoleVectorEnv`` (``gym.make_vec("CartPole-v1", num_envs=N,
@@ -40,6 +42,7 @@ import gymnasium as gym
 import numpy as np
 
 import flowgym  # noqa: F401  (registers FlowControl-v0)
+from flowgym import _jit
 
 PAPER = [[10, 20], [10, 40], [10, 60]]
 BENCH = {"horizon": 1000, "workload": {"kind": "poisson", "classes": PAPER, "rates": 2.1}}
@@ -64,6 +67,13 @@ def load() -> str:
         return "%.2f %.2f %.2f" % os.getloadavg()
     except OSError:  # pragma: no cover - not on every platform
         return "n/a"
+
+
+def flowcontrol(jit: bool, **kwargs: Any) -> gym.Env:
+    """``gym.make("FlowControl-v0", **BENCH, **kwargs)`` on the compiled or the numpy path."""
+    env = gym.make("FlowControl-v0", **BENCH, **kwargs)
+    env.unwrapped.engine.jit = jit  # read at reset
+    return env
 
 
 def single_sps(env: gym.Env, action: Any, steps: int, repeats: int, warmup: int = 2000) -> float:
@@ -148,6 +158,8 @@ def main() -> None:
     if args.quick:
         args.steps, args.vec_steps, args.repeats, args.ppo_steps = 3000, 200, 1, 8192
     versions = f"python {platform.python_version()}, numpy {np.__version__}, gymnasium {gym.__version__}"
+    if _jit.AVAILABLE:
+        versions += f", numba {_jit._numba.__version__} (kernels {'on' if _jit.ENABLED else 'off: FLOWGYM_JIT'})"
     try:
         import stable_baselines3
         import torch
@@ -162,13 +174,20 @@ def main() -> None:
 
     cart = gym.make("CartPole-v1")
     s_cart = single_sps(cart, 1, args.steps, args.repeats)
-    s_fc = single_sps(gym.make("FlowControl-v0", **BENCH), BUDGET, args.steps, args.repeats)
-    s_known = single_sps(gym.make("FlowControl-v0", output_length_known=True, **BENCH), BUDGET, args.steps,
-                         args.repeats)
     print("single environment (gym.make)                 steps/s    / CartPole-v1")
     print(f"  CartPole-v1                              {s_cart:11.0f}")
-    print(f"  FlowControl-v0 (unknown lengths)         {s_fc:11.0f}    {s_fc / s_cart:6.3f}   (goal >= 0.5)")
-    print(f"  FlowControl-v0 (known lengths)           {s_known:11.0f}    {s_known / s_cart:6.3f}")
+    paths = [(True, "compiled")] if _jit.AVAILABLE else []
+    paths.append((False, "numpy"))
+    s_fc = 0.0
+    for jit, label in paths:
+        s_unk = single_sps(flowcontrol(jit), BUDGET, args.steps, args.repeats)
+        s_known = single_sps(flowcontrol(jit, output_length_known=True), BUDGET, args.steps, args.repeats)
+        s_fc = max(s_fc, s_unk)
+        print(f"  FlowControl-v0 (unknown lengths, {label:8s}) {s_unk:9.0f}    {s_unk / s_cart:6.3f}"
+              + ("   (goal >= 0.5)" if jit == paths[0][0] else ""))
+        print(f"  FlowControl-v0 (known lengths, {label:8s})   {s_known:9.0f}    {s_known / s_cart:6.3f}")
+    if not _jit.AVAILABLE:
+        print("  (numba not installed: no compiled figures; pip install 'flowgym[fast]')")
 
     print("\nvector environments (gym.make_vec)            env steps/s  / CartPoleVectorEnv")
     ratios = {}

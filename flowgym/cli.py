@@ -280,7 +280,7 @@ def build_parser() -> argparse.ArgumentParser:
     c.add_argument("--scenario", default="paper-synthetic-known",
                    help="paper-synthetic-known (default), paper-synthetic-unknown, paper-realdata-low, "
                    "paper-realdata-high, azure-conv, azure-code, adaptive-low, adaptive-high, adaptive-switch, "
-                   "adaptive-diurnal, adaptive-azure-conv")
+                   "adaptive-diurnal, adaptive-mix, adaptive-azure-conv")
     c.add_argument("--rate", type=float, default=None,
                    help="arrival rate: per class per slot for paper-synthetic (default 5, the paper's), "
                    "requests/s for paper-realdata (10, 50), timestamp speed-up for azure (0.25, 0.4)")
@@ -356,7 +356,7 @@ def build_parser() -> argparse.ArgumentParser:
     d = _train_defaults()
     t.add_argument("--scenario", default=d.scenario,
                    help=f"scenario to train on (default {d.scenario}; also adaptive-low, adaptive-high, "
-                   "adaptive-diurnal, adaptive-azure-conv or any flowgym compare scenario)")
+                   "adaptive-diurnal, adaptive-mix, adaptive-azure-conv or any flowgym compare scenario)")
     t.add_argument("--rate", type=float, default=None, help="the scenario's rate argument (default: its own)")
     t.add_argument("--algo", default=d.algo, help="ppo (default), a2c, dqn, or package.module:Class")
     t.add_argument("--total-timesteps", type=int, default=d.total_timesteps,
@@ -384,7 +384,7 @@ def build_parser() -> argparse.ArgumentParser:
     t.add_argument("--action-rule", choices=["mean", "mode"], default=d.action_rule,
                    help="deterministic budget of the policy: expected budget, rounded (default), or argmax")
     t.add_argument("--max-budget", type=int, default=d.max_budget,
-                   help=f"largest budget the policy may choose (default {d.max_budget})")
+                   help="largest budget the policy may choose (default: the scenario's, 16; 64 on adaptive-mix)")
     t.add_argument("--env-overrides", type=_json_arg, default=None,
                    help='JSON of FlowControl-v0 arguments overriding the scenario\'s, e.g. '
                    '\'{"reward_weights": {"in_system": 1, "wasted_tokens": 0.5}}\'')

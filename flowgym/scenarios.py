@@ -101,6 +101,8 @@ class Scenario:
     #: grid value is judged on the same arrivals over the same drain, not on a cut at an
     #: iteration count (which in continuous time covers a different span of seconds per policy).
     tune_env: dict[str, Any] = field(default_factory=dict)
+    #: Largest budget a learned policy gets by default on this scenario (``flowgym train``).
+    learned_max_budget: int = 16
 
     def env_kwargs(self) -> dict[str, Any]:
         return copy.deepcopy(self.env)
@@ -286,6 +288,53 @@ def _adaptive(which: str, scale: float) -> Scenario:
     )
 
 
+#: The two request mixes of ``adaptive-mix``: short chat turns and long generations (uniform
+#: over each list of ``(l, o)``), and their rates per slot while active (rho 0.81 and 0.96).
+MIX_CHAT, MIX_LONG = [[10, 10], [10, 20], [10, 30]], [[10, 60], [10, 100], [10, 140]]
+MIX_CHAT_RATE, MIX_LONG_RATE = 30.0, 2.4
+#: Flow control's budget grid on ``adaptive-mix`` (the chat phase needs about 40, the long one 3-6).
+B_GRID_MIX = [2, 3, 4, 6, 8, 12, 16, 24, 32, 40, 48, 64]
+
+
+def _adaptive_mix(scale: float) -> Scenario:
+    """A request mix that shifts every 1000 slots: chat turns, then long generations.
+
+    Two independent Poisson streams (:class:`~flowgym.workloads.Mixture`), each on for
+    half of a 2000-slot cycle. The chat phase brings 30 requests per slot of ``w`` about
+    400 token-slots (``rho = 0.81``); the long phase 2.4 per slot of ``w`` about 6,600
+    (``rho = 0.96``). A budget small enough for the long phase starves the chat phase, and
+    one large enough for the chat phase admits long requests greedily.
+    """
+    s = _positive_scale(scale)
+    half = ADAPTIVE_PERIOD // 2
+
+    def stream(rate: float, pairs: list[list[int]], first: bool) -> dict[str, Any]:
+        rates = [rate * s, 0.0] if first else [0.0, rate * s]
+        return {"kind": "iid", "rate": {"kind": "steps", "times": [0.0, float(half)], "rates": rates,
+                                        "period": float(ADAPTIVE_PERIOD)},
+                "lengths": {"kind": "empirical", "pairs": copy.deepcopy(pairs), "weights": [1.0] * len(pairs)}}
+
+    env = {
+        "M": PAPER_M,
+        "workload": {"kind": "mix", "streams": [stream(MIX_CHAT_RATE, MIX_CHAT, True),
+                                                stream(MIX_LONG_RATE, MIX_LONG, False)]},
+        "output_length_known": False,
+        "max_budget": 64,
+        "horizon": ADAPTIVE_HORIZON,
+    }
+    return Scenario(
+        name="adaptive-mix",
+        description=(f"Adaptivity: the request mix shifts every {half} slots between chat turns "
+                     f"(l,o) in {MIX_CHAT} at {MIX_CHAT_RATE * s:g}/slot and long generations in {MIX_LONG} at "
+                     f"{MIX_LONG_RATE * s:g}/slot (chat first); M={PAPER_M}, unknown output lengths, "
+                     f"{ADAPTIVE_HORIZON} slots."),
+        env=env,
+        agents=_unknown_length_agents(40, B_GRID_MIX, "flow-control (best fixed b)"),
+        default_rate=1.0,
+        learned_max_budget=64,
+    )
+
+
 def _positive_scale(scale: Any) -> float:
     try:
         s = float(scale)
@@ -313,7 +362,8 @@ def _adaptive_azure(rate: float) -> Scenario:
 
 
 #: The scenarios of ``flowgym train`` and ``benchmarks/bench_learned.py``.
-ADAPTIVE_SCENARIOS = ("adaptive-low", "adaptive-high", "adaptive-switch", "adaptive-diurnal", "adaptive-azure-conv")
+ADAPTIVE_SCENARIOS = ("adaptive-low", "adaptive-high", "adaptive-switch", "adaptive-diurnal", "adaptive-mix",
+                      "adaptive-azure-conv")
 
 
 SCENARIOS = {
@@ -331,6 +381,7 @@ SCENARIOS = {
     "adaptive-high": lambda rate=1.0: _adaptive("high", rate),
     "adaptive-switch": lambda rate=1.0: _adaptive("switch", rate),
     "adaptive-diurnal": lambda rate=1.0: _adaptive("diurnal", rate),
+    "adaptive-mix": lambda rate=1.0: _adaptive_mix(rate),
     "adaptive-azure-conv": lambda rate=0.25: _adaptive_azure(rate),
 }
 

@@ -152,9 +152,10 @@ class TrainConfig:
     #: Extra keyword arguments of the algorithm's constructor (override the above).
     algo_kwargs: dict[str, Any] = field(default_factory=dict)
     #: Largest budget the learned policy may choose (its action is ``Discrete(max_budget + 1)``).
-    #: 16 keeps exploration near the useful range (the best fixed budgets of the adaptive
-    #: scenarios are 4..14; above about 8 the synthetic low load is not throttled at all).
-    max_budget: int = 16
+    #: ``None``: the scenario's ``learned_max_budget``, 16 on most (it keeps exploration near the
+    #: useful range: their best fixed budgets are 4..14) and 64 on ``adaptive-mix`` (whose chat
+    #: phase needs about 40).
+    max_budget: int | None = None
     #: Slots each decision is held for (1: a decision every slot). ``total_timesteps`` counts
     #: decisions; the environment runs ``action_repeat`` times as many slots.
     action_repeat: int = 8
@@ -209,9 +210,11 @@ class TrainConfig:
             raise ValueError(f"unknown scenario {self.scenario!r}; known: {sorted(SCENARIOS)}")
         if self.algo not in ALGORITHMS and ":" not in self.algo:
             raise ValueError(f"algo must be one of {sorted(ALGORITHMS)} or 'package.module:Class', got {self.algo!r}")
-        for name in ("total_timesteps", "n_envs", "n_steps", "batch_size", "n_epochs", "max_budget",
+        for name in ("total_timesteps", "n_envs", "n_steps", "batch_size", "n_epochs",
                      "eval_episodes", "torch_threads", "action_repeat"):
             pos_int(name, getattr(self, name))
+        if self.max_budget is not None:
+            pos_int("max_budget", self.max_budget)
         for name in ("eval_freq", "checkpoint_freq", "final_eval_seeds", "tune_seeds", "seed", "eval_seed"):
             pos_int(name, getattr(self, name), zero=True)
         pos_num("learning_rate", self.learning_rate)
@@ -540,6 +543,8 @@ def train(cfg: TrainConfig | None = None, **overrides: Any) -> TrainResult:
     torch.set_num_threads(cfg.torch_threads)
     algo_cls = algorithm_class(cfg.algo)
     sc = get_scenario(cfg.scenario, rate=cfg.rate)
+    if cfg.max_budget is None:
+        cfg = dataclasses.replace(cfg, max_budget=sc.learned_max_budget)
     train_kw = learned_env_kwargs(sc.tune_env_kwargs(), cfg.max_budget, cfg.env_overrides)
     out = cfg.out
     os.makedirs(out, exist_ok=True)

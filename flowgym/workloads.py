@@ -1,7 +1,7 @@
 """Workloads: where requests come from.
 
 A workload produces requests ``(arrival slot, prompt length l, output length o,
-class)`` for the engine. Three kinds ship here:
+class)`` for the engine. These kinds ship here:
 
 * :class:`MultiClassPoisson` - the paper's synthetic setting (Section 4.1): ``m``
   classes with fixed ``(l_k, o_k)``, class ``k`` arriving as a Poisson process
@@ -9,6 +9,8 @@ class)`` for the engine. Three kinds ship here:
 * :class:`IIDPoisson` - Poisson arrivals at ``rate`` requests per slot with
   ``(l, o)`` drawn i.i.d. from a :class:`LengthDistribution`
   (:class:`EmpiricalLengths` or :class:`LogNormalLengths`).
+* :class:`Mixture` - independent Poisson streams together, each with its own
+  rate schedule and lengths: a request mix that shifts over time.
 * :class:`Trace` - replay of a finite list of requests, from arrays or a CSV.
 
 Workloads are sampled in fixed chunks of :data:`CHUNK_SLOTS` slots from the
@@ -38,6 +40,7 @@ __all__ = [
     "Workload",
     "MultiClassPoisson",
     "IIDPoisson",
+    "Mixture",
     "LengthDistribution",
     "EmpiricalLengths",
     "LogNormalLengths",
@@ -552,6 +555,87 @@ class IIDPoisson(Workload):
         return out
 
 
+# --------------------------------------------------------------------------- superposition
+
+
+class Mixture(Workload):
+    """Independent Poisson streams arriving together: a request mix that changes over time.
+
+    Each stream is an endless Poisson workload (``poisson`` or ``iid``) with its
+    own rate (a number or a schedule of :mod:`flowgym.rates`) and its own
+    lengths; the mixture's arrivals are the union of the streams'. Within a slot
+    the arrivals of all streams are put in a uniformly random order (as
+    :class:`MultiClassPoisson` does for its classes), so no stream is favoured by
+    FIFO; in continuous time they are merged by timestamp. With schedules that
+    alternate, this is traffic whose mix shifts, e.g. short chat turns by day and
+    long generations by night, where no single activation budget fits both.
+
+    The mixture has no request classes (``cls`` is -1); its load is
+    ``sum_k lambda_k E[w_k] / M`` over the streams' long-run mean rates.
+
+    Args:
+        streams: a non-empty sequence of workloads or their mapping forms
+            (``{"kind": "iid", "rate": ..., "lengths": ...}`` or
+            ``{"kind": "poisson", ...}``), all endless and all in the same time
+            mode (slots, or ``timed`` seconds).
+    """
+
+    def __init__(self, streams: Sequence[Workload | Mapping[str, Any]]) -> None:
+        if isinstance(streams, (str, Mapping)) or not isinstance(streams, (Sequence, np.ndarray)) or len(streams) == 0:
+            raise ValueError("streams must be a non-empty list of workloads (e.g. {'kind': 'iid', ...})")
+        made: list[Workload] = []
+        for k, spec in enumerate(streams):
+            try:
+                w = make_workload(spec)
+            except ValueError as e:
+                raise ValueError(f"streams[{k}]: {e}") from None
+            if not isinstance(w, (MultiClassPoisson, IIDPoisson)) or w.finite:
+                raise ValueError(f"streams[{k}] must be an endless Poisson workload ('poisson', or 'iid' without "
+                                 f"n_requests), got {w!r}")
+            made.append(w)
+        timed = {w.timed for w in made}
+        if len(timed) > 1:
+            raise ValueError("streams must all be in slots or all timed (arrivals in seconds), not a mix of both")
+        self.streams = made
+        self.timed = made[0].timed
+        self.chunk_span = made[0].chunk_span
+
+    def sample(self, rng: np.random.Generator, t0: Any, t1: Any) -> Requests:
+        parts = [w.sample(rng, t0, t1) for w in self.streams]
+        arr = np.concatenate([p.arrival for p in parts])
+        prompt = np.concatenate([p.prompt_len for p in parts])
+        output = np.concatenate([p.output_len for p in parts])
+        if self.timed:
+            order = np.argsort(arr, kind="stable")
+        else:  # streams are sorted by slot: order by slot, then at random
+            rel = arr - t0
+            by_slot = np.argsort(rel, kind="stable")
+            arr, prompt, output = arr[by_slot], prompt[by_slot], output[by_slot]
+            order = _slot_shuffle(arr - t0, rng.random(arr.size))
+        return Requests(arr[order], prompt[order], output[order], np.full(arr.size, -1, dtype=np.int64))
+
+    def arrival_rate(self) -> float:
+        return float(sum(w.arrival_rate() for w in self.streams))
+
+    def mean_work(self) -> float | None:
+        lam = self.arrival_rate()
+        if lam == 0:
+            return None
+        return float(sum(w.arrival_rate() * (w.mean_work() or 0.0) for w in self.streams) / lam)
+
+    def max_request_tokens(self) -> int:
+        return max(int(w.max_request_tokens()) for w in self.streams)
+
+    def max_output_tokens(self) -> int:
+        return max(int(w.max_output_tokens()) for w in self.streams)
+
+    def to_spec(self) -> dict[str, Any]:
+        return {"kind": "mix", "streams": [w.to_spec() for w in self.streams]}
+
+    def __repr__(self) -> str:
+        return f"Mixture({self.streams!r})"
+
+
 # --------------------------------------------------------------------------- trace replay
 
 
@@ -816,6 +900,8 @@ def make_workload(spec: Workload | Mapping[str, Any]) -> Workload:
     * ``{"kind": "poisson", "classes": [[l, o], ...], "rates": lam or [lam_k, ...]}``
     * ``{"kind": "iid", "rate": lam, "lengths": {"kind": "lognormal", ...}}``
       or ``"lengths": {"kind": "empirical", "pairs": [[l, o], ...], "weights": [...]}``
+    * ``{"kind": "mix", "streams": [{"kind": "iid", ...}, ...]}``: independent Poisson streams
+      together, each with its own rate schedule and lengths (:class:`Mixture`)
     * ``{"kind": "trace", "arrival": [...], "prompt_len": [...], "output_len": [...], "cls": [...]}``
     * ``{"kind": "trace", "path": "file.csv", "arrival": "col", "prompt_len": "col",
       "output_len": "col", "cls_column": "col", "timed": false}`` (column names optional)
@@ -836,6 +922,8 @@ def make_workload(spec: Workload | Mapping[str, Any]) -> Workload:
             return MultiClassPoisson(**kw)
         if kind == "iid":
             return IIDPoisson(**kw)
+        if kind == "mix":
+            return Mixture(**kw)
         if kind == "azure":
             from flowgym.datasets import azure_trace
 
@@ -847,4 +935,4 @@ def make_workload(spec: Workload | Mapping[str, Any]) -> Workload:
             return Trace(**kw)
     except TypeError as e:  # unexpected or missing keys
         raise ValueError(f"workload {kind!r}: {e}") from None
-    raise ValueError(f"workload kind must be 'poisson', 'iid', 'trace' or 'azure', got {kind!r}")
+    raise ValueError(f"workload kind must be 'poisson', 'iid', 'mix', 'trace' or 'azure', got {kind!r}")

@@ -171,6 +171,16 @@ def test_learned_agent_refuses_mismatched_environments(tiny_model, tmp_path):
         make_agent("learned")  # no path
 
 
+def test_max_budget_defaults_to_the_scenarios(tmp_path):
+    out = str(tmp_path / "mix")
+    train(TrainConfig(scenario="adaptive-mix", out=out, **{**TINY, "total_timesteps": 256, "eval_freq": 0,
+                                                             "checkpoint_freq": 0}))
+    with open(os.path.join(out, "flowgym_agent.json")) as f:
+        meta = json.load(f)
+    assert meta["env_kwargs"]["max_budget"] == 64  # adaptive-mix's learned_max_budget
+    assert LearnedBudget(out).env_options()["max_budget"] == 64
+
+
 def test_train_cli_end_to_end(tmp_path, capsys):
     out = str(tmp_path / "cli")
     rc = main(["train", "--scenario", "adaptive-low", "--total-timesteps", "512", "--n-envs", "2", "--n-steps", "128",
@@ -259,6 +269,8 @@ def test_adaptive_scenarios():
     assert sw["rates"] == [12.0, 27.0]
     with pytest.raises(ValueError, match="rate"):
         get_scenario("adaptive-low", rate=-1.0)
+    assert get_scenario("adaptive-mix").learned_max_budget == 64
+    assert get_scenario("adaptive-mix", rate=0.5).env_kwargs()["workload"]["streams"][0]["rate"]["rates"] == [15.0, 0.0]
     az = get_scenario("adaptive-azure-conv")
     assert az.env_kwargs()["workload"]["window"] == AZURE_REPORT_WINDOW
     assert az.tune_env_kwargs()["workload"]["window"] == AZURE_TRAIN_WINDOW

@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import math
 
+import gymnasium as gym
 import numpy as np
 import pytest
 from hypothesis import given, settings
@@ -651,3 +652,85 @@ def test_empirical_invalid_parameters(pairs, weights, name):
 def test_lognormal_invalid_parameters(kwargs, name):
     with pytest.raises(ValueError, match=name):
         LogNormalLengths(**kwargs)
+
+
+# --------------------------------------------------------------------------- mixture (shifting request mix)
+
+CHAT = {"kind": "empirical", "pairs": [[10, 10], [10, 20], [10, 30]]}
+LONG = {"kind": "empirical", "pairs": [[10, 60], [10, 100], [10, 140]]}
+
+
+def _mix_spec(chat=3.0, long=1.0, timed=False):
+    return {"kind": "mix", "streams": [{"kind": "iid", "rate": chat, "lengths": CHAT, "timed": timed},
+                                       {"kind": "iid", "rate": long, "lengths": LONG, "timed": timed}]}
+
+
+def test_mixture_is_the_union_of_its_streams_shuffled_within_each_slot():
+    from flowgym.workloads import Mixture
+
+    mix = make_workload(_mix_spec())
+    assert isinstance(mix, Mixture) and mix.num_classes == 0
+    got = mix.sample(np.random.default_rng(5), 0, 256)
+    rng = np.random.default_rng(5)  # the streams draw in order from the same generator
+    parts = [w.sample(rng, 0, 256) for w in mix.streams]
+    want = sorted(zip(np.concatenate([p.arrival for p in parts]).tolist(),
+                      np.concatenate([p.output_len for p in parts]).tolist()))
+    assert sorted(zip(got.arrival.tolist(), got.output_len.tolist())) == want
+    assert np.all(np.diff(got.arrival) >= 0) and np.all(got.cls == -1)
+    # within a slot the streams interleave: a long request is sometimes first, sometimes not
+    first_long = [got.output_len[got.arrival == t][0] >= 60 for t in range(256) if (got.arrival == t).sum() >= 2]
+    assert 0 < sum(first_long) < len(first_long)
+    again = mix.sample(np.random.default_rng(5), 0, 256)
+    assert np.array_equal(again.arrival, got.arrival) and np.array_equal(again.output_len, got.output_len)
+
+
+def test_mixture_load_rate_bounds_and_spec_round_trip():
+    mix = make_workload(_mix_spec(3.0, 1.0))
+    w_chat = np.mean([10 * o + (o + o * o) / 2 for o in (10, 20, 30)])
+    w_long = np.mean([10 * o + (o + o * o) / 2 for o in (60, 100, 140)])
+    assert mix.arrival_rate() == pytest.approx(4.0)
+    assert mix.load(1000) == pytest.approx((3.0 * w_chat + 1.0 * w_long) / 1000)
+    assert mix.max_request_tokens() == 150 and mix.max_output_tokens() == 140
+    assert make_workload(mix.to_spec()).to_spec() == mix.to_spec()
+    env = gym.make("FlowControl-v0", workload=mix.to_spec(), horizon=50)
+    spec2 = gym.envs.registration.EnvSpec.from_json(env.spec.to_json())
+    assert spec2.kwargs["workload"] == mix.to_spec()
+
+
+def test_mixture_timed_streams_merge_by_time():
+    mix = make_workload(_mix_spec(2.0, 0.5, timed=True))
+    assert mix.timed
+    r = mix.sample(np.random.default_rng(0), 0.0, 60.0)
+    assert r.arrival.size > 0 and np.all(np.diff(r.arrival) >= 0)
+    assert set(r.output_len.tolist()) <= {10, 20, 30, 60, 100, 140}
+
+
+def test_adaptive_mix_phases_hold_only_their_own_requests():
+    from flowgym.scenarios import get_scenario
+
+    env = gym.make("FlowControl-v0", **get_scenario("adaptive-mix").env_kwargs())
+    env.reset(seed=0)
+    for _ in range(2000):
+        env.step(40)
+    log = env.unwrapped.request_log()
+    chat = log["arrival"] < 1000
+    long = (log["arrival"] >= 1000) & (log["arrival"] < 2000)  # slot 2000 (chat again) has arrived too
+    assert set(log["output_len"][chat].tolist()) == {10, 20, 30}
+    assert set(log["output_len"][long].tolist()) == {60, 100, 140}
+    assert abs(chat.sum() / 1000 - 30.0) < 1.0 and abs(long.sum() / 1000 - 2.4) < 0.2
+
+
+@pytest.mark.parametrize("streams, match", [
+    ([], "non-empty"),
+    ("iid", "non-empty"),
+    ([{"kind": "trace", "arrival": [0], "prompt_len": [1], "output_len": [1]}], r"streams\[0\] must be an endless"),
+    ([{"kind": "iid", "rate": 1.0, "lengths": CHAT}, {"kind": "iid", "rate": 1.0, "lengths": CHAT,
+                                                       "n_requests": 5}], r"streams\[1\] must be an endless"),
+    ([{"kind": "iid", "rate": -1.0, "lengths": CHAT}], r"streams\[0\]: rate"),
+    ([{"kind": "iid", "rate": 1.0, "lengths": CHAT}, {"kind": "nope"}], r"streams\[1\]: workload kind"),
+    ([{"kind": "iid", "rate": 1.0, "lengths": CHAT}, {"kind": "iid", "rate": 1.0, "lengths": CHAT, "timed": True}],
+     "all be in slots or all timed"),
+])
+def test_mixture_bad_streams_name_the_stream(streams, match):
+    with pytest.raises(ValueError, match=match):
+        make_workload({"kind": "mix", "streams": streams})
