@@ -2,7 +2,7 @@
 
 Every agent has ``reset(config, seed)`` and ``act(observation, view)``, and
 declares the environment options it needs (``env_options()``). Build one by
-name with :func:`make_agent` (``"flow-control"``, ``"alpha-greedy"``, ``"mc"``,
+name with :func:`make_agent` (``"flow-control"``, ``"rate-switch"``, ``"alpha-greedy"``, ``"mc"``,
 ``"mc-sf"``, ``"a-min"``, ``"greedy-lifo"``, ``"fixed"``, ``"random"``, and ``"learned"``,
 a Stable-Baselines3 policy trained by ``flowgym train``: ``make_agent("learned", path=...)``).
 """
@@ -12,7 +12,7 @@ from __future__ import annotations
 from typing import Any
 
 from agents.base import Agent
-from agents.flow_control import FixedBudget, FlowControl, RandomBudget
+from agents.flow_control import FixedBudget, FlowControl, RandomBudget, RateSwitch
 from agents.greedy import AlphaProtectionGreedy, GreedyLIFO
 from agents.learned import LearnedBudget
 from agents.memory_check import MCSF, AMin, MemoryCheck
@@ -20,6 +20,7 @@ from agents.memory_check import MCSF, AMin, MemoryCheck
 __all__ = [
     "Agent",
     "FlowControl",
+    "RateSwitch",
     "FixedBudget",
     "RandomBudget",
     "AlphaProtectionGreedy",
@@ -35,6 +36,7 @@ __all__ = [
 #: Agent classes by name.
 AGENTS: dict[str, type[Agent]] = {
     "flow-control": FlowControl,
+    "rate-switch": RateSwitch,
     "alpha-greedy": AlphaProtectionGreedy,
     "mc": MemoryCheck,
     "mc-sf": MCSF,

@@ -10,7 +10,7 @@ import numpy as np
 from agents.base import Agent
 from flowgym.view import SystemView
 
-__all__ = ["FlowControl", "FixedBudget", "RandomBudget"]
+__all__ = ["FlowControl", "RateSwitch", "FixedBudget", "RandomBudget"]
 
 
 class FlowControl(Agent):
@@ -74,6 +74,39 @@ class FlowControl(Agent):
         if self.cap is None:
             return f"flow-control b={self.b}"
         return f"flow-control b={self.b:g} cap={self.cap}"
+
+
+class RateSwitch(Agent):
+    """Flow control whose budget follows the traffic: ``B_t = high`` while the observed
+    arrival rate exceeds ``threshold``, else ``low`` (LIFO eviction, as Algorithm 2).
+
+    The paper's discussion asks for a policy that adapts the budget as traffic
+    changes; this is the simplest one a person can tune, a reference for learned
+    budgets. It reads only the observation's ``arrival_rate`` (the moving average
+    of arrivals per slot, time constant ``rate_window``), so it needs the ``dict``
+    observation. On a shifting request mix (``adaptive-mix``: many short chat turns,
+    then fewer long generations) a high rate means short requests (a large budget
+    keeps up with them) and a low one long requests (a small budget keeps their
+    admissions from overflowing the cache).
+    """
+
+    name = "rate-switch"
+
+    def __init__(self, high: int = 40, low: int = 4, threshold: float = 10.0) -> None:
+        for label, v in (("high", high), ("low", low)):
+            if isinstance(v, bool) or int(v) != v or v < 0:
+                raise ValueError(f"{label} must be a non-negative integer budget, got {v!r}")
+        thr = float(threshold)
+        if not np.isfinite(thr) or thr < 0:
+            raise ValueError(f"threshold (arrivals per slot) must be a non-negative number, got {threshold!r}")
+        self.high, self.low, self.threshold = int(high), int(low), thr
+        self.requires = {"eviction": "lifo", "observation": "dict", "max_budget": max(1, self.high, self.low)}
+
+    def act(self, observation: Any, view: SystemView) -> int:
+        return self.high if float(observation["arrival_rate"][0]) > self.threshold else self.low
+
+    def label(self) -> str:
+        return f"rate-switch high={self.high} low={self.low} threshold={self.threshold:g}"
 
 
 class FixedBudget(Agent):

@@ -32,7 +32,8 @@ class LearnedBudget(Agent):
     continuous-time scenario for a model trained in slots) is refused at the
     first step. Each decision is held for the ``action_repeat`` slots it was
     trained with (``flowgym_agent.json``), so the agent keeps a little state,
-    reset by :meth:`reset`.
+    reset by :meth:`reset`. A model trained with ``budget_levels`` chooses the
+    index of a level, and the agent plays that level's budget.
 
     By name: ``make_agent("learned", path="examples/ppo_default")``, or
     ``flowgym compare --agents "learned:path=examples/ppo_default"``.
@@ -90,6 +91,13 @@ class LearnedBudget(Agent):
         if isinstance(self.action_repeat, bool) or not isinstance(self.action_repeat, int) or self.action_repeat < 1:
             raise ValueError(f"learned agent: {META_FILE} in {self.path!r} has action_repeat="
                              f"{self.action_repeat!r}; it must be a positive integer")
+        #: The budget of each action index (``budget_levels`` of training), or ``None``: the index is the budget.
+        levels = self.meta.get("budget_levels")
+        if levels is not None and (not isinstance(levels, list) or len(levels) != self.meta["action_n"]
+                                   or any(isinstance(v, bool) or not isinstance(v, int) or v < 0 for v in levels)):
+            raise ValueError(f"learned agent: {META_FILE} in {self.path!r} has budget_levels={levels!r}; it must "
+                             f"list {self.meta['action_n']} non-negative integer budgets, one per action")
+        self.budget_levels: list[int] | None = levels
         self._held, self._left = 0, 0
         self.action_rule = action_rule if action_rule is not None else self.meta.get("action_rule", "mode")
         if self.action_rule not in ACTION_RULES:
@@ -132,8 +140,9 @@ class LearnedBudget(Agent):
             return self._held
         from flowgym.train import policy_action
 
-        action = policy_action(self.model, self.normalize(observation)[None], self.action_rule)
-        self._held, self._left = int(action[0]), self.action_repeat - 1
+        index = int(policy_action(self.model, self.normalize(observation)[None], self.action_rule)[0])
+        self._held = index if self.budget_levels is None else self.budget_levels[index]
+        self._left = self.action_repeat - 1
         return self._held
 
     def label(self) -> str:

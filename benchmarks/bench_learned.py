@@ -132,7 +132,7 @@ def markdown(results: list[dict[str, Any]]) -> str:
 
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--scenarios", default=",".join(ADAPTIVE_SCENARIOS), help="comma-separated (default: all five)")
+    ap.add_argument("--scenarios", default=",".join(ADAPTIVE_SCENARIOS), help="comma-separated (default: all six)")
     ap.add_argument("--models", default="runs", help="folder holding ppo-<scenario>/ model directories (default runs)")
     ap.add_argument("--model", action="append", default=[], metavar="SCENARIO=DIR",
                     help="use DIR for SCENARIO instead of <models>/ppo-<scenario> (repeatable)")

@@ -3,11 +3,12 @@
 The engine's hot path is a handful of small numpy calls per slot; at the sizes
 of one slot (a few admissions, a few hundred active requests) their fixed cost
 dominates. When numba is installed (``pip install flowgym[fast]``) these
-kernels replace three of them:
+kernels replace them:
 
 * :func:`fill_range`: append a slot's arrivals (consecutive ids) to a FIFO lane;
 * :func:`admit_lane`: move the first ``k`` ids of a queue lane into the active
-  arrays and book their completions in the calendar;
+  arrays and book their completions in the calendar (:func:`count_classes`
+  keeps the per-class queue counts when they are observed);
 * :func:`histogram_into`: the generated-tokens histogram of the observation;
 * :func:`projected_demand`: the known-length projection ``D_{t+h}``.
 

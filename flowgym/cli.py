@@ -220,14 +220,22 @@ def _json_arg(text: str) -> Any:
         raise argparse.ArgumentTypeError(f"not valid JSON ({e.msg}): {text!r}") from None
 
 
-def _net_arch(text: str) -> tuple[int, ...]:
-    try:
-        out = tuple(int(x) for x in text.split(",") if x.strip())
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"--net-arch takes comma-separated layer sizes, e.g. 64,64 (got {text!r})") from None
-    if not out or min(out) < 1:
-        raise argparse.ArgumentTypeError(f"--net-arch takes positive layer sizes, got {text!r}")
-    return out
+def _int_list(flag: str, minimum: int, example: str) -> Any:
+    """An argparse type: comma-separated integers ``>= minimum`` as a tuple (errors name ``flag``)."""
+
+    def parse(text: str) -> tuple[int, ...]:
+        try:
+            out = tuple(int(x) for x in text.split(",") if x.strip())
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"{flag} takes comma-separated integers, e.g. {example} (got {text!r})") from None
+        if not out or min(out) < minimum:
+            raise argparse.ArgumentTypeError(f"{flag} takes integers >= {minimum}, got {text!r}")
+        return out
+
+    return parse
+
+
+_net_arch = _int_list("--net-arch", 1, "64,64")
 
 
 def _train(args: argparse.Namespace) -> int:
@@ -263,7 +271,10 @@ def _train(args: argparse.Namespace) -> int:
             print("baselines tuned on seeds 1000.. (lowest mean time in system): " + ", ".join(res.table.tuned))
     print(f"wrote {cfg.out}/ (model.zip, vecnormalize.pkl, flowgym_agent.json, curves.csv"
           + ("" if args.no_plots else ", curves.png") + (", eval.*" if res.table is not None else "") + ")")
-    print(f'use it: flowgym compare --scenario {cfg.scenario} --agents "learned:path={cfg.out};flow-control:b=12"')
+    tuned_b = next((p["b"] for label, p in (res.table.tuned if res.table is not None else {}).items()
+                    if label.startswith("flow-control") and "b" in p), None)
+    fixed = f";flow-control:b={tuned_b}" if tuned_b is not None else ";flow-control"
+    print(f'use it: flowgym compare --scenario {cfg.scenario} --agents "learned:path={cfg.out}{fixed}"')
     return 0
 
 
@@ -385,6 +396,9 @@ def build_parser() -> argparse.ArgumentParser:
                    help="deterministic budget of the policy: expected budget, rounded (default), or argmax")
     t.add_argument("--max-budget", type=int, default=d.max_budget,
                    help="largest budget the policy may choose (default: the scenario's, 16; 64 on adaptive-mix)")
+    t.add_argument("--budget-levels", type=_int_list("--budget-levels", 0, "0,1,2,4,8,16,32,64"), default=None,
+                   help="the budgets the policy chooses among (ascending), e.g. 0,1,2,3,4,6,8,12,16,24,32,48,64; "
+                   "the action is a level's index (default: every budget 0..max-budget)")
     t.add_argument("--env-overrides", type=_json_arg, default=None,
                    help='JSON of FlowControl-v0 arguments overriding the scenario\'s, e.g. '
                    '\'{"reward_weights": {"in_system": 1, "wasted_tokens": 0.5}}\'')

@@ -95,7 +95,8 @@ class Engine:
 
     Attributes:
         jit: use the compiled kernels of :mod:`flowgym._jit` (numba) for
-            admission, the histogram and the projection; defaults to
+            admission, the FIFO append of arrivals, the histogram and the
+            projection; defaults to
             ``flowgym._jit.ENABLED`` (numba installed, ``FLOWGYM_JIT`` not ``0``).
             Read at :meth:`reset`; results are the same either way.
     """

@@ -329,7 +329,9 @@ def _adaptive_mix(scale: float) -> Scenario:
                      f"{MIX_LONG_RATE * s:g}/slot (chat first); M={PAPER_M}, unknown output lengths, "
                      f"{ADAPTIVE_HORIZON} slots."),
         env=env,
-        agents=_unknown_length_agents(40, B_GRID_MIX, "flow-control (best fixed b)"),
+        agents=_unknown_length_agents(40, B_GRID_MIX, "flow-control (best fixed b)") + [
+            AgentSpec("rate-switch", {"high": 40, "low": 4, "threshold": 10.0}, tune=("low", [2, 3, 4, 6, 8, 12]),
+                      label="rate-switch (scripted, high=40)")],
         default_rate=1.0,
         learned_max_budget=64,
     )

@@ -156,6 +156,11 @@ class TrainConfig:
     #: useful range: their best fixed budgets are 4..14) and 64 on ``adaptive-mix`` (whose chat
     #: phase needs about 40).
     max_budget: int | None = None
+    #: The budgets the policy chooses among (ascending, distinct, >= 0), e.g. log-spaced
+    #: ``(0, 1, 2, 3, 4, 6, 8, 12, 16, 24, 32, 48, 64)``: the action is the index of a level,
+    #: and the environment's ``max_budget`` is the largest level. ``None``: every budget
+    #: ``0..max_budget``.
+    budget_levels: tuple[int, ...] | None = None
     #: Slots each decision is held for (1: a decision every slot). ``total_timesteps`` counts
     #: decisions; the environment runs ``action_repeat`` times as many slots.
     action_repeat: int = 8
@@ -215,6 +220,15 @@ class TrainConfig:
             pos_int(name, getattr(self, name))
         if self.max_budget is not None:
             pos_int("max_budget", self.max_budget)
+        if self.budget_levels is not None:
+            lv = list(self.budget_levels) if isinstance(self.budget_levels, (list, tuple)) else None
+            if (not lv or len(lv) < 2 or any(isinstance(v, bool) or not isinstance(v, int) or v < 0 for v in lv)
+                    or any(b <= a for a, b in zip(lv, lv[1:]))):
+                raise ValueError(f"budget_levels must be at least two ascending distinct non-negative integers, "
+                                 f"got {self.budget_levels!r}")
+            if self.max_budget is not None and self.max_budget != lv[-1]:
+                raise ValueError(f"max_budget ({self.max_budget}) must be the largest of budget_levels ({lv[-1]}) "
+                                 f"or left unset")
         for name in ("eval_freq", "checkpoint_freq", "final_eval_seeds", "tune_seeds", "seed", "eval_seed"):
             pos_int(name, getattr(self, name), zero=True)
         pos_num("learning_rate", self.learning_rate)
@@ -294,7 +308,9 @@ def policy_action(model: Any, obs: np.ndarray, rule: str = "mean") -> np.ndarray
     rounded: for an ordinal action such as a budget it is steadier than the mode,
     which jumps when a spread distribution's peak moves (on adaptive-switch the
     mode of one policy gave 1472 slots of time in system, its mean 93). Algorithms
-    without an action distribution (DQN) fall back to ``"mode"``.
+    without an action distribution (DQN) fall back to ``"mode"``. With
+    ``budget_levels`` the actions are level indices and so is the result (the
+    expected index, rounded, for ``"mean"``).
     """
     obs = np.asarray(obs, dtype=np.float32)
     policy = getattr(model, "policy", None)
@@ -361,6 +377,27 @@ def _action_repeat_wrapper() -> type:
     return ActionRepeat
 
 
+def _budget_levels_wrapper() -> type:
+    import gymnasium as gym
+
+    class BudgetLevels(gym.ActionWrapper):
+        """The action is the index of a budget level: ``Discrete(len(levels))`` -> ``levels[a]``.
+
+        :class:`agents.LearnedBudget` maps its actions the same way (``budget_levels`` in
+        ``flowgym_agent.json``).
+        """
+
+        def __init__(self, env: Any, levels: Sequence[int]) -> None:
+            super().__init__(env)
+            self.levels = [int(v) for v in levels]
+            self.action_space = gym.spaces.Discrete(len(self.levels))
+
+        def action(self, action: Any) -> int:
+            return self.levels[int(action)]
+
+    return BudgetLevels
+
+
 def _metrics_wrapper() -> type:
     import gymnasium as gym
 
@@ -381,12 +418,14 @@ def _metrics_wrapper() -> type:
 
 
 def make_vec_env(env_kwargs: Mapping[str, Any], n_envs: int, seed: int, *, kind: str = "dummy",
-                 metrics: bool = False, action_repeat: int = 1) -> Any:
+                 metrics: bool = False, action_repeat: int = 1,
+                 budget_levels: Sequence[int] | None = None) -> Any:
     """``n_envs`` FlowControl-v0 environments (``gym.make``) in an SB3 VecEnv, seeded ``seed + i``.
 
     Each is wrapped in SB3's ``Monitor`` (episode returns), with ``action_repeat > 1``
-    in a wrapper holding each action for that many slots and, with ``metrics``, in a
-    wrapper adding the episode's latency metrics to the last ``info``.
+    in a wrapper holding each action for that many slots, with ``budget_levels`` in one
+    whose action is the index of a level and, with ``metrics``, in a wrapper adding the
+    episode's latency metrics to the last ``info``.
     """
     require_sb3()
     import gymnasium as gym
@@ -399,6 +438,8 @@ def make_vec_env(env_kwargs: Mapping[str, Any], n_envs: int, seed: int, *, kind:
     layers: list[Any] = []
     if action_repeat > 1:
         layers.append(lambda e, _cls=_action_repeat_wrapper(): _cls(e, action_repeat))
+    if budget_levels is not None:
+        layers.append(lambda e, _cls=_budget_levels_wrapper(): _cls(e, budget_levels))
     if metrics:
         layers.append(_metrics_wrapper())
 
@@ -543,13 +584,16 @@ def train(cfg: TrainConfig | None = None, **overrides: Any) -> TrainResult:
     torch.set_num_threads(cfg.torch_threads)
     algo_cls = algorithm_class(cfg.algo)
     sc = get_scenario(cfg.scenario, rate=cfg.rate)
-    if cfg.max_budget is None:
+    if cfg.budget_levels is not None:
+        cfg = dataclasses.replace(cfg, budget_levels=tuple(cfg.budget_levels), max_budget=int(cfg.budget_levels[-1]))
+    elif cfg.max_budget is None:
         cfg = dataclasses.replace(cfg, max_budget=sc.learned_max_budget)
     train_kw = learned_env_kwargs(sc.tune_env_kwargs(), cfg.max_budget, cfg.env_overrides)
     out = cfg.out
     os.makedirs(out, exist_ok=True)
 
-    venv = make_vec_env(train_kw, cfg.n_envs, cfg.seed, kind=cfg.vec_env, action_repeat=cfg.action_repeat)
+    venv = make_vec_env(train_kw, cfg.n_envs, cfg.seed, kind=cfg.vec_env, action_repeat=cfg.action_repeat,
+                        budget_levels=cfg.budget_levels)
     venv = VecNormalize(venv, norm_obs=cfg.norm_obs, norm_reward=cfg.norm_reward, clip_obs=cfg.clip_obs,
                         gamma=cfg.gamma)
     eval_venv, n_eval = None, 0
@@ -557,7 +601,7 @@ def train(cfg: TrainConfig | None = None, **overrides: Any) -> TrainResult:
         # a trace replay is the same episode for every seed: one evaluation episode suffices
         n_eval = 1 if sc.finite else cfg.eval_episodes
         eval_venv = VecNormalize(make_vec_env(train_kw, n_eval, cfg.eval_seed, metrics=True,
-                                              action_repeat=cfg.action_repeat),
+                                              action_repeat=cfg.action_repeat, budget_levels=cfg.budget_levels),
                                  training=False, norm_obs=cfg.norm_obs, norm_reward=False, clip_obs=cfg.clip_obs)
 
     kwargs = _algo_kwargs(cfg, algo_cls)
@@ -595,6 +639,7 @@ def train(cfg: TrainConfig | None = None, **overrides: Any) -> TrainResult:
         "observation_shape": obs_shape,
         "action_n": int(model.action_space.n),
         "action_repeat": int(cfg.action_repeat),
+        "budget_levels": None if cfg.budget_levels is None else [int(v) for v in cfg.budget_levels],
         "action_rule": cfg.action_rule,
         "hyperparameters": cfg.hyperparameters(),
         "algo_kwargs_used": {k: (list(v) if isinstance(v, tuple) else v) for k, v in kwargs.items()

@@ -717,3 +717,44 @@ def test_agent_modules_found():
 def test_agents_never_read_private_engine_state(module):
     source = (AGENTS_DIR / module).read_text()
     assert private_accesses(source) == []
+
+
+# --------------------------------------------------------------------------- rate switch
+
+
+def test_rate_switch_rule_and_options():
+    from agents import RateSwitch
+
+    ag = RateSwitch(high=40, low=4, threshold=10.0)
+    assert ag.act({"arrival_rate": np.array([10.5], np.float32)}, None) == 40
+    assert ag.act({"arrival_rate": np.array([10.0], np.float32)}, None) == 4  # strictly above the threshold
+    assert ag.env_options() == {"eviction": "lifo", "observation": "dict", "max_budget": 40}
+    assert make_agent("rate-switch", low=2).label() == "rate-switch high=40 low=2 threshold=10"
+
+
+@pytest.mark.parametrize("kwargs, match", [({"high": -1}, "high"), ({"low": 1.5}, "low"),
+                                           ({"threshold": float("nan")}, "threshold"), ({"high": True}, "high")])
+def test_rate_switch_bad_parameters_name_them(kwargs, match):
+    from agents import RateSwitch
+
+    with pytest.raises(ValueError, match=match):
+        RateSwitch(**kwargs)
+
+
+def test_rate_switch_follows_the_phases_of_adaptive_mix():
+    from agents import RateSwitch
+    from flowgym.evaluation import env_for
+    from flowgym.scenarios import get_scenario
+
+    ag = RateSwitch()
+    env = env_for(ag, get_scenario("adaptive-mix").env_kwargs(), 2000)
+    obs, _ = env.reset(seed=0)
+    ag.reset(env.config, seed=0)
+    acts = []
+    for _ in range(2000):
+        a = ag.act(obs, env.view())
+        acts.append(a)
+        obs, *_ = env.step(a)
+    acts = np.asarray(acts)
+    # the moving average (time constant 32 slots) crosses the threshold within ~100 slots of a switch
+    assert (acts[100:1000] == 40).all() and (acts[1100:2000] == 4).all()

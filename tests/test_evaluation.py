@@ -106,7 +106,7 @@ def test_scenarios_and_agent_spec_parsing():
         sc = get_scenario(name)
         if name.startswith("paper-synthetic"):
             assert sc.env["workload"]["rates"] == 5.0 and not sc.finite
-        elif name in ("adaptive-low", "adaptive-high", "adaptive-switch", "adaptive-diurnal"):
+        elif name in ("adaptive-low", "adaptive-high", "adaptive-switch", "adaptive-diurnal", "adaptive-mix"):
             # slotted, reported at their own horizon, which holds two full cycles of the load
             assert not sc.finite and sc.env.get("time_model", "slot") == "slot"
             assert sc.env["horizon"] == ADAPTIVE_HORIZON == 2 * ADAPTIVE_PERIOD

@@ -51,7 +51,7 @@ def test_training_writes_a_model_directory(tiny_model):
     meta = json.load(open(os.path.join(out, "flowgym_agent.json")))
     assert meta["scenario"] == "adaptive-switch" and meta["timesteps"] == res.timesteps >= 1024
     assert meta["agent_env_options"]["observation"] == "flat"
-    assert meta["action_n"] == TrainConfig().max_budget + 1
+    assert meta["action_n"] == get_scenario("adaptive-switch").learned_max_budget + 1 == 17
     assert meta["hyperparameters"]["n_envs"] == 2
     rows = read_curves(os.path.join(out, "curves.csv"))
     evals = [r for r in rows if r["kind"] == "eval"]
@@ -211,10 +211,39 @@ def test_train_cli_end_to_end(tmp_path, capsys):
     ({"select": "median"}, "select"),
     ({"action_repeat": 0}, "action_repeat"),
     ({"action_rule": "median"}, "action_rule"),
+    ({"budget_levels": (4,)}, "budget_levels"),
+    ({"budget_levels": (0, 4, 4)}, "budget_levels"),
+    ({"budget_levels": (-1, 4)}, "budget_levels"),
+    ({"budget_levels": (0, 4, 8), "max_budget": 16}, "largest of budget_levels"),
 ])
 def test_train_config_errors_name_the_field(bad, match):
     with pytest.raises(ValueError, match=match):
         TrainConfig(**bad).validate()
+
+
+def test_budget_levels_train_reload_and_act_within_the_levels(tmp_path):
+    out = str(tmp_path / "levels")
+    levels = [0, 2, 5, 40]
+    train(TrainConfig(scenario="adaptive-mix", out=out, budget_levels=tuple(levels),
+                      **{**TINY, "checkpoint_freq": 0}))
+    meta = json.load(open(os.path.join(out, "flowgym_agent.json")))
+    assert meta["budget_levels"] == levels and meta["action_n"] == 4 and meta["env_kwargs"]["max_budget"] == 40
+    kw = get_scenario("adaptive-mix").env_kwargs()
+    a1 = _actions(LearnedBudget(out, action_rule="mode"), kw, 3, 200)
+    a2 = _actions(LearnedBudget(out, action_rule="mode"), kw, 3, 200)
+    assert set(a1.tolist()) <= set(levels) and np.array_equal(a1, a2)
+    # the index the policy picks maps to its level: compare with the model's own prediction
+    ag = LearnedBudget(out, action_rule="mode")
+    env = env_for(ag, kw, 50)
+    obs, _ = env.reset(seed=1)
+    ag.reset(env.config, seed=1)
+    idx, _ = ag.model.predict(ag.normalize(obs)[None], deterministic=True)
+    assert ag.act(obs, env.view()) == levels[int(idx[0])]
+    meta["budget_levels"] = [0, 2]  # one level per action, or refused
+    with open(os.path.join(out, "flowgym_agent.json"), "w") as f:
+        json.dump(meta, f)
+    with pytest.raises(ValueError, match="budget_levels"):
+        LearnedBudget(out)
 
 
 def test_train_cli_bad_input(capsys):
@@ -222,6 +251,8 @@ def test_train_cli_bad_input(capsys):
     assert "n_envs" in capsys.readouterr().err
     with pytest.raises(SystemExit):
         main(["train", "--env-overrides", "{not json"])
+    with pytest.raises(SystemExit):
+        main(["train", "--budget-levels", "0,x,4"])
 
 
 def test_another_sb3_algorithm_plugs_in(tmp_path):
