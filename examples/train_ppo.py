@@ -2,7 +2,7 @@
 
 The Python form of ``flowgym train`` (see docs/training.md)::
 
-    python examples/train_ppo.py                              # adaptive-switch, ~10 min on 2 cores
+    python examples/train_ppo.py                              # adaptive-mix, ~8 min on 2 cores
     python examples/train_ppo.py --scenario adaptive-diurnal --total-timesteps 300000 --out runs/diurnal
     python examples/train_ppo.py --evaluate examples/ppo_default  # no training: the shipped model
 
@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import argparse
 
-from agents import FlowControl, GreedyLIFO, LearnedBudget
+from agents import GreedyLIFO, LearnedBudget
 from flowgym.evaluation import evaluate
 from flowgym.scenarios import get_scenario
 from flowgym.train import TrainConfig, train
@@ -23,7 +23,7 @@ from flowgym.train import TrainConfig, train
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--scenario", default="adaptive-switch")
+    ap.add_argument("--scenario", default=TrainConfig.scenario)
     ap.add_argument("--total-timesteps", type=int, default=TrainConfig.total_timesteps)
     ap.add_argument("--out", default="runs/example-ppo")
     ap.add_argument("--evaluate", default=None, metavar="MODEL_DIR", help="skip training; evaluate this model")
@@ -40,9 +40,10 @@ def main() -> None:
         model_dir = args.evaluate
 
     # The learned agent is an ordinary agent: the same evaluation path as the scripted ones.
+    # The scenario's own flow-control budget (12 on adaptive-switch, 40 on adaptive-mix) is the fixed reference.
     agent = LearnedBudget(model_dir)
     sc = get_scenario(agent.meta["scenario"])
-    table = evaluate([agent, FlowControl(b=12), GreedyLIFO()], sc.env_kwargs(), seeds=[0, 1, 2],
+    table = evaluate([agent, sc.agents[0].build(), GreedyLIFO()], sc.env_kwargs(), seeds=[0, 1, 2],
                      horizons=[sc.env["horizon"]])
     print(sc.description)
     print(table.format())

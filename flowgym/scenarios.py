@@ -103,6 +103,9 @@ class Scenario:
     tune_env: dict[str, Any] = field(default_factory=dict)
     #: Largest budget a learned policy gets by default on this scenario (``flowgym train``).
     learned_max_budget: int = 16
+    #: Budget levels a learned policy chooses among by default (``None``: every budget
+    #: ``0..learned_max_budget``); see :attr:`flowgym.train.TrainConfig.budget_levels`.
+    learned_budget_levels: tuple[int, ...] | None = None
 
     def env_kwargs(self) -> dict[str, Any]:
         return copy.deepcopy(self.env)
@@ -294,6 +297,9 @@ MIX_CHAT, MIX_LONG = [[10, 10], [10, 20], [10, 30]], [[10, 60], [10, 100], [10, 
 MIX_CHAT_RATE, MIX_LONG_RATE = 30.0, 2.4
 #: Flow control's budget grid on ``adaptive-mix`` (the chat phase needs about 40, the long one 3-6).
 B_GRID_MIX = [2, 3, 4, 6, 8, 12, 16, 24, 32, 40, 48, 64]
+#: The learned budget's levels on ``adaptive-mix``: log-spaced, so that a new policy explores
+#: small budgets as much as large ones (with every budget 0..64 a near-uniform policy averages 32).
+MIX_LEVELS = (0, 1, 2, 3, 4, 6, 8, 12, 16, 24, 32, 40, 48, 64)
 
 
 def _adaptive_mix(scale: float) -> Scenario:
@@ -334,6 +340,7 @@ def _adaptive_mix(scale: float) -> Scenario:
                       label="rate-switch (scripted, high=40)")],
         default_rate=1.0,
         learned_max_budget=64,
+        learned_budget_levels=MIX_LEVELS,
     )
 
 

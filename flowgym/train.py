@@ -1,7 +1,7 @@
 """Train a learned activation budget with Stable-Baselines3 (``flowgym train``).
 
 :func:`train` trains an SB3 algorithm (PPO by default) on a named scenario
-(:mod:`flowgym.scenarios`, e.g. ``adaptive-switch``) with
+(:mod:`flowgym.scenarios`, ``adaptive-mix`` by default) with
 
 * vectorised environments (``DummyVecEnv`` by default, ``SubprocVecEnv`` on request)
   over ``gym.make("FlowControl-v0", ...)`` with the flat observation, each decision
@@ -111,15 +111,15 @@ def require_sb3() -> None:
 class TrainConfig:
     """Every setting of :func:`train`, with the defaults of ``flowgym train``.
 
-    The defaults train PPO on ``adaptive-switch`` in about 8 minutes on 2 CPU
-    cores (``total_timesteps=1_000_000`` decisions, each held for ``action_repeat=8``
-    slots, measured at 2,300-2,600 decisions (19,000-21,000 slots) per second with 8
-    environments in one process, then about a minute of final evaluation; see
-    ``docs/training.md``).
+    The defaults train PPO on ``adaptive-mix`` in about 7 minutes on 2 CPU cores
+    (``total_timesteps=1_000_000`` decisions, each held for ``action_repeat=8`` slots,
+    the scenario's log-spaced budget levels; measured at 2,344 decisions (18,752 slots)
+    per second with 8 environments in one process, 428 s, then about 20 s of final
+    evaluation; see ``docs/training.md``).
     """
 
     #: Scenario name (:data:`flowgym.scenarios.SCENARIOS`).
-    scenario: str = "adaptive-switch"
+    scenario: str = "adaptive-mix"
     #: Its ``rate`` argument (``None``: the scenario's default).
     rate: float | None = None
     #: ``ppo``, ``a2c``, ``dqn`` or ``"package.module:Class"`` of any SB3-compatible algorithm.
@@ -159,7 +159,8 @@ class TrainConfig:
     #: The budgets the policy chooses among (ascending, distinct, >= 0), e.g. log-spaced
     #: ``(0, 1, 2, 3, 4, 6, 8, 12, 16, 24, 32, 48, 64)``: the action is the index of a level,
     #: and the environment's ``max_budget`` is the largest level. ``None``: every budget
-    #: ``0..max_budget``.
+    #: ``0..max_budget``. Both unset: the scenario's defaults (``learned_budget_levels``, else every
+    #: budget up to ``learned_max_budget``); ``max_budget`` alone: every budget up to it.
     budget_levels: tuple[int, ...] | None = None
     #: Slots each decision is held for (1: a decision every slot). ``total_timesteps`` counts
     #: decisions; the environment runs ``action_repeat`` times as many slots.
@@ -183,7 +184,7 @@ class TrainConfig:
     #: Tuning seeds ``1000..`` of the baselines in the final table.
     tune_seeds: int = 2
     #: Output directory.
-    out: str = "runs/ppo-adaptive-switch"
+    out: str = "runs/ppo-adaptive-mix"
     #: How the trained policy picks a budget, in evaluations and in :class:`agents.LearnedBudget`:
     #: ``"mean"`` (expected budget of its action distribution, rounded) or ``"mode"`` (its argmax,
     #: SB3's ``deterministic=True``). See :func:`flowgym.train.policy_action`.
@@ -584,10 +585,10 @@ def train(cfg: TrainConfig | None = None, **overrides: Any) -> TrainResult:
     torch.set_num_threads(cfg.torch_threads)
     algo_cls = algorithm_class(cfg.algo)
     sc = get_scenario(cfg.scenario, rate=cfg.rate)
+    if cfg.budget_levels is None and cfg.max_budget is None:  # the scenario's defaults
+        cfg = dataclasses.replace(cfg, budget_levels=sc.learned_budget_levels, max_budget=sc.learned_max_budget)
     if cfg.budget_levels is not None:
         cfg = dataclasses.replace(cfg, budget_levels=tuple(cfg.budget_levels), max_budget=int(cfg.budget_levels[-1]))
-    elif cfg.max_budget is None:
-        cfg = dataclasses.replace(cfg, max_budget=sc.learned_max_budget)
     train_kw = learned_env_kwargs(sc.tune_env_kwargs(), cfg.max_budget, cfg.env_overrides)
     out = cfg.out
     os.makedirs(out, exist_ok=True)

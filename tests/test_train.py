@@ -38,7 +38,7 @@ def _actions(agent, env_kwargs, seed, horizon):
 @pytest.fixture(scope="module")
 def tiny_model(tmp_path_factory):
     out = str(tmp_path_factory.mktemp("tiny") / "model")
-    res = train(TrainConfig(out=out, **TINY))
+    res = train(TrainConfig(scenario="adaptive-switch", out=out, **TINY))
     return out, res
 
 
@@ -108,7 +108,7 @@ def test_reload_acts_identically_and_matches_sb3(tiny_model, tmp_path):
 def test_same_seed_same_model(tiny_model, tmp_path):
     out, _ = tiny_model
     again = str(tmp_path / "again")
-    train(TrainConfig(out=again, **{**TINY, "eval_freq": 0, "checkpoint_freq": 0}))
+    train(TrainConfig(scenario="adaptive-switch", out=again, **{**TINY, "eval_freq": 0, "checkpoint_freq": 0}))
     sc = get_scenario("adaptive-switch")
     last = str(tmp_path / "last")  # the first run's last policy, in its own directory
     os.makedirs(last)
@@ -178,7 +178,14 @@ def test_max_budget_defaults_to_the_scenarios(tmp_path):
     with open(os.path.join(out, "flowgym_agent.json")) as f:
         meta = json.load(f)
     assert meta["env_kwargs"]["max_budget"] == 64  # adaptive-mix's learned_max_budget
+    assert meta["budget_levels"] == list(get_scenario("adaptive-mix").learned_budget_levels)  # its levels
+    assert meta["action_n"] == len(meta["budget_levels"]) == 14
     assert LearnedBudget(out).env_options()["max_budget"] == 64
+    out2 = str(tmp_path / "every")  # max_budget alone: every budget up to it, no levels
+    train(TrainConfig(scenario="adaptive-mix", out=out2, max_budget=20,
+                      **{**TINY, "total_timesteps": 256, "eval_freq": 0, "checkpoint_freq": 0}))
+    meta2 = json.load(open(os.path.join(out2, "flowgym_agent.json")))
+    assert meta2["budget_levels"] is None and meta2["action_n"] == 21
 
 
 def test_train_cli_end_to_end(tmp_path, capsys):
@@ -190,6 +197,8 @@ def test_train_cli_end_to_end(tmp_path, capsys):
     assert rc == 0
     printed = capsys.readouterr().out
     assert "learned (cli)" in printed and "flow-control (best fixed b) b=" in printed
+    tuned = printed.split("flow-control (best fixed b) b=")[1].split()[0]
+    assert f'learned:path={out};flow-control:b={tuned}"' in printed.split("use it:")[1]  # the hint names the tuned b
     table = open(os.path.join(out, "eval.txt")).read()
     for label in ("learned (cli)", "greedy-LIFO", "MC", "A_min", "alpha-greedy alpha="):
         assert label in table
