@@ -157,7 +157,7 @@ class TrainConfig:
     #: phase needs about 40).
     max_budget: int | None = None
     #: The budgets the policy chooses among (ascending, distinct, >= 0), e.g. log-spaced
-    #: ``(0, 1, 2, 3, 4, 6, 8, 12, 16, 24, 32, 48, 64)``: the action is the index of a level,
+    #: ``(0, 1, 2, 3, 4, 6, 8, 12, 16, 24, 32, 40, 48, 64)``: the action is the index of a level,
     #: and the environment's ``max_budget`` is the largest level. ``None``: every budget
     #: ``0..max_budget``. Both unset: the scenario's defaults (``learned_budget_levels``, else every
     #: budget up to ``learned_max_budget``); ``max_budget`` alone: every budget up to it.
