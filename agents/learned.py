@@ -94,9 +94,10 @@ class LearnedBudget(Agent):
         #: The budget of each action index (``budget_levels`` of training), or ``None``: the index is the budget.
         levels = self.meta.get("budget_levels")
         if levels is not None and (not isinstance(levels, list) or len(levels) != self.meta["action_n"]
-                                   or any(isinstance(v, bool) or not isinstance(v, int) or v < 0 for v in levels)):
+                                   or any(isinstance(v, bool) or not isinstance(v, int) or v < 0 for v in levels)
+                                   or any(b <= a for a, b in zip(levels, levels[1:]))):
             raise ValueError(f"learned agent: {META_FILE} in {self.path!r} has budget_levels={levels!r}; it must "
-                             f"list {self.meta['action_n']} non-negative integer budgets, one per action")
+                             f"list {self.meta['action_n']} ascending non-negative integer budgets, one per action")
         self.budget_levels: list[int] | None = levels
         self._held, self._left = 0, 0
         self.action_rule = action_rule if action_rule is not None else self.meta.get("action_rule", "mode")

@@ -159,7 +159,9 @@ def main() -> None:
         args.steps, args.vec_steps, args.repeats, args.ppo_steps = 3000, 200, 1, 8192
     versions = f"python {platform.python_version()}, numpy {np.__version__}, gymnasium {gym.__version__}"
     if _jit.AVAILABLE:
-        versions += f", numba {_jit._numba.__version__} (kernels {'on' if _jit.ENABLED else 'off: FLOWGYM_JIT'})"
+        from importlib.metadata import version
+
+        versions += f", numba {version('numba')} (kernels {'on' if _jit.ENABLED else 'off: FLOWGYM_JIT'})"
     try:
         import stable_baselines3
         import torch

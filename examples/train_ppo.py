@@ -2,7 +2,7 @@
 
 The Python form of ``flowgym train`` (see docs/training.md)::
 
-    python examples/train_ppo.py                              # adaptive-mix, ~8 min on 2 cores
+    python examples/train_ppo.py                              # adaptive-mix, ~7 min on 2 cores
     python examples/train_ppo.py --scenario adaptive-diurnal --total-timesteps 300000 --out runs/diurnal
     python examples/train_ppo.py --evaluate examples/ppo_default  # no training: the shipped model
 

@@ -25,26 +25,21 @@ compilation (about a second).
 
 from __future__ import annotations
 
+import importlib.util
 import os
 from typing import Any
 
 import numpy as np
 
-__all__ = ["AVAILABLE", "ENABLED", "admit_lane", "count_classes", "fill_range", "histogram_into", "projected_demand"]
+__all__ = ["AVAILABLE", "ENABLED", "load", "admit_lane", "count_classes", "fill_range", "histogram_into",
+           "projected_demand"]
 
-try:  # numba is an optional accelerator, never required
-    import numba as _numba
-except ImportError:  # pragma: no cover - exercised where numba is absent
-    _numba = None
-
-#: numba could be imported.
-AVAILABLE: bool = _numba is not None
+#: numba is installed (it is imported only when the kernels are used).
+AVAILABLE: bool = importlib.util.find_spec("numba") is not None
 #: New engines use the kernels (numba available and ``FLOWGYM_JIT`` not ``0``).
 ENABLED: bool = AVAILABLE and os.environ.get("FLOWGYM_JIT", "1").strip().lower() not in ("0", "false", "no", "off")
 
-
-def _njit(fn: Any) -> Any:
-    return _numba.njit(cache=True, nogil=True)(fn) if _numba is not None else None
+_numba: Any = None  # the numba module, once loaded
 
 
 def _admit_lane(buf, head, k, a_id, a_start, a_fin, tail, t, output, prompt, finish, cal_n, cal_tok):
@@ -90,8 +85,10 @@ def _histogram_into(starts, fin, h, tail, t, edges, out, off):  # pragma: no cov
     for r in range(h, tail):
         if fin[r] > t:
             j = t - starts[r]
+            if j < edges[0]:  # below the first bin: not counted (as the numpy path)
+                continue
             k = K - 1
-            while j < edges[k]:  # edges[0] == 0 <= j ends the loop
+            while j < edges[k]:  # ends at k = 0 at the latest, since edges[0] <= j
                 k -= 1
             out[off + k] += 1
 
@@ -121,17 +118,38 @@ def _projected_demand(held, act, t, mask, cal_n, cal_tok, offsets, out):  # prag
                 out[j] = d
 
 
-fill_range = _njit(_fill_range)
-admit_lane = _njit(_admit_lane)
-count_classes = _njit(_count_classes)
-histogram_into = _njit(_histogram_into)
-projected_demand = _njit(_projected_demand)
+#: The compiled kernels (``None`` until :func:`load`).
+fill_range: Any = None
+admit_lane: Any = None
+count_classes: Any = None
+histogram_into: Any = None
+projected_demand: Any = None
+
+
+def load() -> None:
+    """Import numba and set up the kernels (compiled on first call); raises ``RuntimeError`` without numba."""
+    global _numba, fill_range, admit_lane, count_classes, histogram_into, projected_demand
+    if _numba is not None:
+        return
+    try:
+        import numba
+    except ImportError:
+        raise RuntimeError("the compiled kernels need numba: pip install 'flowgym[fast]'") from None
+    njit = numba.njit(cache=True, nogil=True)
+    fill_range, admit_lane, count_classes = njit(_fill_range), njit(_admit_lane), njit(_count_classes)
+    histogram_into, projected_demand = njit(_histogram_into), njit(_projected_demand)
+    _numba = numba
+
+
+if ENABLED:
+    load()
 
 
 def check_kernels() -> None:
     """Run each kernel once on tiny inputs (compiles them; raises if numba cannot)."""
     if not AVAILABLE:
         return
+    load()
     z = np.zeros(8, np.int64)
     e = np.array([0, 2], np.int64)
     f32 = np.zeros(4, np.float32)

@@ -393,12 +393,14 @@ def build_parser() -> argparse.ArgumentParser:
     t.add_argument("--action-repeat", type=int, default=d.action_repeat,
                    help=f"slots each decision is held for; --total-timesteps counts decisions (default {d.action_repeat})")
     t.add_argument("--action-rule", choices=["mean", "mode"], default=d.action_rule,
-                   help="deterministic budget of the policy: expected budget, rounded (default), or argmax")
+                   help="deterministic budget of the policy: expected budget, rounded (default; with budget "
+                   "levels the expected level index), or argmax")
     t.add_argument("--max-budget", type=int, default=d.max_budget,
                    help="largest budget the policy may choose (default: the scenario's, 16; 64 on adaptive-mix)")
     t.add_argument("--budget-levels", type=_int_list("--budget-levels", 0, "0,1,2,4,8,16,32,64"), default=None,
                    help="the budgets the policy chooses among (ascending), e.g. 0,1,2,3,4,6,8,12,16,24,32,48,64; "
-                   "the action is a level's index (default: every budget 0..max-budget)")
+                   "the action is a level's index (default: the scenario's levels on adaptive-mix, "
+                   "else every budget 0..max-budget; --max-budget alone: every budget)")
     t.add_argument("--env-overrides", type=_json_arg, default=None,
                    help='JSON of FlowControl-v0 arguments overriding the scenario\'s, e.g. '
                    '\'{"reward_weights": {"in_system": 1, "wasted_tokens": 0.5}}\'')

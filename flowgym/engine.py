@@ -145,8 +145,10 @@ class Engine:
 
     def reset(self, rng: np.random.Generator) -> None:
         """Empty the system and start a new run at slot 0, drawing requests from ``rng``."""
-        if self.jit and not _jit.AVAILABLE:
-            raise RuntimeError("Engine.jit=True needs numba: pip install 'flowgym[fast]'")
+        if self.jit:
+            if not _jit.AVAILABLE:
+                raise RuntimeError("Engine.jit=True needs numba: pip install 'flowgym[fast]'")
+            _jit.load()
         self._use_jit = bool(self.jit)
         self._rng = rng
         self.t = 0

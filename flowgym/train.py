@@ -186,7 +186,8 @@ class TrainConfig:
     #: Output directory.
     out: str = "runs/ppo-adaptive-mix"
     #: How the trained policy picks a budget, in evaluations and in :class:`agents.LearnedBudget`:
-    #: ``"mean"`` (expected budget of its action distribution, rounded) or ``"mode"`` (its argmax,
+    #: ``"mean"`` (expected budget of its action distribution, rounded; with ``budget_levels`` the
+    #: expected level index, rounded, then its level) or ``"mode"`` (its argmax,
     #: SB3's ``deterministic=True``). See :func:`flowgym.train.policy_action`.
     action_rule: str = "mean"
     #: ``"best"`` (lowest evaluation time in system) or ``"last"``: which policy becomes ``model.zip``.

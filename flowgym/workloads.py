@@ -590,8 +590,9 @@ class Mixture(Workload):
             except ValueError as e:
                 raise ValueError(f"streams[{k}]: {e}") from None
             if not isinstance(w, (MultiClassPoisson, IIDPoisson)) or w.finite:
+                what = f"a finite {type(w).__name__}" if w.finite else f"a {type(w).__name__}"
                 raise ValueError(f"streams[{k}] must be an endless Poisson workload ('poisson', or 'iid' without "
-                                 f"n_requests), got {w!r}")
+                                 f"n_requests), got {what}")
             made.append(w)
         timed = {w.timed for w in made}
         if len(timed) > 1:

@@ -130,3 +130,29 @@ def test_environment_variable_switches_the_default(value, expected):
 
 def test_kernels_compile():
     _jit.check_kernels()
+
+
+def test_disabled_kernels_do_not_import_numba_and_load_on_request():
+    code = ("import sys, numpy as np, flowgym; from flowgym.engine import Engine; print('numba' in sys.modules); "
+            "e = Engine(100, {'kind': 'poisson', 'classes': [[1, 2]], 'rates': 1.0}); e.jit = True; "
+            "e.reset(np.random.default_rng(0)); print('numba' in sys.modules)")
+    out = subprocess.run([sys.executable, "-c", code], env={**os.environ, "FLOWGYM_JIT": "0"},
+                         capture_output=True, text=True, check=True)
+    assert out.stdout.split() == ["False", "True"]
+
+
+@pytest.mark.parametrize("edges", [[0, 8, 16, 32], [5, 8, 16], [3], [0], [40, 41]])
+def test_histogram_with_any_edges_equals_numpy(edges):
+    """Edges need not start at 0 for the engine (the env checks that): requests below the first edge are left out."""
+    e = np.asarray(edges, np.int64)
+    got = {}
+    for jit in (True, False):
+        env = FlowControlEnv(horizon=300, M=2000)
+        env.engine.jit = jit
+        env.reset(seed=4)
+        hists = []
+        for _ in range(120):
+            env.step(6)
+            hists.append(env.engine.generated_histogram(e).copy())
+        got[jit] = np.array(hists)
+    assert np.array_equal(got[True], got[False]) and got[True].sum() > 0

@@ -232,7 +232,7 @@ def test_train_config_errors_name_the_field(bad, match):
 
 def test_budget_levels_train_reload_and_act_within_the_levels(tmp_path):
     out = str(tmp_path / "levels")
-    levels = [0, 2, 5, 40]
+    levels = [1, 3, 7, 40]  # no index equals its level, so an unmapped index would show
     train(TrainConfig(scenario="adaptive-mix", out=out, budget_levels=tuple(levels),
                       **{**TINY, "checkpoint_freq": 0}))
     meta = json.load(open(os.path.join(out, "flowgym_agent.json")))
