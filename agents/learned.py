@@ -50,7 +50,15 @@ class LearnedBudget(Agent):
     name = "learned"
 
     def __init__(self, path: str, label: str | None = None, action_rule: str | None = None) -> None:
-        from flowgym.train import ACTION_RULES, META_FILE, MODEL_FILE, VECNORM_FILE, algorithm_class, require_sb3
+        from flowgym.train import (
+            ACTION_RULES,
+            META_FILE,
+            MODEL_FILE,
+            VECNORM_FILE,
+            algorithm_class,
+            require_sb3,
+            valid_levels,
+        )
 
         if not isinstance(path, (str, os.PathLike)) or not os.path.isdir(path):
             raise ValueError(f"learned agent: path {path!r} is not a model directory (written by flowgym train)")
@@ -93,9 +101,7 @@ class LearnedBudget(Agent):
                              f"{self.action_repeat!r}; it must be a positive integer")
         #: The budget of each action index (``budget_levels`` of training), or ``None``: the index is the budget.
         levels = self.meta.get("budget_levels")
-        if levels is not None and (not isinstance(levels, list) or len(levels) != self.meta["action_n"]
-                                   or any(isinstance(v, bool) or not isinstance(v, int) or v < 0 for v in levels)
-                                   or any(b <= a for a, b in zip(levels, levels[1:]))):
+        if levels is not None and (not valid_levels(levels) or len(levels) != self.meta["action_n"]):
             raise ValueError(f"learned agent: {META_FILE} in {self.path!r} has budget_levels={levels!r}; it must "
                              f"list {self.meta['action_n']} ascending non-negative integer budgets, one per action")
         self.budget_levels: list[int] | None = levels

@@ -223,11 +223,10 @@ class TrainConfig:
         if self.max_budget is not None:
             pos_int("max_budget", self.max_budget)
         if self.budget_levels is not None:
-            lv = list(self.budget_levels) if isinstance(self.budget_levels, (list, tuple)) else None
-            if (not lv or len(lv) < 2 or any(isinstance(v, bool) or not isinstance(v, int) or v < 0 for v in lv)
-                    or any(b <= a for a, b in zip(lv, lv[1:]))):
+            if not valid_levels(self.budget_levels):
                 raise ValueError(f"budget_levels must be at least two ascending distinct non-negative integers, "
                                  f"got {self.budget_levels!r}")
+            lv = list(self.budget_levels)
             if self.max_budget is not None and self.max_budget != lv[-1]:
                 raise ValueError(f"max_budget ({self.max_budget}) must be the largest of budget_levels ({lv[-1]}) "
                                  f"or left unset")
@@ -300,6 +299,15 @@ def algorithm_class(algo: str) -> type:
         return getattr(importlib.import_module(mod), cls)
     except (ImportError, AttributeError) as e:
         raise ValueError(f"cannot load algorithm {algo!r}: {e}") from None
+
+
+def valid_levels(levels: Any) -> bool:
+    """Budget levels are a list or tuple of at least two ascending, distinct, non-negative integers."""
+    if not isinstance(levels, (list, tuple)) or len(levels) < 2:
+        return False
+    if any(isinstance(v, bool) or not isinstance(v, int) or v < 0 for v in levels):
+        return False
+    return all(b > a for a, b in zip(levels, levels[1:]))
 
 
 def policy_action(model: Any, obs: np.ndarray, rule: str = "mean") -> np.ndarray:

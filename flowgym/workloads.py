@@ -608,9 +608,8 @@ class Mixture(Workload):
         output = np.concatenate([p.output_len for p in parts])
         if self.timed:
             order = np.argsort(arr, kind="stable")
-        else:  # streams are sorted by slot: order by slot, then at random
-            rel = arr - t0
-            by_slot = np.argsort(rel, kind="stable")
+        else:  # each stream is sorted by slot: order all by slot, then at random within a slot
+            by_slot = np.argsort(arr, kind="stable")
             arr, prompt, output = arr[by_slot], prompt[by_slot], output[by_slot]
             order = _slot_shuffle(arr - t0, rng.random(arr.size))
         return Requests(arr[order], prompt[order], output[order], np.full(arr.size, -1, dtype=np.int64))
