@@ -398,7 +398,7 @@ def build_parser() -> argparse.ArgumentParser:
     t.add_argument("--max-budget", type=int, default=d.max_budget,
                    help="largest budget the policy may choose (default: the scenario's, 16; 64 on adaptive-mix)")
     t.add_argument("--budget-levels", type=_int_list("--budget-levels", 0, "0,1,2,4,8,16,32,64"), default=None,
-                   help="the budgets the policy chooses among (ascending), e.g. 0,1,2,3,4,6,8,12,16,24,32,48,64; "
+                   help="the budgets the policy chooses among (ascending), e.g. 0,1,2,3,4,6,8,12,16,24,32,40,48,64; "
                    "the action is a level's index (default: the scenario's levels on adaptive-mix, "
                    "else every budget 0..max-budget; --max-budget alone: every budget)")
     t.add_argument("--env-overrides", type=_json_arg, default=None,
