@@ -134,7 +134,14 @@ def max_global_budget(M: float, mean_work: float, eps: float = 0.0) -> int:
         raise ValueError(f"eps must be in [0, 1), got {eps}")
     if mean_work <= 0:
         raise ValueError(f"mean_work must be positive, got {mean_work}")
-    return int(math.floor((1 - eps) * M / mean_work + 1e-12))
+    cap = (1 - eps) * M
+    b = max(int(math.floor(cap / mean_work)), 0)
+    # the quotient can round across an integer: settle on the products themselves
+    while (b + 1) * mean_work <= cap:
+        b += 1
+    while b > 0 and b * mean_work > cap:
+        b -= 1
+    return b
 
 
 def reflected_walk_mean(rate: float, budget: int, *, tol: float = 1e-12, max_len: int = 100_000) -> float:
