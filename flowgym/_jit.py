@@ -118,17 +118,357 @@ def _projected_demand(held, act, t, mask, cal_n, cal_tok, offsets, out):  # prag
                 out[j] = d
 
 
+# --------------------------------------------------------------------------- batched engine (flowgym.batched)
+
+
+def _poisson_chunk(u, pos, end, nz, enl, lk, m_track, n_slots, base, cls, bnd, tokc,
+                   clsc):  # pragma: no cover - compiled
+    """One workload chunk of :class:`~flowgym.workloads.MultiClassPoisson` (every rate below 10) for one environment.
+
+    Consumes the uniforms ``u[pos:end]`` exactly as ``Generator.poisson`` (the
+    multiplication method, used for ``lambda < 10``: ``X`` is the number of
+    uniforms whose running product stays above ``exp(-lambda)``) and then
+    ``Generator.random`` (the within-slot shuffle) consume the generator's
+    doubles, so the requests equal ``MultiClassPoisson.sample``. ``nz`` lists the
+    classes with a positive rate (a zero rate draws nothing), ``enl`` their
+    ``exp(-lambda)``. Writes the requests' classes to ``cls`` from row ``base`` (a
+    request's lengths are its class's), and the chunk's slot boundaries ``bnd``
+    (first id of each slot), prompt-token sums ``tokc`` and (``m_track > 0``)
+    per-class counts ``clsc``.
+
+    Both passes avoid data-dependent branches (with fresh random data they are
+    mispredicted about once per draw): the Poisson draws run as one loop over the
+    uniforms with selects, and the shuffle ranks each request by counting.
+
+    Returns the position after the last uniform used, ``-1`` when ``u[pos:end]``
+    ran out, or ``-2 - n`` when the table needs ``n`` rows (nothing is written then).
+    """
+    m = lk.size
+    mz = nz.size
+    counts = np.zeros(n_slots * m, np.int64)
+    q = pos
+    total = 0
+    for s in range(n_slots):
+        for k in range(mz):
+            x = 0
+            prod = 1.0
+            e = enl[k]
+            while True:
+                if q >= end:
+                    return -1
+                prod *= u[q]
+                q += 1
+                if prod > e:
+                    x += 1
+                else:
+                    break
+            counts[s * m + nz[k]] = x
+            total += x
+    if base + total > cls.size:
+        return -2 - (base + total)
+    if q + total + 16 > end:  # the shuffle reads up to 16 uniforms past a slot's own
+        return -1
+    kp = np.empty(16, np.int64)
+    rank = np.empty(16, np.int64)
+    cum = np.zeros(m + 1, np.int64)
+    running = np.zeros(max(m_track, 1), np.int64)
+    r0 = base
+    j = q
+    tok = 0
+    for s in range(n_slots):
+        bnd[s] = r0
+        tokc[s] = tok
+        for c in range(m_track):
+            clsc[s, c] = running[c]
+        for k in range(m):
+            n_k = counts[s * m + k]
+            cum[k + 1] = cum[k] + n_k
+            tok += n_k * lk[k]
+            if m_track > 0:
+                running[k] += n_k
+        n_s = cum[m]
+        # request a of the slot (draw order: by class, then by draw) has uniform u[j + a];
+        # it goes to rank r_a of the stable sort by uniform (ties in draw order, as lexsort).
+        # Up to 16 requests: rank by counting over packed keys (u * 2**53 is an exact
+        # integer below 2**53; the low 4 bits hold a, so keys are distinct), fixed width.
+        if n_s <= 16:
+            for a in range(16):
+                kv = (np.int64(u[j + a] * 9007199254740992.0) << 4) | a
+                kp[a] = kv if a < n_s else 9223372036854775807
+            for a in range(16):
+                ka = kp[a]
+                r = 0
+                for b in range(16):
+                    r += kp[b] < ka
+                rank[a] = r
+            for a in range(n_s):
+                c = 0
+                for k in range(1, m):
+                    c += a >= cum[k]
+                cls[r0 + rank[a]] = c
+        elif n_s <= 48:
+            for a in range(n_s):
+                ka = u[j + a]
+                r = 0
+                for b in range(n_s):
+                    kb = u[j + b]
+                    r += (kb < ka) | ((kb == ka) & (b < a))
+                c = 0
+                for k in range(1, m):
+                    c += a >= cum[k]
+                cls[r0 + r] = c
+        else:
+            order = np.argsort(u[j : j + n_s], kind="mergesort")
+            for r in range(n_s):
+                a = order[r]
+                c = 0
+                for k in range(1, m):
+                    c += a >= cum[k]
+                cls[r0 + r] = c
+        r0 += n_s
+        j += n_s
+    bnd[n_slots] = r0
+    tokc[n_slots] = tok
+    for c in range(m_track):
+        clsc[n_slots, c] = running[c]
+    return j
+
+
+def _batched_step(i0, G, M, evict_all, m_track, horizon, max_budget, budget, skip,
+                  t, n_arrived, p, rs_n, n_active, held, qpt, tail, last_arr, gen_t, chunk_t0,
+                  H, class_queue, by_class, lk, ok, output, prompt, finish, evictions, cls, abnd, tokc, clsc,
+                  a_id, a_fin, rs, cal_n, cal_tok, dH, bin_last, bin_j, edges,
+                  out, need):  # pragma: no cover - compiled
+    """Slot ``t`` of environments ``i0..N-1`` of a :class:`~flowgym.batched.BatchedEngine` (phases 2-5, then 1).
+
+    The same integers as ``BatchedEngine.serve`` followed by ``arrive`` for the
+    environments not in ``skip`` whose clock is below ``horizon``. Writes the slot's
+    figures to ``out`` (rows of ``BatchedEngine.OUT_ROWS``). An environment whose
+    next slot needs a new workload chunk is listed in ``need`` (its arrivals are
+    left to the caller).
+
+    Returns ``n >= 0`` (done; ``need[:n]`` lists the environments waiting for a
+    chunk), ``-1 - (2 * i + what)`` when environment ``i`` needs more room
+    (``what`` 0: active set, 1: eviction stack) before anything of its slot is done,
+    or ``-1 - 2 * N - i`` when ``max_budget >= 0`` and ``budget[i]`` is outside
+    ``0..max_budget`` (checked first: then nothing is done).
+    """
+    N = t.size
+    K = H.shape[1]
+    A = a_id.shape[1]
+    S = rs.shape[1]
+    R = cal_n.size // N
+    mask = R - 1
+    NK = N * K
+    if max_budget >= 0:
+        for i in range(i0, N):
+            if budget[i] < 0 or budget[i] > max_budget:
+                return -1 - 2 * N - i
+    n_need = 0
+    xcnt = np.zeros(K, np.int64)
+    for i in range(i0, N):
+        ti = t[i]
+        nq = rs_n[i] + n_arrived[i] - p[i]
+        k = budget[i]
+        if nq < k:
+            k = nq
+        if tail[i] + k > A:  # drop dead entries, keeping activation order (no branch per entry)
+            w = 0
+            for c in range(tail[i]):
+                f = a_fin[i, c]
+                a_id[i, w] = a_id[i, c]
+                a_fin[i, w] = f
+                w += f > ti
+            tail[i] = w
+            if w + k > A:
+                return -1 - 2 * i
+        if rs_n[i] + n_active[i] + k > S:
+            return -2 - 2 * i
+        out[0, i] = ti
+        out[8, i] = last_arr[i]
+        out[9, i] = nq + n_active[i]
+        # ---- admit: evicted first (top of the stack), then fresh ids p, p+1, ...
+        kr = rs_n[i]
+        if k < kr:
+            kr = k
+        pos = tail[i]
+        psum = 0
+        top = 0  # admitted requests cross into bins 1..top (all at the same slots: they start together)
+        for r in range(k):
+            if r < kr:
+                rid = rs[i, rs_n[i] - 1 - r]
+            else:
+                rid = p[i] + (r - kr)
+            if by_class:
+                cl = cls[i, rid]
+                ln = lk[cl]
+                o = ok[cl]
+            else:
+                ln = prompt[i, rid]
+                o = output[i, rid]
+            fin = ti + o
+            finish[i, rid] = fin
+            a_id[i, pos] = rid
+            a_fin[i, pos] = fin
+            pos += 1
+            c = ((G + o) & mask) * N + i
+            cal_n[c] += 1
+            cal_tok[c] += ln + o
+            bl = bin_last[o]
+            dH[c * K + bl] -= 1
+            xcnt[bl] += 1
+            if bl > top:
+                top = bl
+            psum += ln
+            if m_track > 0:
+                class_queue[i, cls[i, rid]] -= 1
+        n_x = 0
+        for kk in range(top, 0, -1):  # n_x: admitted with bin_last >= kk cross into bin kk at G + edges[kk]
+            n_x += xcnt[kk]
+            xcnt[kk] = 0
+            x = ((G + edges[kk]) & mask) * NK + i * K + kk
+            dH[x] += n_x
+            dH[x - 1] -= n_x
+        xcnt[0] = 0
+        rs_n[i] -= kr
+        p[i] += k - kr
+        H[i, 0] += k
+        held[i] += psum
+        qpt[i] -= psum
+        tail[i] = pos
+        n_active[i] += k
+        # ---- evict on overflow: the newest actives covering the excess (lifo), or everyone (all)
+        demand = held[i] + n_active[i]
+        ev = 0
+        wasted = 0
+        if demand > M:
+            excess = demand - M
+            covered = 0
+            freed = 0
+            ptok = 0
+            c = tail[i] - 1
+            while c >= 0:
+                if a_fin[i, c] > ti:
+                    if covered >= excess and not evict_all:
+                        break
+                    vid = a_id[i, c]
+                    if by_class:
+                        cl = cls[i, vid]
+                        lb = lk[cl]
+                        vo = ok[cl]
+                    else:
+                        lb = prompt[i, vid]
+                        vo = output[i, vid]
+                    j = ti - (a_fin[i, c] - vo)  # tokens generated so far
+                    covered += lb + j + 1
+                    a_fin[i, c] = -1
+                    finish[i, vid] = -1
+                    evictions[i, vid] += 1
+                    gs = G - j  # global slot of its activation
+                    cc = ((gs + vo) & mask) * N + i
+                    cal_n[cc] -= 1
+                    cal_tok[cc] -= lb + vo
+                    bl = bin_last[vo]
+                    bj = bin_j[j]
+                    dH[cc * K + bl] += 1
+                    H[i, bj] -= 1
+                    for kk in range(bj + 1, bl + 1):
+                        x = ((gs + edges[kk]) & mask) * NK + i * K + kk
+                        dH[x] -= 1
+                        dH[x - 1] += 1
+                    rs[i, rs_n[i]] = vid  # the oldest victim ends on top
+                    rs_n[i] += 1
+                    ptok += lb
+                    freed += lb + j
+                    wasted += j
+                    ev += 1
+                    if m_track > 0:
+                        class_queue[i, cls[i, vid]] += 1
+                c -= 1
+            tail[i] = c + 1  # nothing alive beyond
+            qpt[i] += ptok
+            n_active[i] -= ev
+            held[i] -= freed
+            demand = held[i] + n_active[i]
+        # ---- decode
+        g1 = ((G + 1) & mask) * N + i
+        nd = cal_n[g1]
+        held[i] = demand - cal_tok[g1]
+        cal_n[g1] = 0
+        cal_tok[g1] = 0
+        n_active[i] -= nd
+        hb = g1 * K
+        for kk in range(K):
+            H[i, kk] += dH[hb + kk]
+            dH[hb + kk] = 0
+        out[1, i] = demand
+        out[2, i] = k
+        out[3, i] = ev
+        out[4, i] = wasted
+        out[5, i] = nd
+        out[6, i] = rs_n[i] + n_arrived[i] - p[i]
+        out[7, i] = n_active[i]
+        tn = ti + 1
+        t[i] = tn
+        # ---- phase 1 of the next slot: its arrivals
+        if skip[i] or tn >= horizon:
+            continue
+        if tn >= gen_t[i]:
+            need[n_need] = i
+            n_need += 1
+            continue
+        col = tn - chunk_t0[i]
+        lo = abnd[i, tn]
+        hi = abnd[i, tn + 1]
+        n_arrived[i] = hi
+        qpt[i] += tokc[i, col + 1] - tokc[i, col]
+        last_arr[i] = hi - lo
+        for c in range(m_track):
+            class_queue[i, c] += clsc[i, col + 1, c] - clsc[i, col, c]
+    return n_need
+
+
+def _vector_observe(held, rs_n, n_arrived, p, n_active, qpt, H, class_queue, m_obs, last_arr, t, skip, horizon,
+                    update, rate, alpha, M, qc, qtc, c_hist, c_rate, c_cls, v, out, w, reward):
+    # pragma: no cover - compiled
+    """Observation rows ``v`` (and, when ``update``, the arrival-rate average and ``reward``) of a vector env.
+
+    The same floats as ``FlowControlVectorEnv``'s numpy code (no fused operations).
+    """
+    N = held.size
+    K = H.shape[1]
+    for i in range(N):
+        if update:
+            if not skip[i] and t[i] < horizon:
+                rate[i] += (last_arr[i] - rate[i]) * alpha
+            reward[i] = -(w[0] * out[9, i] + w[1] * out[4, i] + w[2] * out[3, i] - w[3] * out[5, i])
+        v[i, 0] = held[i] / M
+        v[i, 1] = min(float(rs_n[i] + n_arrived[i] - p[i]), qc)
+        v[i, 2] = n_active[i]
+        v[i, 3] = min(qpt[i] / M, qtc)
+        for k in range(K):
+            v[i, c_hist + k] = H[i, k]
+        v[i, c_rate] = min(rate[i], qc)
+        for c in range(m_obs):
+            v[i, c_cls + c] = min(float(class_queue[i, c]), qc)
+
+
+
 #: The compiled kernels (``None`` until :func:`load`).
 fill_range: Any = None
 admit_lane: Any = None
 count_classes: Any = None
 histogram_into: Any = None
 projected_demand: Any = None
+poisson_chunk: Any = None
+batched_step: Any = None
+vector_observe: Any = None
 
 
 def load() -> None:
     """Import numba and set up the kernels (compiled on first call); raises ``RuntimeError`` without numba."""
     global _numba, fill_range, admit_lane, count_classes, histogram_into, projected_demand
+    global poisson_chunk, batched_step, vector_observe
     if _numba is not None:
         return
     try:
@@ -138,6 +478,7 @@ def load() -> None:
     njit = numba.njit(cache=True, nogil=True)
     fill_range, admit_lane, count_classes = njit(_fill_range), njit(_admit_lane), njit(_count_classes)
     histogram_into, projected_demand = njit(_histogram_into), njit(_projected_demand)
+    poisson_chunk, batched_step, vector_observe = njit(_poisson_chunk), njit(_batched_step), njit(_vector_observe)
     _numba = numba
 
 

@@ -44,14 +44,24 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
+import math
+
 import numpy as np
 
+from flowgym import _jit
 from flowgym.workloads import CHUNK_SLOTS, IIDPoisson, MultiClassPoisson, Workload, make_workload
 
-__all__ = ["BatchedEngine", "unsupported", "SUPPORTED_EVICTIONS"]
+__all__ = ["BatchedEngine", "BudgetError", "unsupported", "SUPPORTED_EVICTIONS"]
 
 _I64 = np.int64
 _I32 = np.int32
+
+_NO_HORIZON = np.iinfo(np.int64).max
+
+
+class BudgetError(ValueError):
+    """A budget passed to :meth:`BatchedEngine.advance` is outside ``0..max_budget``."""
+
 
 #: Eviction rules the batched engine implements.
 SUPPORTED_EVICTIONS = ("lifo", "all")
@@ -173,57 +183,96 @@ class BatchedEngine:
         self.H = np.zeros((N, K), _I64)  # generated-tokens histogram at the decision point
         self.class_queue = np.zeros((N, max(self.m, 1)), _I64)
 
-        # request table (current episode), ids are per environment
-        self.C = 4096
-        self._alloc_table(self.C)
+        # request table (current episode), ids are per environment. With class workloads
+        # (MultiClassPoisson) a request's lengths are its class's, so only the class is
+        # stored; other workloads store prompt and output lengths (class -1).
+        self._by_class = isinstance(self.workload, MultiClassPoisson)
+        if self._by_class:
+            wl = self.workload
+            assert isinstance(wl, MultiClassPoisson)
+            self._lk = wl.classes[:, 0].astype(_I64)
+            self._ok = wl.classes[:, 1].astype(_I64)
+        else:
+            self._lk = self._ok = np.zeros(1, _I64)
+        self._no_table = np.zeros((N, 1), _I32)
+        self.C = 0
+        self._alloc_table(4096)
         CH = CHUNK_SLOTS
-        self._bnd = np.zeros((N, CH + 1), _I64)  # first id arriving at each slot of the chunk
+        self.T = 0
+        self._alloc_bounds(4 * CH)
         self._tokc = np.zeros((N, CH + 1), _I64)  # prompt tokens arrived before each slot of the chunk
         self._clsc = np.zeros((N, CH + 1, max(self.m, 1)), _I64) if self.track_class_queue else None
-        self._chunks: list[list[Any]] = [[] for _ in range(N)]
         self._rngs: list[np.random.Generator | None] = [None] * N
+        #: use the compiled kernels of :mod:`flowgym._jit` (numba) for the slot and, for
+        #: :class:`~flowgym.workloads.MultiClassPoisson` workloads with every rate below 10,
+        #: the workload chunks (default: ``flowgym._jit.ENABLED``). Same results either way.
+        self.jit: bool = _jit.ENABLED
+        # compiled chunk sampler: per environment (chosen at its reset), a buffer of the
+        # generator's uniforms u[pos:end] not yet used
+        self._fast_ok = self._by_class and bool(np.all(self.workload.rates < 10))  # type: ignore[attr-defined]
+        self._fast = np.zeros(N, bool)
+        self._uleft: list[np.ndarray] = [np.zeros(0) for _ in range(N)]  # drawn, not yet used
+        self._uscratch = np.zeros(0)
+        if self._fast_ok:
+            rates = self.workload.rates  # type: ignore[attr-defined]
+            self._nz = np.flatnonzero(rates > 0).astype(_I64)  # classes that draw (a zero rate draws nothing)
+            self._enlam = np.array([math.exp(-float(rates[k])) for k in self._nz])  # as numpy's C code: exp(-lam)
+            # uniforms one chunk uses on average: lambda + 1 per Poisson draw (rate > 0), one per request
+            per_slot = float(np.sum(np.where(rates > 0, rates + 1.0, 0.0)) + rates.sum())
+            self._u_chunk = int(per_slot * CHUNK_SLOTS) + 64
+        self._need = np.zeros(N, _I64)
+        self._no_skip = np.zeros(N, bool)
+        self._dummy_clsc = np.zeros((1, 1, 1), _I64)
 
-        # active set: per env, entries [0, tail) in activation order; alive iff fin > t
+        # active set: per env, entries [0, tail) in activation order (id and finish slot);
+        # alive iff fin > t (evicted entries get fin = -1)
         self.A = 512
-        self._a_id = np.zeros((N, self.A), _I64)
-        self._a_start = np.zeros((N, self.A), _I64)
-        self._a_fin = np.full((N, self.A), -1, _I64)
-        self._a_l = np.zeros((N, self.A), _I64)
+        self._a_id = np.zeros((N, self.A), _I32)
+        self._a_fin = np.full((N, self.A), -1, _I32)
         # evicted requests waiting: ids, top of stack (smallest id) at rs_n - 1
         self.S = 64
         self._rs = np.zeros((N, self.S), _I64)
 
         # rings over the global clock: completions and histogram changes
-        self._cal_n = np.zeros(R * N, _I64)
-        self._cal_tok = np.zeros(R * N, _I64)
-        self._dH = np.zeros(R * N * K, _I64)  # net change of H at each slot
+        self._cal_n = np.zeros(R * N, _I32)
+        self._cal_tok = np.zeros(R * N, _I32)
+        self._dH = np.zeros(R * N * K, _I32)  # net change of H at each slot
 
     # ------------------------------------------------------------------ storage
 
     def _alloc_table(self, C: int) -> None:
-        N = self.N
-        old = getattr(self, "_prompt", None)
-        new = {
-            "_prompt": np.zeros((N, C), _I32),
-            "_output": np.zeros((N, C), _I32),
-            "_finish": np.full((N, C), -1, _I32),
-            "_evictions": np.zeros((N, C), _I32),
-        }
-        if self.track_class_queue:
-            new["_cls"] = np.zeros((N, C), _I32)
-        if old is not None:
-            c0 = old.shape[1]
-            for name, arr in new.items():
-                arr[:, :c0] = getattr(self, name)
-        for name, arr in new.items():
-            setattr(self, name, arr)
+        """Room for ``C`` requests per environment (copying the current table)."""
+        N, c0 = self.N, self.C
+        names = ["_cls", "_finish", "_evictions"] + ([] if self._by_class else ["_prompt", "_output"])
+        for name in names:
+            new = np.zeros((N, C), _I32)
+            if c0:
+                new[:, :c0] = getattr(self, name)
+            setattr(self, name, new)
+        if self._by_class:
+            self._prompt = self._output = self._no_table
         self.C = C
+
+    def _alloc_bounds(self, T: int) -> None:
+        """Room for the arrivals of ``T`` slots per environment: ``_abnd[i, s]`` is the first id arriving at slot ``s``."""
+        new = np.zeros((self.N, T + 1), _I32)
+        if self.T:
+            new[:, : self.T + 1] = self._abnd
+        self._abnd = new
+        self.T = T
+
+    def _lengths(self, flat: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """Prompt and output lengths (int64) of the requests at flat table positions ``env * C + id``."""
+        if self._by_class:
+            c = self._cls.ravel()[flat]
+            return self._lk[c], self._ok[c]
+        return self._prompt.ravel()[flat].astype(_I64), self._output.ravel()[flat].astype(_I64)
 
     def _grow_active(self, need: int) -> None:
         A = max(2 * self.A, need)
-        for name in ("_a_id", "_a_start", "_a_fin", "_a_l"):
+        for name, fill in (("_a_id", 0), ("_a_fin", -1)):
             old = getattr(self, name)
-            new = np.full((self.N, A), -1, _I64)
+            new = np.full((self.N, A), fill, _I32)
             new[:, : self.A] = old
             setattr(self, name, new)
         self.A = A
@@ -239,7 +288,7 @@ class BatchedEngine:
         base = rows[r] * self.A
         src = base + c
         dst = base + (np.arange(r.size) - first[r])
-        for name in ("_a_id", "_a_start", "_a_fin", "_a_l"):
+        for name in ("_a_id", "_a_fin"):
             flat = getattr(self, name).reshape(-1)  # a view: the arrays are contiguous
             flat[dst] = flat[src]  # the right side is gathered first, so overlap is safe
         self.tail[rows] = cnt
@@ -256,20 +305,25 @@ class BatchedEngine:
             raise ValueError(f"rngs must hold one generator per environment reset ({idx.size}), got {len(rngs)}")
         if idx.size == 0:
             return
+        # eviction counts are the only table column that must start at 0 (ids >= n_req are 0 already)
+        used = int(self.n_req[idx].max())
+        if used:
+            self._evictions[idx, :used] = 0
         for name in ("t", "n_req", "gen_t", "chunk_t0", "n_arrived", "p", "rs_n", "n_active", "held",
                      "queued_prompt_tokens", "tail", "last_arrivals"):
             getattr(self, name)[idx] = 0
         self.H[idx] = 0
         self.class_queue[idx] = 0
-        NK = self.N * self.K
-        dH = self._dH.reshape(self.R, self.N, self.K)
-        dH[:, idx, :] = 0
+        self._dH.reshape(self.R, self.N, self.K)[:, idx, :] = 0
         self._cal_n.reshape(self.R, self.N)[:, idx] = 0
         self._cal_tok.reshape(self.R, self.N)[:, idx] = 0
-        del NK
+        fast = bool(self.jit) and self._fast_ok
+        if fast:
+            _jit.load()
+        self._fast[idx] = fast
         for i, rng in zip(idx.tolist(), rngs):
             self._rngs[i] = rng
-            self._chunks[i] = []
+            self._uleft[i] = np.zeros(0)
         self.arrive(idx)
 
     def _generate(self, i: int) -> None:
@@ -278,28 +332,73 @@ class BatchedEngine:
         assert rng is not None, "call reset() first"
         t0 = int(self.gen_t[i])
         t1 = t0 + CHUNK_SLOTS
+        if t1 > self.T:
+            self._alloc_bounds(max(2 * self.T, t1))
+        if self._fast[i]:
+            self._generate_fast(i, rng, t0)
+            return
         req = self.workload.sample(rng, t0, t1)
         k = req.arrival.size
         base = int(self.n_req[i])
         if base + k > self.C:
             self._alloc_table(max(2 * self.C, base + k))
         s = slice(base, base + k)
-        self._prompt[i, s] = req.prompt_len
-        self._output[i, s] = req.output_len
-        self._finish[i, s] = -1
-        self._evictions[i, s] = 0
+        self._cls[i, s] = req.cls
+        if not self._by_class:
+            self._prompt[i, s] = req.prompt_len
+            self._output[i, s] = req.output_len
         pos = np.searchsorted(req.arrival, np.arange(t0, t1 + 1), side="left")
-        self._bnd[i] = base + pos
+        self._abnd[i, t0 : t1 + 1] = base + pos
         tok = np.zeros(k + 1, _I64)
         np.cumsum(req.prompt_len, out=tok[1:])
         self._tokc[i] = tok[pos]
         if self.track_class_queue:
-            self._cls[i, s] = req.cls
             onehot = np.zeros((k + 1, self.m), _I64)
             onehot[np.arange(1, k + 1), req.cls] = 1
             self._clsc[i] = np.cumsum(onehot, axis=0)[pos]  # type: ignore[index]
-        self._chunks[i].append(req)
         self.n_req[i] = base + k
+        self.chunk_t0[i] = t0
+        self.gen_t[i] = t1
+
+    def _generate_fast(self, i: int, rng: np.random.Generator, t0: int) -> None:
+        """:meth:`_generate` with the compiled sampler (:func:`flowgym._jit.poisson_chunk`).
+
+        ``MultiClassPoisson.sample`` draws, for rates below 10, only doubles of
+        ``rng`` (Poisson by the multiplication method, then the shuffle's uniforms),
+        one ``next_double`` each, the same as ``rng.random``. So the uniforms are
+        drawn in blocks with ``rng.random`` and the kernel uses them in that order:
+        the requests are those the numpy sampler draws from the same generator.
+        The block is drawn into one scratch buffer shared by all environments
+        (still in the CPU cache), after the uniforms env ``i`` had left over from
+        its previous chunk; what this chunk leaves over is kept for the next.
+        """
+        base = int(self.n_req[i])
+        t1 = t0 + CHUNK_SLOTS
+        left = self._uleft[i]
+        want = max(self._u_chunk + 512, 2 * left.size)
+        if self._uscratch.size < want:
+            self._uscratch = np.empty(want)
+        buf = self._uscratch
+        buf[: left.size] = left
+        end = want
+        rng.random(out=buf[left.size : end])  # continues the generator's stream after the uniforms held
+        while True:
+            clsc = self._clsc[i] if self._clsc is not None else self._dummy_clsc[0]
+            res = _jit.poisson_chunk(
+                buf, 0, end, self._nz, self._enlam, self._lk, self.m if self.track_class_queue else 0, CHUNK_SLOTS,
+                base, self._cls[i], self._abnd[i, t0 : t1 + 1], self._tokc[i], clsc)
+            if res >= 0:
+                break
+            if res == -1:  # out of uniforms: draw more after those held and start the chunk again
+                grown = np.empty(2 * end)
+                grown[:end] = buf[:end]
+                rng.random(out=grown[end:])
+                self._uscratch = buf = grown
+                end = grown.size
+            else:
+                self._alloc_table(max(2 * self.C, -2 - res))
+        self._uleft[i] = buf[res:end].copy()
+        self.n_req[i] = int(self._abnd[i, t1])
         self.chunk_t0[i] = t0
         self.gen_t[i] = t1
 
@@ -320,8 +419,8 @@ class BatchedEngine:
         else:
             rows = envs
             col = t - self.chunk_t0[envs]
-        lo = self._bnd[rows, col]
-        hi = self._bnd[rows, col + 1]
+        lo = self._abnd[rows, t].astype(_I64)
+        hi = self._abnd[rows, t + 1].astype(_I64)
         tok = self._tokc[rows, col + 1] - self._tokc[rows, col]
         if envs is None:
             self.n_arrived = hi
@@ -394,16 +493,13 @@ class BatchedEngine:
             else:
                 env, ids, pos = (np.concatenate(x) for x in (parts_env, parts_id, parts_pos))
             flat = env * self.C + ids
-            l = self._prompt.ravel()[flat].astype(_I64)
-            o = self._output.ravel()[flat].astype(_I64)
+            l, o = self._lengths(flat)
             ts = t[env]
             fin = ts + o
             self._finish.ravel()[flat] = fin
             apos = env * self.A + pos
             self._a_id.ravel()[apos] = ids
-            self._a_start.ravel()[apos] = ts
             self._a_fin.ravel()[apos] = fin
-            self._a_l.ravel()[apos] = l
             # completion calendar (global clock)
             cidx = ((G + o) & mask) * N + env
             np.add.at(self._cal_n, cidx, 1)
@@ -460,6 +556,78 @@ class BatchedEngine:
         self.G = G + 1
         return out
 
+    #: Rows of the array :meth:`advance` returns.
+    OUT_ROWS = ("t", "usage", "admitted", "evicted", "wasted_tokens", "completed", "queue_len", "active",
+                "arrived", "in_system")
+
+    def advance(self, budget: np.ndarray, skip: np.ndarray | None = None, horizon: int | None = None,
+                max_budget: int | None = None) -> np.ndarray:
+        """Slot ``t`` of every environment, then the next slot's arrivals where the episode goes on.
+
+        :meth:`serve` with ``budget`` (int64, shape ``(N,)``), then :meth:`arrive`
+        for the environments not in ``skip`` (boolean, shape ``(N,)``) whose clock
+        is below ``horizon``. Returns a fresh int64 array of shape
+        ``(len(OUT_ROWS), N)``: the fields of :meth:`serve`, plus ``arrived`` (the
+        arrivals slot ``t`` had) and ``in_system`` (waiting + active at the
+        decision point). With :attr:`jit` this is one compiled pass
+        (:func:`flowgym._jit.batched_step`); the numpy path gives the same integers.
+
+        With ``max_budget``, a budget outside ``0..max_budget`` raises
+        :class:`BudgetError` (naming the environment and the value) before anything changes.
+        """
+        N = self.N
+        hz = _NO_HORIZON if horizon is None else int(horizon)
+        out = np.empty((len(self.OUT_ROWS), N), _I64)
+        if not self.jit:
+            if max_budget is not None and N:
+                bad = np.flatnonzero((budget < 0) | (budget > max_budget))
+                if bad.size:
+                    i = int(bad[0])
+                    raise BudgetError(f"budget {int(budget[i])} of environment {i} is not in 0..{max_budget}")
+            out[8] = self.last_arrivals
+            out[9] = self.n_queued + self.n_active
+            st = self.serve(budget)
+            for r, name in enumerate(self.OUT_ROWS[:8]):
+                out[r] = st[name]
+            go = self.t < hz
+            if skip is not None:
+                go &= ~skip
+            if go.all():
+                self.arrive()
+            elif go.any():
+                self.arrive(np.flatnonzero(go))
+            return out
+        _jit.load()
+        skip_a = self._no_skip if skip is None else skip
+        clsc = self._clsc if self._clsc is not None else self._dummy_clsc
+        mb = -1 if max_budget is None else int(max_budget)
+        i0 = 0
+        while True:
+            res = _jit.batched_step(
+                i0, self.G, self.M, self.evict_all, self.m if self.track_class_queue else 0, hz, mb, budget, skip_a,
+                self.t, self.n_arrived, self.p, self.rs_n, self.n_active, self.held, self.queued_prompt_tokens,
+                self.tail, self.last_arrivals, self.gen_t, self.chunk_t0, self.H, self.class_queue,
+                self._by_class, self._lk, self._ok, self._output, self._prompt, self._finish, self._evictions,
+                self._cls, self._abnd, self._tokc, clsc, self._a_id, self._a_fin, self._rs, self._cal_n, self._cal_tok,
+                self._dH, self._bin_last, self._bin_j, self.edges, out, self._need)
+            if res >= 0:
+                break
+            if res <= -1 - 2 * N:  # a budget out of range (checked before anything changed)
+                i = -1 - 2 * N - res
+                raise BudgetError(f"budget {int(budget[i])} of environment {i} is not in 0..{max_budget}")
+            i0, what = divmod(-1 - res, 2)  # env i0 needs room; envs before it are done
+            if what == 0:
+                self._grow_active(2 * self.A)
+            else:
+                S = 2 * self.S + int(self.rs_n[i0] + self.n_active[i0] + budget[i0])
+                rs = np.zeros((N, S), _I64)
+                rs[:, : self.S] = self._rs
+                self._rs, self.S = rs, S
+        self.G += 1
+        if res:
+            self.arrive(self._need[:res].copy())
+        return out
+
     def _evict(self, rows: np.ndarray, demand: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         """Evict (lifo: the shortest newest suffix covering the excess; all: everyone) in ``rows``."""
         N, K, G, mask = self.N, self.K, self.G, self._mask
@@ -471,10 +639,10 @@ class BatchedEngine:
             cols = tail[:, None] - w + np.arange(w)[None, :]
             valid = cols >= 0
             flat = rows[:, None] * self.A + np.maximum(cols, 0)
-            fin = self._a_fin.ravel()[flat]
+            fin = self._a_fin.ravel()[flat].astype(_I64)
             alive = valid & (fin > t_r[:, None])
-            st = self._a_start.ravel()[flat]
-            lb = self._a_l.ravel()[flat]
+            lb, o = self._lengths(rows[:, None] * self.C + self._a_id.ravel()[flat])
+            st = fin - o  # activation slot (meaningful where alive)
             j = t_r[:, None] - st
             dem = np.where(alive, lb + j + 1, 0)
             if self.evict_all:
@@ -569,20 +737,17 @@ class BatchedEngine:
     def request_log(self, i: int) -> dict[str, np.ndarray]:
         """Per-request arrays of environment ``i``, as :meth:`Engine.request_log`."""
         n = int(self.n_arrived[i])
-        chunks = self._chunks[i]
-
-        def col(name: str) -> np.ndarray:
-            if not chunks:
-                return np.zeros(0, _I64)
-            return np.concatenate([getattr(c, name) for c in chunks])[:n].astype(_I64)
-
+        T = int(self.gen_t[i])
+        arrival = np.repeat(np.arange(T, dtype=_I64), np.diff(self._abnd[i, : T + 1]))[:n]
+        prompt, output = self._lengths(i * self.C + np.arange(n))
         finish = self._finish[i, :n].astype(_I64)
+        finish[int(self.p[i]):] = -1  # never admitted (the table is not initialised there)
         finish[finish > self.t[i]] = -1
         return {
-            "arrival": col("arrival"),
-            "prompt_len": col("prompt_len"),
-            "output_len": col("output_len"),
-            "cls": col("cls"),
+            "arrival": arrival,
+            "prompt_len": prompt,
+            "output_len": output,
+            "cls": self._cls[i, :n].astype(_I64),
             "finish": finish,
             "evictions": self._evictions[i, :n].astype(_I64),
             "rejected": np.zeros(n, bool),

@@ -25,13 +25,15 @@ from gymnasium.utils import seeding
 from gymnasium.vector import AutoresetMode, SyncVectorEnv, VectorEnv
 from gymnasium.vector.utils import batch_space
 
-from flowgym.batched import BatchedEngine, unsupported
+from flowgym import _jit
+from flowgym.batched import BatchedEngine, BudgetError, unsupported
 from flowgym.env import DEFAULT_REWARD_WEIGHTS, FlowControlConfig, FlowControlEnv
 
 __all__ = ["FlowControlVectorEnv", "FlowControlSyncVectorEnv", "make_vector_env", "batched_unsupported"]
 
 _STEP_INT_KEYS = ("t", "arrived", "rejected", "admitted", "evicted", "wasted_tokens", "completed", "usage",
                   "queue_len", "active")
+_OUT_ROW = {name: r for r, name in enumerate(BatchedEngine.OUT_ROWS)}
 
 
 def batched_unsupported(config: FlowControlConfig, render_mode: str | None = None, **extra: Any) -> str | None:
@@ -165,6 +167,9 @@ class FlowControlVectorEnv(VectorEnv):
         self._rate = np.zeros(N)
         self._autoreset = np.zeros(N, dtype=bool)
         self._started = False
+        self._weights = np.array([self._w_in, self._w_waste, self._w_ev, self._w_done])
+        self._pending_obs: np.ndarray | None = None  # computed with the step's reward (compiled path)
+        self._no_out = np.zeros((len(BatchedEngine.OUT_ROWS), 1), np.int64)
 
     # ------------------------------------------------------------------ internals shared with the SB3 adapter
 
@@ -190,6 +195,7 @@ class FlowControlVectorEnv(VectorEnv):
             gen = self._np_randoms[i]
             assert gen is not None
             rngs.append(np.random.default_rng(int(gen.integers(0, 2**63 - 1))))
+        self._pending_obs = None
         self.engine.reset(idx, rngs)
         arrived = self.engine.last_arrivals[idx]
         self._rate[idx] = arrived * self._alpha
@@ -214,53 +220,84 @@ class FlowControlVectorEnv(VectorEnv):
         info["_rho"] = mask
         return info
 
-    def _budgets(self, actions: Any) -> np.ndarray:
+    def _budgets(self, actions: Any, check_range: bool = True) -> np.ndarray:
+        """``actions`` as int64 budgets; ``check_range=False`` leaves the range check to :meth:`_advance`."""
         N = self.num_envs
         a = np.asarray(actions)
-        if a.shape != (N,) or not np.issubdtype(a.dtype, np.integer):
+        if a.shape != (N,) or a.dtype.kind not in "iu":
             raise ValueError(
                 f"actions must be an integer array of shape ({N},) in the action space {self.action_space}, "
                 f"got {actions!r}"
             )
-        if a.size and (int(a.min()) < 0 or int(a.max()) > self._max_budget):
-            raise ValueError(f"actions {actions!r} are not in the action space {self.action_space} "
-                             f"(budgets 0..{self._max_budget})")
+        if check_range and a.size and (int(a.min()) < 0 or int(a.max()) > self._max_budget):
+            raise self._range_error(actions)
         return a.astype(np.int64)
 
-    def _advance(self, budget: np.ndarray, skip: np.ndarray | None = None) -> tuple[
-        np.ndarray, np.ndarray, np.ndarray, dict[str, np.ndarray]
+    def _range_error(self, actions: Any) -> ValueError:
+        return ValueError(f"actions {actions!r} are not in the action space {self.action_space} "
+                          f"(budgets 0..{self._max_budget})")
+
+    def _advance(self, budget: np.ndarray, skip: np.ndarray | None = None, checked: bool = True) -> tuple[
+        np.ndarray, np.ndarray, np.ndarray, np.ndarray
     ]:
-        """One slot for every environment: serve, reward, truncation, then next arrivals (not for ``skip``)."""
+        """One slot for every environment: serve, reward, truncation, then next arrivals (not for ``skip``).
+
+        ``checked=False``: the budgets' range is checked here (by the engine, before anything changes).
+        Returns the reward, terminated and truncated arrays and the engine's slot figures
+        (:meth:`BatchedEngine.advance`, rows ``BatchedEngine.OUT_ROWS``).
+        """
         eng = self.engine
-        arrived = eng.last_arrivals.copy()
-        n_sys = eng.n_queued + eng.n_active
-        st = eng.serve(budget)
-        reward = -(self._w_in * n_sys + self._w_waste * st["wasted_tokens"] + self._w_ev * st["evicted"]
-                   - self._w_done * st["completed"])
+        try:  # serve, then the next arrivals where episodes go on
+            out = eng.advance(budget, skip, self._horizon, None if checked else self._max_budget)
+        except BudgetError as e:
+            raise self._range_error(budget) from e
         terminated = np.zeros(self.num_envs, dtype=bool)  # endless workloads never terminate
         truncated = eng.t >= self._horizon
-        st["arrived"] = arrived
+        if eng.jit:  # reward, arrival-rate average and observation in one compiled pass
+            reward = np.empty(self.num_envs)
+            self._pending_obs = self._observe_jit(out, reward, skip)
+            return reward, terminated, truncated, out
+        st = dict(zip(eng.OUT_ROWS, out))
+        reward = -(self._w_in * st["in_system"] + self._w_waste * st["wasted_tokens"] + self._w_ev * st["evicted"]
+                   - self._w_done * st["completed"])
         stop = truncated if skip is None else truncated | skip
         if not stop.any():
-            k = eng.arrive()
-            self._rate += (k - self._rate) * self._alpha
+            self._rate += (eng.last_arrivals - self._rate) * self._alpha
         elif not stop.all():
             idx = np.flatnonzero(~stop)
-            k = eng.arrive(idx)[idx]
-            self._rate[idx] += (k - self._rate[idx]) * self._alpha
-        return reward, terminated, truncated, st
+            self._rate[idx] += (eng.last_arrivals[idx] - self._rate[idx]) * self._alpha
+        return reward, terminated, truncated, out
 
-    def _step_info(self, st: dict[str, np.ndarray]) -> dict[str, Any]:
+    def _observe_jit(self, out: np.ndarray | None = None, reward: np.ndarray | None = None,
+                     skip: np.ndarray | None = None) -> np.ndarray:
+        """Observation rows (compiled); with ``out`` also the step's reward and arrival-rate update."""
+        eng = self.engine
+        f = self.features
         N = self.num_envs
-        ones = np.ones(N, bool)
+        v = np.empty((N, f.size), dtype=np.float32)
+        update = out is not None
+        c_cls = self._s_cls.start if self._s_cls is not None else 0
+        _jit.vector_observe(
+            eng.held, eng.rs_n, eng.n_arrived, eng.p, eng.n_active, eng.queued_prompt_tokens, eng.H,
+            eng.class_queue, f.m if self._s_cls is not None else 0, eng.last_arrivals, eng.t,
+            eng._no_skip if skip is None else skip, self._horizon, update, self._rate, self._alpha, f.M,
+            f.queue_cap, f.queue_token_cap, self._s_hist.start, self._i_rate, c_cls, v,
+            out if update else self._no_out, self._weights, reward if update else self._rate)
+        return v
+
+    def _step_info(self, out: np.ndarray) -> dict[str, Any]:
+        """The step's info dict from :meth:`_advance`'s slot figures (fresh arrays)."""
+        N = self.num_envs
+        masks = np.ones((len(_STEP_INT_KEYS) + 2, N), bool)  # one block, a fresh row per key
         info: dict[str, Any] = {}
-        for key in _STEP_INT_KEYS:
-            info[key] = st[key] if key != "rejected" else np.zeros(N, np.int64)
-            info["_" + key] = ones.copy()
-        info["overflow"] = st["evicted"] > 0
-        info["_overflow"] = ones.copy()
-        info["kv_usage"] = st["usage"] / self.config.M
-        info["_kv_usage"] = ones.copy()
+        for r, key in enumerate(_STEP_INT_KEYS):
+            row = _OUT_ROW.get(key)
+            info[key] = out[row] if row is not None else np.zeros(N, np.int64)
+            info["_" + key] = masks[r]
+        info["overflow"] = out[_OUT_ROW["evicted"]] > 0
+        info["_overflow"] = masks[-2]
+        info["kv_usage"] = out[_OUT_ROW["usage"]] / self.config.M
+        info["_kv_usage"] = masks[-1]
         return info
 
     def _observe(self) -> Any:
@@ -268,17 +305,22 @@ class FlowControlVectorEnv(VectorEnv):
         f = self.features
         M = f.M
         qc = f.queue_cap
-        v = np.empty((self.num_envs, f.size), dtype=np.float32)
-        v[:, 0] = eng.held / M
-        v[:, 1] = np.minimum(eng.n_queued, qc)
-        v[:, 2] = eng.n_active
-        v[:, 3] = np.minimum(eng.queued_prompt_tokens / M, f.queue_token_cap)
-        v[:, self._s_hist] = eng.H
-        v[:, self._i_rate] = np.minimum(self._rate, qc)
+        v = self._pending_obs
+        self._pending_obs = None  # each observation is a fresh array
+        if v is None and eng.jit:
+            v = self._observe_jit()
+        if v is None:
+            v = np.empty((self.num_envs, f.size), dtype=np.float32)
+            v[:, 0] = eng.held / M
+            v[:, 1] = np.minimum(eng.n_queued, qc)
+            v[:, 2] = eng.n_active
+            v[:, 3] = np.minimum(eng.queued_prompt_tokens / M, f.queue_token_cap)
+            v[:, self._s_hist] = eng.H
+            v[:, self._i_rate] = np.minimum(self._rate, qc)
+            if self._s_cls is not None:
+                v[:, self._s_cls] = np.minimum(eng.class_queue[:, : f.m], qc)
         if self._s_proj is not None:
             v[:, self._s_proj] = np.minimum(eng.projected_usage() / M, f.projection_cap)
-        if self._s_cls is not None:
-            v[:, self._s_cls] = np.minimum(eng.class_queue[:, : f.m], qc)
         if self._dict_obs:
             return {name: v[:, s] for name, s in self._slices}
         return v
@@ -313,13 +355,16 @@ class FlowControlVectorEnv(VectorEnv):
         """Step every environment one slot with budgets ``actions`` (autoreset: next step)."""
         if not self._started:
             raise RuntimeError("call reset() before step()")
-        budget = self._budgets(actions)
         auto = self._autoreset
         any_auto = bool(auto.any())
+        # every action is checked, also those of resetting environments (ignored, set to 0 below);
+        # on the compiled path the engine checks the range of the others
+        check_here = any_auto or not self.engine.jit
+        budget = self._budgets(actions, check_range=check_here)
         if any_auto:
             budget[auto] = 0
-        reward, terminated, truncated, st = self._advance(budget, auto if any_auto else None)
-        info = self._step_info(st)
+        reward, terminated, truncated, out = self._advance(budget, auto if any_auto else None, checked=check_here)
+        info = self._step_info(out)
         if any_auto:
             idx = np.flatnonzero(auto)
             reward[idx] = 0.0
