@@ -234,9 +234,7 @@ def _poisson_chunk(u, pos, end, nz, enl, lk, m_track, n_slots, base, cls, bnd, t
     return j
 
 
-def _batched_step(i0, G, M, evict_all, m_track, horizon, max_budget, budget, skip,
-                  t, n_arrived, p, rs_n, n_active, held, qpt, tail, last_arr, gen_t, chunk_t0,
-                  H, class_queue, by_class, lk, ok, output, prompt, finish, evictions, cls, abnd, tokc, clsc,
+def _batched_step(i0, G, M, evict_all, m_track, horizon, max_budget, budget, skip, st, H, class_queue, by_class, lk, ok, output, prompt, finish, evictions, cls, abnd, tokc, clsc,
                   a_id, a_fin, rs, cal_n, cal_tok, dH, bin_last, bin_j, edges,
                   out, need):  # pragma: no cover - compiled
     """Slot ``t`` of environments ``i0..N-1`` of a :class:`~flowgym.batched.BatchedEngine` (phases 2-5, then 1).
@@ -253,6 +251,9 @@ def _batched_step(i0, G, M, evict_all, m_track, horizon, max_budget, budget, ski
     or ``-1 - 2 * N - i`` when ``max_budget >= 0`` and ``budget[i]`` is outside
     ``0..max_budget`` (checked first: then nothing is done).
     """
+    # the rows of st (flowgym.batched.STATE_ROWS)
+    t, n_arrived, p, rs_n, n_active, held = st[0], st[1], st[2], st[3], st[4], st[5]
+    qpt, tail, last_arr, gen_t, chunk_t0 = st[6], st[7], st[8], st[9], st[10]
     N = t.size
     K = H.shape[1]
     A = a_id.shape[1]
@@ -428,13 +429,15 @@ def _batched_step(i0, G, M, evict_all, m_track, horizon, max_budget, budget, ski
     return n_need
 
 
-def _vector_observe(held, rs_n, n_arrived, p, n_active, qpt, H, class_queue, m_obs, last_arr, t, skip, horizon,
-                    update, rate, alpha, M, qc, qtc, c_hist, c_rate, c_cls, v, out, w, reward):
+def _vector_observe(st, H, class_queue, m_obs, skip, horizon, update, rate, alpha, M, qc, qtc, c_hist, c_rate, c_cls,
+                    v, out, w, reward):
     # pragma: no cover - compiled
     """Observation rows ``v`` (and, when ``update``, the arrival-rate average and ``reward``) of a vector env.
 
     The same floats as ``FlowControlVectorEnv``'s numpy code (no fused operations).
     """
+    t, n_arrived, p, rs_n, n_active, held = st[0], st[1], st[2], st[3], st[4], st[5]
+    qpt, last_arr = st[6], st[8]
     N = held.size
     K = H.shape[1]
     for i in range(N):

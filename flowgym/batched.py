@@ -63,6 +63,14 @@ class BudgetError(ValueError):
     """A budget passed to :meth:`BatchedEngine.advance` is outside ``0..max_budget``."""
 
 
+#: Per-environment counters, in the order of the rows of ``BatchedEngine.counters``: the slot
+#: ``t``, the arrived requests, the next fresh (never admitted) id ``p``, the evicted
+#: requests waiting (a stack), the active requests, the tokens held, the prompt tokens
+#: queued, the end of the active set, the arrivals of slot ``t``, the first slot of the
+#: next workload chunk, the first slot of the current one, and the requests drawn.
+STATE_ROWS = ("t", "n_arrived", "p", "rs_n", "n_active", "held", "queued_prompt_tokens", "tail", "last_arrivals",
+              "gen_t", "chunk_t0", "n_req")
+
 #: Eviction rules the batched engine implements.
 SUPPORTED_EVICTIONS = ("lifo", "all")
 
@@ -166,20 +174,11 @@ class BatchedEngine:
         self._arK = self._ar * K
         self.G = 0  # global clock (ring index), +1 per serve()
 
-        # per environment
-        z = lambda: np.zeros(N, _I64)  # noqa: E731
-        self.t = z()
-        self.n_req = z()
-        self.gen_t = z()
-        self.chunk_t0 = z()
-        self.n_arrived = z()
-        self.p = z()  # next fresh (never admitted) id
-        self.rs_n = z()  # evicted requests waiting (stack)
-        self.n_active = z()
-        self.held = z()
-        self.queued_prompt_tokens = z()
-        self.tail = z()
-        self.last_arrivals = z()
+        # per environment: the rows of one array (the compiled kernels take it whole); the
+        # attributes are views of its rows and are only ever updated in place
+        self.counters = np.zeros((len(STATE_ROWS), N), _I64)
+        for r, name in enumerate(STATE_ROWS):
+            setattr(self, name, self.counters[r])
         self.H = np.zeros((N, K), _I64)  # generated-tokens histogram at the decision point
         self.class_queue = np.zeros((N, max(self.m, 1)), _I64)
 
@@ -423,9 +422,9 @@ class BatchedEngine:
         hi = self._abnd[rows, t + 1].astype(_I64)
         tok = self._tokc[rows, col + 1] - self._tokc[rows, col]
         if envs is None:
-            self.n_arrived = hi
+            self.n_arrived[:] = hi
             self.queued_prompt_tokens += tok
-            self.last_arrivals = hi - lo
+            self.last_arrivals[:] = hi - lo
         else:
             self.n_arrived[envs] = hi
             self.queued_prompt_tokens[envs] += tok
@@ -531,7 +530,7 @@ class BatchedEngine:
             evicted, wasted = self._evict(np.flatnonzero(over), demand)
             demand = self.held + self.n_active
         # ---- decode
-        self.held = demand.copy()
+        self.held[:] = demand
         g1 = (G + 1) & mask
         cs = slice(g1 * N, g1 * N + N)
         n_done = self._cal_n[cs].copy()
@@ -552,7 +551,7 @@ class BatchedEngine:
             "queue_len": self.n_queued,
             "active": self.n_active.copy(),
         }
-        self.t = t + 1
+        self.t += 1  # (t is this array: its copy is in the figures above)
         self.G = G + 1
         return out
 
@@ -605,8 +604,7 @@ class BatchedEngine:
         while True:
             res = _jit.batched_step(
                 i0, self.G, self.M, self.evict_all, self.m if self.track_class_queue else 0, hz, mb, budget, skip_a,
-                self.t, self.n_arrived, self.p, self.rs_n, self.n_active, self.held, self.queued_prompt_tokens,
-                self.tail, self.last_arrivals, self.gen_t, self.chunk_t0, self.H, self.class_queue,
+                self.counters, self.H, self.class_queue,
                 self._by_class, self._lk, self._ok, self._output, self._prompt, self._finish, self._evictions,
                 self._cls, self._abnd, self._tokc, clsc, self._a_id, self._a_fin, self._rs, self._cal_n, self._cal_tok,
                 self._dH, self._bin_last, self._bin_j, self.edges, out, self._need)

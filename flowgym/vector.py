@@ -34,6 +34,9 @@ __all__ = ["FlowControlVectorEnv", "FlowControlSyncVectorEnv", "make_vector_env"
 _STEP_INT_KEYS = ("t", "arrived", "rejected", "admitted", "evicted", "wasted_tokens", "completed", "usage",
                   "queue_len", "active")
 _OUT_ROW = {name: r for r, name in enumerate(BatchedEngine.OUT_ROWS)}
+_INFO_ROWS = [_OUT_ROW.get(k, len(BatchedEngine.OUT_ROWS)) for k in _STEP_INT_KEYS]  # "rejected": a zero row
+_INFO_KEYS = (*_STEP_INT_KEYS, "overflow", "kv_usage")
+_INFO_KEYS_ALL = [x for k in _INFO_KEYS for x in (k, "_" + k)]  # each key, then its mask (as SyncVectorEnv)
 
 
 def batched_unsupported(config: FlowControlConfig, render_mode: str | None = None, **extra: Any) -> str | None:
@@ -170,6 +173,7 @@ class FlowControlVectorEnv(VectorEnv):
         self._weights = np.array([self._w_in, self._w_waste, self._w_ev, self._w_done])
         self._pending_obs: np.ndarray | None = None  # computed with the step's reward (compiled path)
         self._no_out = np.zeros((len(BatchedEngine.OUT_ROWS), 1), np.int64)
+        self._no_skip = np.zeros(N, bool)
 
     # ------------------------------------------------------------------ internals shared with the SB3 adapter
 
@@ -278,9 +282,8 @@ class FlowControlVectorEnv(VectorEnv):
         update = out is not None
         c_cls = self._s_cls.start if self._s_cls is not None else 0
         _jit.vector_observe(
-            eng.held, eng.rs_n, eng.n_arrived, eng.p, eng.n_active, eng.queued_prompt_tokens, eng.H,
-            eng.class_queue, f.m if self._s_cls is not None else 0, eng.last_arrivals, eng.t,
-            eng._no_skip if skip is None else skip, self._horizon, update, self._rate, self._alpha, f.M,
+            eng.counters, eng.H, eng.class_queue, f.m if self._s_cls is not None else 0,
+            self._no_skip if skip is None else skip, self._horizon, update, self._rate, self._alpha, f.M,
             f.queue_cap, f.queue_token_cap, self._s_hist.start, self._i_rate, c_cls, v,
             out if update else self._no_out, self._weights, reward if update else self._rate)
         return v
@@ -288,17 +291,13 @@ class FlowControlVectorEnv(VectorEnv):
     def _step_info(self, out: np.ndarray) -> dict[str, Any]:
         """The step's info dict from :meth:`_advance`'s slot figures (fresh arrays)."""
         N = self.num_envs
-        masks = np.ones((len(_STEP_INT_KEYS) + 2, N), bool)  # one block, a fresh row per key
-        info: dict[str, Any] = {}
-        for r, key in enumerate(_STEP_INT_KEYS):
-            row = _OUT_ROW.get(key)
-            info[key] = out[row] if row is not None else np.zeros(N, np.int64)
-            info["_" + key] = masks[r]
-        info["overflow"] = out[_OUT_ROW["evicted"]] > 0
-        info["_overflow"] = masks[-2]
-        info["kv_usage"] = out[_OUT_ROW["usage"]] / self.config.M
-        info["_kv_usage"] = masks[-1]
-        return info
+        rows = list(out)  # views of the fresh block
+        rows.append(np.zeros(N, np.int64))  # rejected: nothing is rejected here
+        vals = [rows[r] for r in _INFO_ROWS]
+        vals.append(rows[_OUT_ROW["evicted"]] > 0)
+        vals.append(rows[_OUT_ROW["usage"]] / self.config.M)
+        masks = list(np.ones((len(_INFO_KEYS), N), bool))  # one block, a fresh row per key
+        return dict(zip(_INFO_KEYS_ALL, [x for pair in zip(vals, masks) for x in pair]))
 
     def _observe(self) -> Any:
         eng = self.engine
