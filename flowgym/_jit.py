@@ -190,7 +190,8 @@ def _poisson_chunk(u, pos, end, nz, enl, lk, m_track, n_slots, base, cls, bnd, t
         # request a of the slot (draw order: by class, then by draw) has uniform u[j + a];
         # it goes to rank r_a of the stable sort by uniform (ties in draw order, as lexsort).
         # Up to 16 requests: rank by counting over packed keys (u * 2**53 is an exact
-        # integer below 2**53; the low 4 bits hold a, so keys are distinct), fixed width.
+        # integer below 2**53; the low 4 bits hold a, so keys are distinct), at a fixed
+        # width of 16 (padded with the largest key).
         if n_s <= 16:
             for a in range(16):
                 kv = (np.int64(u[j + a] * 9007199254740992.0) << 4) | a
@@ -234,22 +235,23 @@ def _poisson_chunk(u, pos, end, nz, enl, lk, m_track, n_slots, base, cls, bnd, t
     return j
 
 
-def _batched_step(i0, G, M, evict_all, m_track, horizon, max_budget, budget, skip, st, H, class_queue, by_class, lk, ok, output, prompt, finish, evictions, cls, abnd, tokc, clsc,
-                  a_id, a_fin, rs, cal_n, cal_tok, dH, bin_last, bin_j, edges,
-                  out, need):  # pragma: no cover - compiled
-    """Slot ``t`` of environments ``i0..N-1`` of a :class:`~flowgym.batched.BatchedEngine` (phases 2-5, then 1).
+def _batched_step(G, M, evict_all, m_track, horizon, max_budget, budget, skip, st, H, class_queue, by_class, lk, ok,
+                  output, prompt, finish, evictions, cls, abnd, tokc, clsc, a_id, a_fin, rs, cal_n, cal_tok, dH,
+                  bin_last, bin_j, edges, out, need, xcnt):  # pragma: no cover - compiled
+    """Slot ``t`` of every environment of a :class:`~flowgym.batched.BatchedEngine` (phases 2-5, then 1).
 
     The same integers as ``BatchedEngine.serve`` followed by ``arrive`` for the
     environments not in ``skip`` whose clock is below ``horizon``. Writes the slot's
     figures to ``out`` (rows of ``BatchedEngine.OUT_ROWS``). An environment whose
     next slot needs a new workload chunk is listed in ``need`` (its arrivals are
-    left to the caller).
+    left to the caller). ``xcnt`` is an ``(N, K)`` scratch of zeros (left zero).
 
     Returns ``n >= 0`` (done; ``need[:n]`` lists the environments waiting for a
     chunk), ``-1 - (2 * i + what)`` when environment ``i`` needs more room
-    (``what`` 0: active set, 1: eviction stack) before anything of its slot is done,
-    or ``-1 - 2 * N - i`` when ``max_budget >= 0`` and ``budget[i]`` is outside
-    ``0..max_budget`` (checked first: then nothing is done).
+    (``what`` 0: active set, 1: eviction stack), or ``-1 - 2 * N - i`` when
+    ``max_budget >= 0`` and ``budget[i]`` is outside ``0..max_budget``. Both are
+    checked before any slot is served (only dead entries of active sets may
+    have been dropped), so the caller grows the arrays and calls again.
     """
     # the rows of st (flowgym.batched.STATE_ROWS)
     t, n_arrived, p, rs_n, n_active, held = st[0], st[1], st[2], st[3], st[4], st[5]
@@ -262,17 +264,12 @@ def _batched_step(i0, G, M, evict_all, m_track, horizon, max_budget, budget, ski
     mask = R - 1
     NK = N * K
     if max_budget >= 0:
-        for i in range(i0, N):
+        for i in range(N):
             if budget[i] < 0 or budget[i] > max_budget:
                 return -1 - 2 * N - i
-    n_need = 0
-    xcnt = np.zeros(K, np.int64)
-    for i in range(i0, N):
+    for i in range(N):  # room for this slot's admissions and evictions
         ti = t[i]
-        nq = rs_n[i] + n_arrived[i] - p[i]
-        k = budget[i]
-        if nq < k:
-            k = nq
+        k = min(budget[i], rs_n[i] + n_arrived[i] - p[i])
         if tail[i] + k > A:  # drop dead entries, keeping activation order (no branch per entry)
             w = 0
             for c in range(tail[i]):
@@ -285,6 +282,11 @@ def _batched_step(i0, G, M, evict_all, m_track, horizon, max_budget, budget, ski
                 return -1 - 2 * i
         if rs_n[i] + n_active[i] + k > S:
             return -2 - 2 * i
+    for i in range(N):
+        need[i] = 0
+        ti = t[i]
+        nq = rs_n[i] + n_arrived[i] - p[i]
+        k = min(budget[i], nq)
         out[0, i] = ti
         out[8, i] = last_arr[i]
         out[9, i] = nq + n_active[i]
@@ -317,7 +319,7 @@ def _batched_step(i0, G, M, evict_all, m_track, horizon, max_budget, budget, ski
             cal_tok[c] += ln + o
             bl = bin_last[o]
             dH[c * K + bl] -= 1
-            xcnt[bl] += 1
+            xcnt[i, bl] += 1
             if bl > top:
                 top = bl
             psum += ln
@@ -325,12 +327,12 @@ def _batched_step(i0, G, M, evict_all, m_track, horizon, max_budget, budget, ski
                 class_queue[i, cls[i, rid]] -= 1
         n_x = 0
         for kk in range(top, 0, -1):  # n_x: admitted with bin_last >= kk cross into bin kk at G + edges[kk]
-            n_x += xcnt[kk]
-            xcnt[kk] = 0
+            n_x += xcnt[i, kk]
+            xcnt[i, kk] = 0
             x = ((G + edges[kk]) & mask) * NK + i * K + kk
             dH[x] += n_x
             dH[x - 1] -= n_x
-        xcnt[0] = 0
+        xcnt[i, 0] = 0
         rs_n[i] -= kr
         p[i] += k - kr
         H[i, 0] += k
@@ -412,39 +414,52 @@ def _batched_step(i0, G, M, evict_all, m_track, horizon, max_budget, budget, ski
         tn = ti + 1
         t[i] = tn
         # ---- phase 1 of the next slot: its arrivals
-        if skip[i] or tn >= horizon:
-            continue
-        if tn >= gen_t[i]:
+        if not skip[i] and tn < horizon:
+            if tn >= gen_t[i]:
+                need[i] = 1  # its chunk is drawn by the caller
+            else:
+                col = tn - chunk_t0[i]
+                lo = abnd[i, tn]
+                hi = abnd[i, tn + 1]
+                n_arrived[i] = hi
+                qpt[i] += tokc[i, col + 1] - tokc[i, col]
+                last_arr[i] = hi - lo
+                for c in range(m_track):
+                    class_queue[i, c] += clsc[i, col + 1, c] - clsc[i, col, c]
+    n_need = 0
+    for i in range(N):  # flags to a list (n_need <= i: nothing unread is overwritten)
+        if need[i]:
             need[n_need] = i
             n_need += 1
-            continue
-        col = tn - chunk_t0[i]
-        lo = abnd[i, tn]
-        hi = abnd[i, tn + 1]
-        n_arrived[i] = hi
-        qpt[i] += tokc[i, col + 1] - tokc[i, col]
-        last_arr[i] = hi - lo
-        for c in range(m_track):
-            class_queue[i, c] += clsc[i, col + 1, c] - clsc[i, col, c]
     return n_need
 
 
 def _vector_observe(st, H, class_queue, m_obs, skip, horizon, update, rate, alpha, M, qc, qtc, c_hist, c_rate, c_cls,
-                    v, out, w, reward):
+                    v, out, w, reward, kv, flags):
     # pragma: no cover - compiled
-    """Observation rows ``v`` (and, when ``update``, the arrival-rate average and ``reward``) of a vector env.
+    """Observation rows ``v`` of a vector env; when ``update``, also the step's other outputs.
 
-    The same floats as ``FlowControlVectorEnv``'s numpy code (no fused operations).
+    These are the arrival-rate average, ``reward``, ``kv`` (usage over ``M``) and the
+    rows of ``flags``: terminated (never), truncated (``t >= horizon``, not in ``skip``) and overflow
+    (an eviction). The same floats as ``FlowControlVectorEnv``'s numpy code (no
+    fused operations). Returns the number of truncated environments (0 without ``update``).
     """
     t, n_arrived, p, rs_n, n_active, held = st[0], st[1], st[2], st[3], st[4], st[5]
     qpt, last_arr = st[6], st[8]
     N = held.size
     K = H.shape[1]
+    n_trunc = 0
     for i in range(N):
         if update:
+            trunc = t[i] >= horizon and not skip[i]  # a skipped environment is resetting, not truncated
+            n_trunc += trunc
             if not skip[i] and t[i] < horizon:
                 rate[i] += (last_arr[i] - rate[i]) * alpha
             reward[i] = -(w[0] * out[9, i] + w[1] * out[4, i] + w[2] * out[3, i] - w[3] * out[5, i])
+            kv[i] = out[1, i] / M
+            flags[0, i] = False
+            flags[1, i] = trunc
+            flags[2, i] = out[3, i] > 0
         v[i, 0] = held[i] / M
         v[i, 1] = min(float(rs_n[i] + n_arrived[i] - p[i]), qc)
         v[i, 2] = n_active[i]
@@ -454,6 +469,7 @@ def _vector_observe(st, H, class_queue, m_obs, skip, horizon, update, rate, alph
         v[i, c_rate] = min(rate[i], qc)
         for c in range(m_obs):
             v[i, c_cls + c] = min(float(class_queue[i, c]), qc)
+    return n_trunc
 
 
 

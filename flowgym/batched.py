@@ -194,6 +194,7 @@ class BatchedEngine:
         else:
             self._lk = self._ok = np.zeros(1, _I64)
         self._no_table = np.zeros((N, 1), _I32)
+        self._kargs: tuple[Any, ...] | None = None
         self.C = 0
         self._alloc_table(4096)
         CH = CHUNK_SLOTS
@@ -220,6 +221,7 @@ class BatchedEngine:
             per_slot = float(np.sum(np.where(rates > 0, rates + 1.0, 0.0)) + rates.sum())
             self._u_chunk = int(per_slot * CHUNK_SLOTS) + 64
         self._need = np.zeros(N, _I64)
+        self._xcnt = np.zeros((N, K), _I64)
         self._no_skip = np.zeros(N, bool)
         self._dummy_clsc = np.zeros((1, 1, 1), _I64)
 
@@ -251,6 +253,7 @@ class BatchedEngine:
         if self._by_class:
             self._prompt = self._output = self._no_table
         self.C = C
+        self._kargs = None
 
     def _alloc_bounds(self, T: int) -> None:
         """Room for the arrivals of ``T`` slots per environment: ``_abnd[i, s]`` is the first id arriving at slot ``s``."""
@@ -259,6 +262,7 @@ class BatchedEngine:
             new[:, : self.T + 1] = self._abnd
         self._abnd = new
         self.T = T
+        self._kargs = None
 
     def _lengths(self, flat: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         """Prompt and output lengths (int64) of the requests at flat table positions ``env * C + id``."""
@@ -275,6 +279,7 @@ class BatchedEngine:
             new[:, : self.A] = old
             setattr(self, name, new)
         self.A = A
+        self._kargs = None
 
     def _compact(self, rows: np.ndarray) -> None:
         """Drop dead entries of the active set of ``rows`` (keeping activation order)."""
@@ -598,29 +603,32 @@ class BatchedEngine:
             return out
         _jit.load()
         skip_a = self._no_skip if skip is None else skip
-        clsc = self._clsc if self._clsc is not None else self._dummy_clsc
         mb = -1 if max_budget is None else int(max_budget)
-        i0 = 0
         while True:
-            res = _jit.batched_step(
-                i0, self.G, self.M, self.evict_all, self.m if self.track_class_queue else 0, hz, mb, budget, skip_a,
-                self.counters, self.H, self.class_queue,
-                self._by_class, self._lk, self._ok, self._output, self._prompt, self._finish, self._evictions,
-                self._cls, self._abnd, self._tokc, clsc, self._a_id, self._a_fin, self._rs, self._cal_n, self._cal_tok,
-                self._dH, self._bin_last, self._bin_j, self.edges, out, self._need)
+            kargs = self._kargs
+            if kargs is None:  # the arrays the kernel takes (rebuilt after any of them grows)
+                clsc = self._clsc if self._clsc is not None else self._dummy_clsc
+                kargs = self._kargs = (
+                    self.counters, self.H, self.class_queue, self._by_class, self._lk, self._ok, self._output,
+                    self._prompt, self._finish, self._evictions, self._cls, self._abnd, self._tokc, clsc, self._a_id,
+                    self._a_fin, self._rs, self._cal_n, self._cal_tok, self._dH, self._bin_last, self._bin_j,
+                    self.edges)
+            res = _jit.batched_step(self.G, self.M, self.evict_all, self.m if self.track_class_queue else 0, hz, mb,
+                                    budget, skip_a, *kargs, out, self._need, self._xcnt)
             if res >= 0:
                 break
             if res <= -1 - 2 * N:  # a budget out of range (checked before anything changed)
                 i = -1 - 2 * N - res
                 raise BudgetError(f"budget {int(budget[i])} of environment {i} is not in 0..{max_budget}")
-            i0, what = divmod(-1 - res, 2)  # env i0 needs room; envs before it are done
+            i, what = divmod(-1 - res, 2)  # env i needs room (no slot was served yet)
             if what == 0:
                 self._grow_active(2 * self.A)
             else:
-                S = 2 * self.S + int(self.rs_n[i0] + self.n_active[i0] + budget[i0])
+                S = 2 * self.S + int(self.rs_n[i] + self.n_active[i] + budget[i])
                 rs = np.zeros((N, S), _I64)
                 rs[:, : self.S] = self._rs
                 self._rs, self.S = rs, S
+                self._kargs = None
         self.G += 1
         if res:
             self.arrive(self._need[:res].copy())
@@ -693,6 +701,7 @@ class BatchedEngine:
             rs = np.zeros((N, S), _I64)
             rs[:, : self.S] = self._rs
             self._rs, self.S = rs, S
+            self._kargs = None
         vstart, _ = _excl_cumsum(cnt)
         rank = np.arange(vr.size) - vstart[vr]
         self._rs[ve, self.rs_n[ve] + cnt[vr] - 1 - rank] = vid

@@ -169,11 +169,15 @@ class FlowControlVectorEnv(VectorEnv):
         self._np_randoms: list[np.random.Generator | None] = [None] * N
         self._rate = np.zeros(N)
         self._autoreset = np.zeros(N, dtype=bool)
+        self._any_autoreset = False
         self._started = False
         self._weights = np.array([self._w_in, self._w_waste, self._w_ev, self._w_done])
         self._pending_obs: np.ndarray | None = None  # computed with the step's reward (compiled path)
         self._no_out = np.zeros((len(BatchedEngine.OUT_ROWS), 1), np.int64)
         self._no_skip = np.zeros(N, bool)
+        self._no_flags = np.zeros((3, 1), bool)
+        self._pending_info: tuple[np.ndarray, np.ndarray, np.ndarray] | None = None
+        self._n_truncated = 0  # truncated environments of the last compiled step
 
     # ------------------------------------------------------------------ internals shared with the SB3 adapter
 
@@ -255,12 +259,15 @@ class FlowControlVectorEnv(VectorEnv):
             out = eng.advance(budget, skip, self._horizon, None if checked else self._max_budget)
         except BudgetError as e:
             raise self._range_error(budget) from e
+        if eng.jit:  # reward, flags, kv usage, arrival-rate average and observation in one compiled pass
+            N = self.num_envs
+            reward, kv = np.empty((2, N))
+            flags = np.empty((3, N), dtype=bool)  # terminated, truncated, overflow
+            self._pending_obs = self._observe_jit(out, reward, skip, kv, flags)
+            self._pending_info = (out, flags[2], kv)
+            return reward, flags[0], flags[1], out
         terminated = np.zeros(self.num_envs, dtype=bool)  # endless workloads never terminate
         truncated = eng.t >= self._horizon
-        if eng.jit:  # reward, arrival-rate average and observation in one compiled pass
-            reward = np.empty(self.num_envs)
-            self._pending_obs = self._observe_jit(out, reward, skip)
-            return reward, terminated, truncated, out
         st = dict(zip(eng.OUT_ROWS, out))
         reward = -(self._w_in * st["in_system"] + self._w_waste * st["wasted_tokens"] + self._w_ev * st["evicted"]
                    - self._w_done * st["completed"])
@@ -273,19 +280,21 @@ class FlowControlVectorEnv(VectorEnv):
         return reward, terminated, truncated, out
 
     def _observe_jit(self, out: np.ndarray | None = None, reward: np.ndarray | None = None,
-                     skip: np.ndarray | None = None) -> np.ndarray:
-        """Observation rows (compiled); with ``out`` also the step's reward and arrival-rate update."""
+                     skip: np.ndarray | None = None, kv: np.ndarray | None = None,
+                     flags: np.ndarray | None = None) -> np.ndarray:
+        """Observation rows (compiled); with ``out`` also the step's other outputs (see ``vector_observe``)."""
         eng = self.engine
         f = self.features
         N = self.num_envs
         v = np.empty((N, f.size), dtype=np.float32)
         update = out is not None
         c_cls = self._s_cls.start if self._s_cls is not None else 0
-        _jit.vector_observe(
+        self._n_truncated = _jit.vector_observe(
             eng.counters, eng.H, eng.class_queue, f.m if self._s_cls is not None else 0,
             self._no_skip if skip is None else skip, self._horizon, update, self._rate, self._alpha, f.M,
             f.queue_cap, f.queue_token_cap, self._s_hist.start, self._i_rate, c_cls, v,
-            out if update else self._no_out, self._weights, reward if update else self._rate)
+            out if update else self._no_out, self._weights, reward if update else self._rate,
+            kv if update else self._rate, flags if update else self._no_flags)
         return v
 
     def _step_info(self, out: np.ndarray) -> dict[str, Any]:
@@ -294,8 +303,12 @@ class FlowControlVectorEnv(VectorEnv):
         rows = list(out)  # views of the fresh block
         rows.append(np.zeros(N, np.int64))  # rejected: nothing is rejected here
         vals = [rows[r] for r in _INFO_ROWS]
-        vals.append(rows[_OUT_ROW["evicted"]] > 0)
-        vals.append(rows[_OUT_ROW["usage"]] / self.config.M)
+        pending, self._pending_info = self._pending_info, None
+        if pending is not None and pending[0] is out:  # computed by the compiled pass for this step
+            vals.extend(pending[1:])
+        else:
+            vals.append(rows[_OUT_ROW["evicted"]] > 0)
+            vals.append(rows[_OUT_ROW["usage"]] / self.config.M)
         masks = list(np.ones((len(_INFO_KEYS), N), bool))  # one block, a fresh row per key
         return dict(zip(_INFO_KEYS_ALL, [x for pair in zip(vals, masks) for x in pair]))
 
@@ -348,6 +361,7 @@ class FlowControlVectorEnv(VectorEnv):
             idx = np.arange(N)
         arrived = self._reset_envs(idx, [seeds[i] for i in idx.tolist()])
         self._autoreset[idx] = False
+        self._any_autoreset = bool(self._autoreset.any())
         return self._observe(), self._reset_info(idx, arrived, {})
 
     def step(self, actions: Any) -> tuple[Any, np.ndarray, np.ndarray, np.ndarray, dict[str, Any]]:
@@ -355,7 +369,7 @@ class FlowControlVectorEnv(VectorEnv):
         if not self._started:
             raise RuntimeError("call reset() before step()")
         auto = self._autoreset
-        any_auto = bool(auto.any())
+        any_auto = self._any_autoreset
         # every action is checked, also those of resetting environments (ignored, set to 0 below);
         # on the compiled path the engine checks the range of the others
         check_here = any_auto or not self.engine.jit
@@ -379,6 +393,7 @@ class FlowControlVectorEnv(VectorEnv):
             arrived = self._reset_envs(idx, [None] * idx.size)
             self._reset_info(idx, arrived, info)
         self._autoreset = terminated | truncated
+        self._any_autoreset = self._n_truncated > 0 if self.engine.jit else bool(self._autoreset.any())
         return self._observe(), reward, terminated, truncated, info
 
     def request_log(self, i: int) -> dict[str, np.ndarray]:
