@@ -235,6 +235,29 @@ def _poisson_chunk(u, pos, end, nz, enl, lk, m_track, n_slots, base, cls, bnd, t
     return j
 
 
+def _poisson_chunks(U, end, envs, nz, enl, lk, m_track, n_slots, st, cls, abnd, tokc, clsc, res):
+    # pragma: no cover - compiled
+    """:func:`poisson_chunk` for the environments ``envs`` (row ``r`` of ``U`` holds the uniforms of ``envs[r]``).
+
+    Each environment's chunk starts at its clock ``gen_t`` and its next id
+    ``n_req`` (rows of ``st``, ``flowgym.batched.STATE_ROWS``), which are advanced
+    on success. ``res[r]`` gets :func:`poisson_chunk`'s result (on a failure the
+    environment is left as it was, for the caller to redo alone).
+    """
+    gen_t, chunk_t0, n_req = st[9], st[10], st[11]
+    for r in range(envs.size):
+        i = envs[r]
+        t0 = gen_t[i]
+        c = clsc[i] if m_track > 0 else clsc[0]
+        q = poisson_chunk(U[r], 0, end, nz, enl, lk, m_track, n_slots, n_req[i], cls[i], abnd[i, t0 : t0 + n_slots + 1],
+                          tokc[i], c)
+        res[r] = q
+        if q >= 0:
+            n_req[i] = abnd[i, t0 + n_slots]
+            chunk_t0[i] = t0
+            gen_t[i] = t0 + n_slots
+
+
 def _batched_step(G, M, evict_all, m_track, horizon, max_budget, budget, skip, st, H, class_queue, by_class, lk, ok,
                   output, prompt, finish, evictions, cls, abnd, tokc, clsc, a_id, a_fin, rs, cal_n, cal_tok, dH,
                   bin_last, bin_j, edges, out, need, xcnt):  # pragma: no cover - compiled
@@ -482,12 +505,13 @@ projected_demand: Any = None
 poisson_chunk: Any = None
 batched_step: Any = None
 vector_observe: Any = None
+poisson_chunks: Any = None
 
 
 def load() -> None:
     """Import numba and set up the kernels (compiled on first call); raises ``RuntimeError`` without numba."""
     global _numba, fill_range, admit_lane, count_classes, histogram_into, projected_demand
-    global poisson_chunk, batched_step, vector_observe
+    global poisson_chunk, batched_step, vector_observe, poisson_chunks
     if _numba is not None:
         return
     try:
@@ -498,6 +522,7 @@ def load() -> None:
     fill_range, admit_lane, count_classes = njit(_fill_range), njit(_admit_lane), njit(_count_classes)
     histogram_into, projected_demand = njit(_histogram_into), njit(_projected_demand)
     poisson_chunk, batched_step, vector_observe = njit(_poisson_chunk), njit(_batched_step), njit(_vector_observe)
+    poisson_chunks = njit(_poisson_chunks)  # calls poisson_chunk (a global resolved when it compiles)
     _numba = numba
 
 

@@ -1,11 +1,21 @@
 """A batched engine: ``N`` independent copies of :class:`~flowgym.engine.Engine` in one set of arrays.
 
 :class:`BatchedEngine` runs the slot semantics of ``docs/model.md`` for ``N``
-environments at once, with a fixed number of numpy operations per slot
-whatever ``N`` (no Python loop over environments in the slot; workload chunks
-are still drawn environment by environment, every 256 slots, from each
-environment's own generator, so the requests are exactly those the single
-engine draws from the same generator).
+environments at once. Two paths compute the same integers:
+
+* compiled (numba, ``flowgym[fast]``; :attr:`BatchedEngine.jit`, the default
+  when numba is installed): one kernel call per slot for all environments
+  (:func:`flowgym._jit.batched_step`: admission, eviction, decode and the next
+  slot's arrivals), and, for :class:`~flowgym.workloads.MultiClassPoisson`
+  workloads with every rate below 10, a compiled sampler that turns the
+  generator's own uniforms into the requests ``MultiClassPoisson.sample``
+  draws (:func:`flowgym._jit.poisson_chunk`);
+* numpy: a fixed number of numpy operations per slot whatever ``N`` (no Python
+  loop over environments in the slot).
+
+Either way workload chunks are drawn environment by environment, every 256
+slots, from each environment's own generator, so the requests are exactly
+those the single engine draws from the same generator.
 
 Supported: the discrete-time model (unit slots) with
 
@@ -31,10 +41,15 @@ net change of the generated-tokens histogram per slot (a request moves to bin
 ``k`` at ``start + e_k`` and leaves at ``start + o``), so observations never
 scan the active set.
 
-Memory: per environment, the request table of the current episode (4 int32 per
-request), the active set (4 int64 per entry, compacted when full) and two rings
-of ``R`` slots (``R`` the smallest power of two above the longest output):
-``R * (2 + K)`` numbers for ``K`` histogram bins.
+Memory: per environment, the request table of the current episode (int32:
+class, finish slot and eviction count per request, plus prompt and output
+lengths unless the workload has classes, whose lengths are the class's), the
+first id of each slot, the active set (id and finish slot, int32, compacted
+when full) and two rings of ``R`` slots (``R`` the smallest power of two above
+the longest output): ``R * (2 + K)`` int32 for ``K`` histogram bins. Only what
+a slot touches is written per request (the table's finish and eviction columns
+are not initialised: ids not yet admitted are masked in :meth:`request_log`),
+which keeps the memory traffic of a slot small.
 
 This module does not import Gymnasium.
 """
@@ -125,9 +140,13 @@ class BatchedEngine:
         track_class_queue: keep per-class queue counts.
 
     Call :meth:`reset` with the environments to reset and one numpy
-    ``Generator`` each, then alternate :meth:`serve` and :meth:`arrive`
-    (a reset includes slot 0's arrivals). Per-environment state is exposed
-    as arrays of length ``N`` (``t``, ``held``, ``n_active``, :attr:`n_queued`, ...).
+    ``Generator`` each, then call :meth:`advance` once per slot (or alternate
+    :meth:`serve` and :meth:`arrive`, the numpy path; a reset includes slot 0's
+    arrivals). Per-environment state is exposed as arrays of length ``N``
+    (``t``, ``held``, ``n_active``, :attr:`n_queued`, ...): the rows of
+    :attr:`counters` (:data:`STATE_ROWS`), updated in place. :attr:`jit`
+    chooses the compiled path (read at each call; the sampler is chosen per
+    environment at its reset); results do not depend on it.
     """
 
     def __init__(
@@ -213,6 +232,7 @@ class BatchedEngine:
         self._fast = np.zeros(N, bool)
         self._uleft: list[np.ndarray] = [np.zeros(0) for _ in range(N)]  # drawn, not yet used
         self._uscratch = np.zeros(0)
+        self._ugroup = np.zeros((16, 0))
         if self._fast_ok:
             rates = self.workload.rates  # type: ignore[attr-defined]
             self._nz = np.flatnonzero(rates > 0).astype(_I64)  # classes that draw (a zero rate draws nothing)
@@ -220,6 +240,8 @@ class BatchedEngine:
             # uniforms one chunk uses on average: lambda + 1 per Poisson draw (rate > 0), one per request
             per_slot = float(np.sum(np.where(rates > 0, rates + 1.0, 0.0)) + rates.sum())
             self._u_chunk = int(per_slot * CHUNK_SLOTS) + 64
+            lam = float(rates.sum()) * CHUNK_SLOTS  # requests per chunk: Poisson(lam)
+            self._req_chunk = int(lam + 8 * math.sqrt(lam) + 16)
         self._need = np.zeros(N, _I64)
         self._xcnt = np.zeros((N, K), _I64)
         self._no_skip = np.zeros(N, bool)
@@ -330,6 +352,44 @@ class BatchedEngine:
             self._uleft[i] = np.zeros(0)
         self.arrive(idx)
 
+    def _generate_all(self, envs: np.ndarray) -> None:
+        """:meth:`_generate` for ``envs``; those on the compiled sampler in groups of 16, one kernel call each."""
+        fast = envs[self._fast[envs]]
+        if fast.size < 2:
+            for i in envs.tolist():
+                self._generate(i)
+            return
+        for i in envs[~self._fast[envs]].tolist():
+            self._generate(i)
+        t1 = int(self.gen_t[fast].max()) + CHUNK_SLOTS
+        if t1 > self.T:
+            self._alloc_bounds(max(2 * self.T, t1))
+        need = int(self.n_req[fast].max()) + self._req_chunk  # room for a chunk, almost surely (else grown below)
+        if need > self.C:
+            self._alloc_table(max(2 * self.C, need))
+        clsc = self._clsc if self._clsc is not None else self._dummy_clsc
+        m_track = self.m if self.track_class_queue else 0
+        for g0 in range(0, fast.size, 16):
+            grp = fast[g0 : g0 + 16]
+            want = max(self._u_chunk + 512, *(2 * self._uleft[i].size for i in grp.tolist()))
+            U = self._ugroup
+            if U.shape[1] < want:
+                U = self._ugroup = np.empty((16, want))
+            for r, i in enumerate(grp.tolist()):
+                left = self._uleft[i]
+                U[r, : left.size] = left
+                self._rngs[i].random(out=U[r, left.size : want])  # type: ignore[union-attr]
+            res = np.empty(grp.size, _I64)
+            _jit.poisson_chunks(U, want, grp, self._nz, self._enlam, self._lk, m_track, CHUNK_SLOTS, self.counters,
+                                self._cls, self._abnd, self._tokc, clsc, res)
+            for r, i in enumerate(grp.tolist()):
+                q = int(res[r])
+                if q >= 0:
+                    self._uleft[i] = U[r, q:want].copy()
+                else:  # rare: alone, from the same uniforms (none is lost)
+                    self._uleft[i] = U[r, :want].copy()
+                    self._generate(i)
+
     def _generate(self, i: int) -> None:
         """Draw env ``i``'s next chunk of requests (exactly as :meth:`Engine._generate`)."""
         rng = self._rngs[i]
@@ -415,8 +475,7 @@ class BatchedEngine:
         need = t >= gen_t
         if need.any():
             which = np.flatnonzero(need) if envs is None else envs[need]
-            for i in which.tolist():
-                self._generate(i)
+            self._generate_all(which)
         if envs is None:
             rows = self._ar
             col = t - self.chunk_t0

@@ -17,14 +17,19 @@ import numpy as np
 import pytest
 from gymnasium.spaces import Discrete
 from hypothesis import given, settings
+from hypothesis import strategies as st
+
+import gymnasium as gym
 
 from flowgym import FlowControlEnv, _jit
+from flowgym.batched import BatchedEngine
 from flowgym.engine import Engine
+from flowgym.workloads import CHUNK_SLOTS, MultiClassPoisson
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import reference_model  # noqa: E402
 from test_semantics import traces  # noqa: E402
-from test_vector import BATCHED, FALLBACK  # noqa: E402
+from test_vector import BATCHED, FALLBACK, assert_same  # noqa: E402
 
 pytestmark = pytest.mark.skipif(not _jit.AVAILABLE, reason="numba is not installed (pip install 'flowgym[fast]')")
 
@@ -156,3 +161,86 @@ def test_histogram_with_any_edges_equals_numpy(edges):
             hists.append(env.engine.generated_histogram(e).copy())
         got[jit] = np.array(hists)
     assert np.array_equal(got[True], got[False]) and got[True].sum() > 0
+
+
+# --------------------------------------------------------------------------- batched engine
+
+
+def _numpy_requests(workload: MultiClassPoisson, seed: int, chunks: int) -> dict[str, np.ndarray]:
+    rng = np.random.default_rng(seed)
+    parts = [workload.sample(rng, c * CHUNK_SLOTS, (c + 1) * CHUNK_SLOTS) for c in range(chunks)]
+    return {name: np.concatenate([getattr(p, name) for p in parts]).astype(np.int64)
+            for name in ("arrival", "prompt_len", "output_len", "cls")}
+
+
+def _compiled_requests(workload: MultiClassPoisson, seeds: list[int], chunks: int,
+                       u_chunk: int | None = None) -> list[dict[str, np.ndarray]]:
+    """Requests the batched engine's compiled sampler draws (nothing admitted: every arrival stays queued)."""
+    M = int(workload.max_request_tokens())
+    eng = BatchedEngine(len(seeds), M, workload)
+    eng.jit = True
+    assert eng._fast_ok
+    if u_chunk is not None:
+        eng._u_chunk = u_chunk  # too few uniforms drawn: the sampler must draw more and start again
+    eng.reset(np.arange(len(seeds)), [np.random.default_rng(s) for s in seeds])
+    assert eng._fast.all()
+    zero = np.zeros(len(seeds), np.int64)
+    for _ in range(chunks * CHUNK_SLOTS - 1):
+        eng.advance(zero)
+    logs = [eng.request_log(i) for i in range(len(seeds))]
+    return [{k: log[k] for k in ("arrival", "prompt_len", "output_len", "cls")} for log in logs]
+
+
+@settings(max_examples=40, deadline=None)
+@given(
+    rates=st.lists(st.one_of(st.just(0.0), st.floats(0.01, 9.999), st.just(9.999)), min_size=1, max_size=5),
+    seed=st.integers(0, 2**32 - 1),
+)
+def test_compiled_sampler_draws_the_numpy_requests(rates, seed):
+    # a slot's arrivals are ranked by counting (<= 16), by a quadratic count (<= 48) or sorted (more)
+    classes = [[3 + k, 2 + 3 * k] for k in range(len(rates))]
+    wl = MultiClassPoisson(classes, rates)
+    seeds = [seed, seed + 1, seed + 2]  # several environments: the grouped sampler
+    for got, s in zip(_compiled_requests(wl, seeds, 2), seeds):
+        assert_same(got, _numpy_requests(wl, s, 2), f"seed {s}")
+
+
+@pytest.mark.parametrize("num_envs", [1, 3])
+def test_compiled_sampler_recovers_from_too_few_uniforms_and_a_full_table(num_envs):
+    # 9.9 per class x 5 classes: ~13,000 requests a chunk (the table starts at 4096 rows; slots of ~50,
+    # past the counting ranks), and a uniform buffer sized for 100 uniforms
+    wl = MultiClassPoisson([[2, 3], [4, 5], [6, 7], [8, 9], [1, 1]], 9.9)
+    seeds = list(range(11, 11 + num_envs))
+    for got, s in zip(_compiled_requests(wl, seeds, 2, u_chunk=100), seeds):
+        assert_same(got, _numpy_requests(wl, s, 2), f"seed {s}")
+
+
+@pytest.mark.parametrize("name", ["evictions-lifo", "evictions-all", "known", "zero-and-high-rates", "empirical"])
+def test_batched_compiled_equals_numpy_switching_mid_episode(name):
+    # the two paths share the state: switching every 23 slots must not change anything
+    kwargs = BATCHED[name]
+    ref = gym.make_vec("FlowControl-v0", num_envs=4, **kwargs)
+    ref.unwrapped.engine.jit = False
+    mix = gym.make_vec("FlowControl-v0", num_envs=4, **kwargs)
+    assert mix.unwrapped.engine.jit
+    assert_same(ref.reset(seed=5), mix.reset(seed=5), "reset")
+    rng = np.random.default_rng(1)
+    hi = ref.single_action_space.n
+    for t in range(200):
+        if t % 23 == 0:
+            mix.unwrapped.engine.jit = not mix.unwrapped.engine.jit
+        a = rng.integers(0, hi, 4)
+        for name_, x, y in zip(("obs", "reward", "terminated", "truncated", "info"), ref.step(a), mix.step(a)):
+            assert_same(x, y, f"t={t} {name_}")
+    for i in range(4):
+        assert_same(ref.request_log(i), mix.request_log(i), f"log[{i}]")
+
+
+def test_batched_budget_out_of_range_changes_nothing():
+    env = gym.make_vec("FlowControl-v0", num_envs=3, max_budget=10, **BATCHED["evictions-lifo"])
+    env.reset(seed=0)
+    eng = env.unwrapped.engine
+    before = eng.counters.copy()
+    with pytest.raises(ValueError, match="11"):
+        env.step(np.array([3, 2, 11]))
+    assert_same(eng.counters, before)

@@ -55,6 +55,12 @@ BATCHED = {
                              "reward_scale": 7.0, "hist_edges": [0, 3, 50], "projection_offsets": [0, 5, 100],
                              "rate_window": 4.0, "queue_cap": 20, "queue_token_cap": 0.5,
                              "workload": {"kind": "poisson", "classes": PAPER, "rates": 2.0}},
+    # a zero rate (draws nothing) and a rate just below 10 (the compiled sampler's limit)
+    "zero-and-high-rates": {"horizon": 280, "M": 2500, "workload": {"kind": "poisson", "classes": PAPER,
+                                                                     "rates": [0.0, 9.99, 0.4]}},
+    # a rate of 10 or more: numpy's Poisson switches algorithm, the compiled sampler is not used
+    "rate-above-10": {"horizon": 40, "M": 4000, "max_budget": 40,
+                      "workload": {"kind": "poisson", "classes": PAPER, "rates": [12.0, 0.0, 1.0]}},
 }
 
 #: Configurations outside the batched engine: make_vec falls back, naming the argument.
