@@ -457,6 +457,30 @@ def _batched_step(G, M, evict_all, m_track, horizon, max_budget, budget, skip, s
     return n_need
 
 
+def _batched_projection(st, G, cal_n, cal_tok, hmap, hw, out):  # pragma: no cover - compiled
+    """``out[i, j] = D_{t + hmap[j]}`` of environment ``i`` (``BatchedEngine.projected_usage``), from the rings."""
+    held, n_active = st[5], st[4]
+    N = held.size
+    mask = cal_n.size // N - 1
+    act = n_active.copy()
+    sum_act = np.zeros(N, np.int64)
+    tok = np.zeros(N, np.int64)
+    for j in range(hmap.size):
+        if hmap[j] == 0:
+            for i in range(N):
+                out[i, j] = held[i] + act[i]
+    for h in range(1, hw + 1):
+        row = ((G + h) & mask) * N
+        for i in range(N):
+            sum_act[i] += act[i]  # sum over u < h of the active count at t + u
+            act[i] -= cal_n[row + i]
+            tok[i] += cal_tok[row + i]
+        for j in range(hmap.size):
+            if hmap[j] == h:
+                for i in range(N):
+                    out[i, j] = held[i] + sum_act[i] - tok[i] + act[i]
+
+
 def _vector_observe(st, H, class_queue, m_obs, skip, horizon, update, rate, alpha, M, qc, qtc, c_hist, c_rate, c_cls,
                     v, out, w, reward, kv, flags):
     # pragma: no cover - compiled
@@ -506,12 +530,13 @@ poisson_chunk: Any = None
 batched_step: Any = None
 vector_observe: Any = None
 poisson_chunks: Any = None
+batched_projection: Any = None
 
 
 def load() -> None:
     """Import numba and set up the kernels (compiled on first call); raises ``RuntimeError`` without numba."""
     global _numba, fill_range, admit_lane, count_classes, histogram_into, projected_demand
-    global poisson_chunk, batched_step, vector_observe, poisson_chunks
+    global poisson_chunk, batched_step, vector_observe, poisson_chunks, batched_projection
     if _numba is not None:
         return
     try:
@@ -523,6 +548,7 @@ def load() -> None:
     histogram_into, projected_demand = njit(_histogram_into), njit(_projected_demand)
     poisson_chunk, batched_step, vector_observe = njit(_poisson_chunk), njit(_batched_step), njit(_vector_observe)
     poisson_chunks = njit(_poisson_chunks)  # calls poisson_chunk (a global resolved when it compiles)
+    batched_projection = njit(_batched_projection)
     _numba = numba
 
 

@@ -784,6 +784,12 @@ class BatchedEngine:
         assert self.offsets is not None
         N, mask = self.N, self._mask
         hw = int(min(int(self.offsets.max()), self.max_o))
+        if self.jit:
+            _jit.load()
+            out = np.empty((N, self.offsets.size), _I64)
+            _jit.batched_projection(self.counters, self.G, self._cal_n, self._cal_tok,
+                                    np.minimum(self.offsets, hw), hw, out)
+            return out
         if hw == 0:
             return np.broadcast_to((self.held + self.n_active)[:, None], (N, self.offsets.size)).copy()
         rows = (self.G + np.arange(1, hw + 1)) & mask
