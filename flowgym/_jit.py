@@ -12,8 +12,19 @@ kernels replace them:
 * :func:`histogram_into`: the generated-tokens histogram of the observation;
 * :func:`projected_demand`: the known-length projection ``D_{t+h}``.
 
-They touch no random generator and compute exactly what the numpy code does
-(same integers), so results do not depend on whether numba is present
+For the batched engine (:mod:`flowgym.batched`) and its vector environment:
+
+* :func:`batched_step`: a whole slot (admission, eviction, decode, the next
+  slot's arrivals) of every environment; :func:`batched_projection` its
+  known-length projection; :func:`vector_observe` the vector env's reward,
+  flags and observation;
+* :func:`poisson_chunk` (:func:`poisson_chunks` for several environments): a
+  workload chunk of ``MultiClassPoisson`` (rates below 10) from uniforms the
+  engine drew with the environment's own generator.
+
+They compute exactly what the numpy code does (same integers; the sampler
+consumes the generator's uniforms exactly as ``MultiClassPoisson.sample``
+does), so results do not depend on whether numba is present
 (``tests/test_jit.py`` runs both paths side by side). Set the environment
 variable ``FLOWGYM_JIT=0`` to use the numpy code even when numba is installed;
 :attr:`flowgym.engine.Engine.jit` switches one engine.
@@ -32,7 +43,8 @@ from typing import Any
 import numpy as np
 
 __all__ = ["AVAILABLE", "ENABLED", "load", "admit_lane", "count_classes", "fill_range", "histogram_into",
-           "projected_demand"]
+           "projected_demand", "batched_step", "batched_projection", "poisson_chunk", "poisson_chunks",
+           "vector_observe", "check_kernels"]
 
 #: numba is installed (it is imported only when the kernels are used).
 AVAILABLE: bool = importlib.util.find_spec("numba") is not None
@@ -272,7 +284,7 @@ def _batched_step(G, M, evict_all, m_track, horizon, max_budget, budget, skip, s
     Returns ``n >= 0`` (done; ``need[:n]`` lists the environments waiting for a
     chunk), ``-1 - (2 * i + what)`` when environment ``i`` needs more room
     (``what`` 0: active set, 1: eviction stack), or ``-1 - 2 * N - i`` when
-    ``max_budget >= 0`` and ``budget[i]`` is outside ``0..max_budget``. Both are
+    ``budget[i]`` is negative or (``max_budget >= 0``) above ``max_budget``. Both are
     checked before any slot is served (only dead entries of active sets may
     have been dropped), so the caller grows the arrays and calls again.
     """
@@ -286,10 +298,9 @@ def _batched_step(G, M, evict_all, m_track, horizon, max_budget, budget, skip, s
     R = cal_n.size // N
     mask = R - 1
     NK = N * K
-    if max_budget >= 0:
-        for i in range(N):
-            if budget[i] < 0 or budget[i] > max_budget:
-                return -1 - 2 * N - i
+    for i in range(N):  # a negative budget is always refused; above max_budget when it is given (>= 0)
+        if budget[i] < 0 or (max_budget >= 0 and budget[i] > max_budget):
+            return -1 - 2 * N - i
     for i in range(N):  # room for this slot's admissions and evictions
         ti = t[i]
         k = min(budget[i], rs_n[i] + n_arrived[i] - p[i])
@@ -569,3 +580,17 @@ def check_kernels() -> None:
     count_classes(z, 0, 0, z, z)
     histogram_into(z, z, 0, 0, 0, e, f32, 0)
     projected_demand(0, 0, 0, 7, z, z, e, z)
+    # the batched kernels, through a small batched engine (every one of them runs)
+    from flowgym.batched import BatchedEngine
+
+    eng = BatchedEngine(2, 400, {"kind": "poisson", "classes": [[2, 3], [4, 5]], "rates": 1.0},
+                        projection_offsets=[0, 2])
+    eng.jit = True
+    eng.reset(np.arange(2), [np.random.default_rng(0), np.random.default_rng(1)])
+    eng.advance(np.full(2, 2, np.int64), max_budget=4)
+    eng.projected_usage()
+    out = eng.advance(np.ones(2, np.int64))
+    st, H = eng.counters, eng.H
+    v = np.zeros((2, 4 + H.shape[1] + 1), np.float32)
+    vector_observe(st, H, eng.class_queue, 0, np.zeros(2, bool), 10, True, np.zeros(2), 0.5, 400, 9.0, 1.0, 4,
+                   4 + H.shape[1], 0, v, out, np.ones(4), np.zeros(2), np.zeros(2), np.zeros((3, 2), bool))

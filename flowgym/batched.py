@@ -46,7 +46,10 @@ class, finish slot and eviction count per request, plus prompt and output
 lengths unless the workload has classes, whose lengths are the class's), the
 first id of each slot, the active set (id and finish slot, int32, compacted
 when full) and two rings of ``R`` slots (``R`` the smallest power of two above
-the longest output): ``R * (2 + K)`` int32 for ``K`` histogram bins. Only what
+the longest output): ``R * (1 + K)`` int32 and ``R`` int64 (tokens due) for
+``K`` histogram bins. int32 bounds an episode to fewer than ``2**31`` requests
+per environment and to slots below ``2**31 - max(o)``; beyond either the engine
+raises ``OverflowError`` naming the value. Only what
 a slot touches is written per request (the table's finish and eviction columns
 are not initialised: ids not yet admitted are masked in :meth:`request_log`),
 which keeps the memory traffic of a slot small.
@@ -72,6 +75,7 @@ _I64 = np.int64
 _I32 = np.int32
 
 _NO_HORIZON = np.iinfo(np.int64).max
+_I32_MAX = int(np.iinfo(np.int32).max)
 
 
 class BudgetError(ValueError):
@@ -240,6 +244,9 @@ class BatchedEngine:
             # uniforms one chunk uses on average: lambda + 1 per Poisson draw (rate > 0), one per request
             per_slot = float(np.sum(np.where(rates > 0, rates + 1.0, 0.0)) + rates.sum())
             self._u_chunk = int(per_slot * CHUNK_SLOTS) + 64
+            # uniforms drawn before a chunk: its mean plus 6 standard deviations (a chunk uses
+            # 2 X + (classes drawing) per slot, X ~ Poisson(sum of rates)); rarely too few (then redone)
+            self._u_want = self._u_chunk + int(12 * math.sqrt(float(rates.sum()) * CHUNK_SLOTS)) + 64
             lam = float(rates.sum()) * CHUNK_SLOTS  # requests per chunk: Poisson(lam)
             self._req_chunk = int(lam + 8 * math.sqrt(lam) + 16)
         self._need = np.zeros(N, _I64)
@@ -258,7 +265,7 @@ class BatchedEngine:
 
         # rings over the global clock: completions and histogram changes
         self._cal_n = np.zeros(R * N, _I32)
-        self._cal_tok = np.zeros(R * N, _I32)
+        self._cal_tok = np.zeros(R * N, _I64)  # l + o of many requests: may pass 2**31
         self._dH = np.zeros(R * N * K, _I32)  # net change of H at each slot
 
     # ------------------------------------------------------------------ storage
@@ -266,6 +273,9 @@ class BatchedEngine:
     def _alloc_table(self, C: int) -> None:
         """Room for ``C`` requests per environment (copying the current table)."""
         N, c0 = self.N, self.C
+        if C > _I32_MAX:
+            raise OverflowError(f"{C} requests in one episode: the batched engine stores ids as int32 "
+                                f"(at most {_I32_MAX}; use a shorter horizon)")
         names = ["_cls", "_finish", "_evictions"] + ([] if self._by_class else ["_prompt", "_output"])
         for name in names:
             new = np.zeros((N, C), _I32)
@@ -324,7 +334,11 @@ class BatchedEngine:
     def reset(self, envs: np.ndarray | Sequence[int], rngs: Sequence[np.random.Generator]) -> None:
         """Empty environments ``envs`` and start them at slot 0 with slot 0's arrivals queued.
 
-        ``rngs[i]`` draws the workload of ``envs[i]`` (as :meth:`Engine.reset`'s generator).
+        ``rngs[i]`` draws the workload of ``envs[i]`` (as :meth:`Engine.reset`'s generator):
+        the same requests as :class:`~flowgym.engine.Engine` draws from it. The engine owns
+        it for the episode: the compiled sampler draws its uniforms ahead, in blocks, so
+        do not share one generator between environments or reuse it after the episode
+        (the vector environment gives each episode a fresh one).
         """
         idx = np.asarray(envs, dtype=_I64).ravel()
         if len(rngs) != idx.size:
@@ -362,6 +376,9 @@ class BatchedEngine:
         for i in envs[~self._fast[envs]].tolist():
             self._generate(i)
         t1 = int(self.gen_t[fast].max()) + CHUNK_SLOTS
+        if t1 + self.max_o > _I32_MAX:
+            raise OverflowError(f"slot {t1}: the batched engine stores slots as int32; episodes must end before "
+                                f"slot {_I32_MAX - self.max_o} (use a shorter horizon)")
         if t1 > self.T:
             self._alloc_bounds(max(2 * self.T, t1))
         need = int(self.n_req[fast].max()) + self._req_chunk  # room for a chunk, almost surely (else grown below)
@@ -371,7 +388,8 @@ class BatchedEngine:
         m_track = self.m if self.track_class_queue else 0
         for g0 in range(0, fast.size, 16):
             grp = fast[g0 : g0 + 16]
-            want = max(self._u_chunk + 512, *(2 * self._uleft[i].size for i in grp.tolist()))
+            # a chunk's worth and margin; more held over (after a retry) is used up first, nothing drawn on top
+            want = max(self._u_want, *(self._uleft[i].size for i in grp.tolist()))
             U = self._ugroup
             if U.shape[1] < want:
                 U = self._ugroup = np.empty((16, want))
@@ -396,6 +414,9 @@ class BatchedEngine:
         assert rng is not None, "call reset() first"
         t0 = int(self.gen_t[i])
         t1 = t0 + CHUNK_SLOTS
+        if t1 + self.max_o > _I32_MAX:
+            raise OverflowError(f"slot {t1}: the batched engine stores slots as int32; episodes must end before "
+                                f"slot {_I32_MAX - self.max_o} (use a shorter horizon)")
         if t1 > self.T:
             self._alloc_bounds(max(2 * self.T, t1))
         if self._fast[i]:
@@ -439,7 +460,7 @@ class BatchedEngine:
         base = int(self.n_req[i])
         t1 = t0 + CHUNK_SLOTS
         left = self._uleft[i]
-        want = max(self._u_chunk + 512, 2 * left.size)
+        want = max(self._u_want, left.size)  # a chunk's worth and margin (held-over uniforms first)
         if self._uscratch.size < want:
             self._uscratch = np.empty(want)
         buf = self._uscratch
@@ -635,18 +656,19 @@ class BatchedEngine:
         decision point). With :attr:`jit` this is one compiled pass
         (:func:`flowgym._jit.batched_step`); the numpy path gives the same integers.
 
-        With ``max_budget``, a budget outside ``0..max_budget`` raises
+        A negative budget, or with ``max_budget`` one above it, raises
         :class:`BudgetError` (naming the environment and the value) before anything changes.
         """
         N = self.N
         hz = _NO_HORIZON if horizon is None else int(horizon)
         out = np.empty((len(self.OUT_ROWS), N), _I64)
         if not self.jit:
-            if max_budget is not None and N:
-                bad = np.flatnonzero((budget < 0) | (budget > max_budget))
+            if N:
+                bad = np.flatnonzero((budget < 0) | (budget > (_NO_HORIZON if max_budget is None else max_budget)))
                 if bad.size:
                     i = int(bad[0])
-                    raise BudgetError(f"budget {int(budget[i])} of environment {i} is not in 0..{max_budget}")
+                    raise BudgetError(f"budget {int(budget[i])} of environment {i} is not in "
+                                      f"0..{'' if max_budget is None else max_budget}")
             out[8] = self.last_arrivals
             out[9] = self.n_queued + self.n_active
             st = self.serve(budget)
@@ -678,7 +700,8 @@ class BatchedEngine:
                 break
             if res <= -1 - 2 * N:  # a budget out of range (checked before anything changed)
                 i = -1 - 2 * N - res
-                raise BudgetError(f"budget {int(budget[i])} of environment {i} is not in 0..{max_budget}")
+                raise BudgetError(f"budget {int(budget[i])} of environment {i} is not in "
+                                      f"0..{'' if max_budget is None else max_budget}")
             i, what = divmod(-1 - res, 2)  # env i needs room (no slot was served yet)
             if what == 0:
                 self._grow_active(2 * self.A)

@@ -237,7 +237,8 @@ class FlowControlVectorEnv(VectorEnv):
                 f"actions must be an integer array of shape ({N},) in the action space {self.action_space}, "
                 f"got {actions!r}"
             )
-        if check_range and a.size and (int(a.min()) < 0 or int(a.max()) > self._max_budget):
+        if (check_range or a.dtype.kind == "u") and a.size and (  # unsigned: checked before int64 could wrap it
+                int(a.min()) < 0 or int(a.max()) > self._max_budget):
             raise self._range_error(actions)
         return a.astype(np.int64)
 

@@ -181,7 +181,7 @@ def _compiled_requests(workload: MultiClassPoisson, seeds: list[int], chunks: in
     eng.jit = True
     assert eng._fast_ok
     if u_chunk is not None:
-        eng._u_chunk = u_chunk  # too few uniforms drawn: the sampler must draw more and start again
+        eng._u_chunk = eng._u_want = u_chunk  # too few uniforms drawn: the sampler must draw more and start again
     eng.reset(np.arange(len(seeds)), [np.random.default_rng(s) for s in seeds])
     assert eng._fast.all()
     zero = np.zeros(len(seeds), np.int64)
@@ -244,3 +244,51 @@ def test_batched_budget_out_of_range_changes_nothing():
     with pytest.raises(ValueError, match="11"):
         env.step(np.array([3, 2, 11]))
     assert_same(eng.counters, before)
+
+
+def test_uniforms_held_over_stay_bounded_after_a_retry():
+    # seed 8 runs out of uniforms on its first chunk (~26,600 needed): what it draws then must not
+    # make every later chunk draw (and hold over) more and more
+    wl = MultiClassPoisson([[1, 2]] * 5, 9.9)
+    for n in (1, 16):
+        eng = BatchedEngine(n, 1000, wl)
+        eng.jit = True
+        eng._u_want = eng._u_chunk  # forces retries now and then
+        eng.reset(np.arange(n), [np.random.default_rng(8 + s) for s in range(n)])
+        held = []
+        for _ in range(12):
+            held.append(max(u.size for u in eng._uleft))
+            for _ in range(CHUNK_SLOTS):
+                eng.advance(np.full(n, 10**6, np.int64))
+        assert max(held[4:]) < 3 * eng._u_chunk, held
+
+
+def test_batched_refuses_negative_budgets_and_wrapping_unsigned_actions():
+    for jit in (True, False):
+        eng = BatchedEngine(2, 500, {"kind": "poisson", "classes": [[2, 3]], "rates": 1.0})
+        eng.jit = jit
+        eng.reset(np.arange(2), [np.random.default_rng(0), np.random.default_rng(1)])
+        before = eng.counters.copy()
+        with pytest.raises(ValueError, match="-1"):
+            eng.advance(np.array([1, -1], np.int64))  # no max_budget given: still refused
+        assert_same(eng.counters, before)
+    env = gym.make_vec("FlowControl-v0", num_envs=2, max_budget=10)
+    env.reset(seed=0)
+    with pytest.raises(ValueError, match="18446744073709551615"):
+        env.step(np.array([1, 2**64 - 1], np.uint64))
+
+
+@pytest.mark.parametrize("jit", [True, False])
+def test_batched_completion_tokens_beyond_int32(jit):
+    # 4000 requests with l + o = 600,001 all due at one slot: 2.4e9 tokens booked there (> 2**31)
+    o = 600_000
+    kw = dict(M=o + 1, horizon=500, max_budget=4000, output_length_known=True, projection_offsets=[0, 1, o + 10],
+              workload={"kind": "poisson", "classes": [[1, o]], "rates": 9.9})
+    batched = gym.make_vec("FlowControl-v0", num_envs=1, **kw)
+    batched.unwrapped.engine.jit = jit
+    sync = gym.make_vec("FlowControl-v0", num_envs=1, vectorization_mode="sync", **kw)
+    assert_same(batched.reset(seed=0), sync.reset(seed=0))
+    for t in range(424):
+        a = np.array([0 if t < 420 else 4000])
+        for name, x, y in zip(("obs", "reward", "terminated", "truncated", "info"), batched.step(a), sync.step(a)):
+            assert_same(x, y, f"t={t} {name}")
