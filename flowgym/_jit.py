@@ -270,6 +270,14 @@ def _poisson_chunks(U, end, envs, nz, enl, lk, m_track, n_slots, st, cls, abnd, 
             gen_t[i] = t0 + n_slots
 
 
+def _request_lengths(i, rid, by_class, cls, lk, ok, prompt, output):  # pragma: no cover - compiled
+    """Prompt and output length of request ``rid`` of environment ``i`` (its class's, or the table's)."""
+    if by_class:
+        c = cls[i, rid]
+        return lk[c], ok[c]
+    return np.int64(prompt[i, rid]), np.int64(output[i, rid])
+
+
 def _batched_step(G, M, evict_all, m_track, horizon, max_budget, budget, skip, st, H, class_queue, by_class, lk, ok,
                   output, prompt, finish, evictions, cls, abnd, tokc, clsc, a_id, a_fin, rs, cal_n, cal_tok, dH,
                   bin_last, bin_j, edges, out, need, xcnt):  # pragma: no cover - compiled
@@ -336,13 +344,7 @@ def _batched_step(G, M, evict_all, m_track, horizon, max_budget, budget, skip, s
                 rid = rs[i, rs_n[i] - 1 - r]
             else:
                 rid = p[i] + (r - kr)
-            if by_class:
-                cl = cls[i, rid]
-                ln = lk[cl]
-                o = ok[cl]
-            else:
-                ln = prompt[i, rid]
-                o = output[i, rid]
+            ln, o = request_lengths(i, rid, by_class, cls, lk, ok, prompt, output)
             fin = ti + o
             finish[i, rid] = fin
             a_id[i, pos] = rid
@@ -389,13 +391,7 @@ def _batched_step(G, M, evict_all, m_track, horizon, max_budget, budget, skip, s
                     if covered >= excess and not evict_all:
                         break
                     vid = a_id[i, c]
-                    if by_class:
-                        cl = cls[i, vid]
-                        lb = lk[cl]
-                        vo = ok[cl]
-                    else:
-                        lb = prompt[i, vid]
-                        vo = output[i, vid]
+                    lb, vo = request_lengths(i, vid, by_class, cls, lk, ok, prompt, output)
                     j = ti - (a_fin[i, c] - vo)  # tokens generated so far
                     covered += lb + j + 1
                     a_fin[i, c] = -1
@@ -542,12 +538,13 @@ batched_step: Any = None
 vector_observe: Any = None
 poisson_chunks: Any = None
 batched_projection: Any = None
+request_lengths: Any = None
 
 
 def load() -> None:
     """Import numba and set up the kernels (compiled on first call); raises ``RuntimeError`` without numba."""
     global _numba, fill_range, admit_lane, count_classes, histogram_into, projected_demand
-    global poisson_chunk, batched_step, vector_observe, poisson_chunks, batched_projection
+    global poisson_chunk, batched_step, vector_observe, poisson_chunks, batched_projection, request_lengths
     if _numba is not None:
         return
     try:
@@ -557,6 +554,7 @@ def load() -> None:
     njit = numba.njit(cache=True, nogil=True)
     fill_range, admit_lane, count_classes = njit(_fill_range), njit(_admit_lane), njit(_count_classes)
     histogram_into, projected_demand = njit(_histogram_into), njit(_projected_demand)
+    request_lengths = njit(_request_lengths)  # called by batched_step (a global resolved when it compiles)
     poisson_chunk, batched_step, vector_observe = njit(_poisson_chunk), njit(_batched_step), njit(_vector_observe)
     poisson_chunks = njit(_poisson_chunks)  # calls poisson_chunk (a global resolved when it compiles)
     batched_projection = njit(_batched_projection)

@@ -90,6 +90,11 @@ class BudgetError(ValueError):
 STATE_ROWS = ("t", "n_arrived", "p", "rs_n", "n_active", "held", "queued_prompt_tokens", "tail", "last_arrivals",
               "gen_t", "chunk_t0", "n_req")
 
+def _budget_error(budget: np.ndarray, i: int, max_budget: int | None) -> BudgetError:
+    upper = "" if max_budget is None else max_budget
+    return BudgetError(f"budget {int(budget[i])} of environment {i} is not in 0..{upper}")
+
+
 #: Eviction rules the batched engine implements.
 SUPPORTED_EVICTIONS = ("lifo", "all")
 
@@ -663,12 +668,10 @@ class BatchedEngine:
         hz = _NO_HORIZON if horizon is None else int(horizon)
         out = np.empty((len(self.OUT_ROWS), N), _I64)
         if not self.jit:
-            if N:
-                bad = np.flatnonzero((budget < 0) | (budget > (_NO_HORIZON if max_budget is None else max_budget)))
-                if bad.size:
-                    i = int(bad[0])
-                    raise BudgetError(f"budget {int(budget[i])} of environment {i} is not in "
-                                      f"0..{'' if max_budget is None else max_budget}")
+            out_of_range = budget < 0 if max_budget is None else (budget < 0) | (budget > max_budget)
+            bad = np.flatnonzero(out_of_range)
+            if bad.size:
+                raise _budget_error(budget, int(bad[0]), max_budget)
             out[8] = self.last_arrivals
             out[9] = self.n_queued + self.n_active
             st = self.serve(budget)
@@ -699,9 +702,7 @@ class BatchedEngine:
             if res >= 0:
                 break
             if res <= -1 - 2 * N:  # a budget out of range (checked before anything changed)
-                i = -1 - 2 * N - res
-                raise BudgetError(f"budget {int(budget[i])} of environment {i} is not in "
-                                      f"0..{'' if max_budget is None else max_budget}")
+                raise _budget_error(budget, -1 - 2 * N - res, max_budget)
             i, what = divmod(-1 - res, 2)  # env i needs room (no slot was served yet)
             if what == 0:
                 self._grow_active(2 * self.A)
