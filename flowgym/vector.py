@@ -290,12 +290,14 @@ class FlowControlVectorEnv(VectorEnv):
         v = np.empty((N, f.size), dtype=np.float32)
         update = out is not None
         c_cls = self._s_cls.start if self._s_cls is not None else 0
-        self._n_truncated = _jit.vector_observe(
+        n_truncated = _jit.vector_observe(
             eng.counters, eng.H, eng.class_queue, f.m if self._s_cls is not None else 0,
             self._no_skip if skip is None else skip, self._horizon, update, self._rate, self._alpha, f.M,
             f.queue_cap, f.queue_token_cap, self._s_hist.start, self._i_rate, c_cls, v,
             out if update else self._no_out, self._weights, reward if update else self._rate,
             kv if update else self._rate, flags if update else self._no_flags)
+        if update:  # an observation alone (after resets) leaves the step's count as it was
+            self._n_truncated = n_truncated
         return v
 
     def _step_info(self, out: np.ndarray) -> dict[str, Any]:
