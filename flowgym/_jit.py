@@ -20,7 +20,9 @@ For the batched engine (:mod:`flowgym.batched`) and its vector environment:
   flags and observation;
 * :func:`poisson_chunk` (:func:`poisson_chunks` for several environments): a
   workload chunk of ``MultiClassPoisson`` (rates below 10) from uniforms the
-  engine drew with the environment's own generator.
+  engine drew with the environment's own generator: the Poisson draws
+  (:func:`poisson_counts`; :func:`poisson_counts2` for two environments at
+  once), then the requests in their within-slot order (:func:`poisson_place`).
 
 They compute exactly what the numpy code does (same integers; the sampler
 consumes the generator's uniforms exactly as ``MultiClassPoisson.sample``
@@ -44,6 +46,7 @@ import numpy as np
 
 __all__ = ["AVAILABLE", "ENABLED", "load", "admit_lane", "count_classes", "fill_range", "histogram_into",
            "projected_demand", "batched_step", "batched_projection", "poisson_chunk", "poisson_chunks",
+           "poisson_counts", "poisson_counts2", "poisson_place",
            "vector_observe", "check_kernels"]
 
 #: numba is installed (it is imported only when the kernels are used).
@@ -133,33 +136,18 @@ def _projected_demand(held, act, t, mask, cal_n, cal_tok, offsets, out):  # prag
 # --------------------------------------------------------------------------- batched engine (flowgym.batched)
 
 
-def _poisson_chunk(u, pos, end, nz, enl, lk, m_track, n_slots, base, cls, bnd, tokc,
-                   clsc):  # pragma: no cover - compiled
-    """One workload chunk of :class:`~flowgym.workloads.MultiClassPoisson` (every rate below 10) for one environment.
+def _poisson_counts(u, pos, end, nz, enl, m, n_slots, counts):  # pragma: no cover - compiled
+    """The Poisson draws of a chunk: ``counts[s * m + k]`` arrivals of class ``k`` in slot ``s``.
 
-    Consumes the uniforms ``u[pos:end]`` exactly as ``Generator.poisson`` (the
-    multiplication method, used for ``lambda < 10``: ``X`` is the number of
-    uniforms whose running product stays above ``exp(-lambda)``) and then
-    ``Generator.random`` (the within-slot shuffle) consume the generator's
-    doubles, so the requests equal ``MultiClassPoisson.sample``. ``nz`` lists the
-    classes with a positive rate (a zero rate draws nothing), ``enl`` their
-    ``exp(-lambda)``. Writes the requests' classes to ``cls`` from row ``base`` (a
-    request's lengths are its class's), and the chunk's slot boundaries ``bnd``
-    (first id of each slot), prompt-token sums ``tokc`` and (``m_track > 0``)
-    per-class counts ``clsc``.
-
-    Both passes avoid data-dependent branches (with fresh random data they are
-    mispredicted about once per draw): the Poisson draws run as one loop over the
-    uniforms with selects, and the shuffle ranks each request by counting.
-
-    Returns the position after the last uniform used, ``-1`` when ``u[pos:end]``
-    ran out, or ``-2 - n`` when the table needs ``n`` rows (nothing is written then).
+    Consumes ``u[pos:end]`` as ``Generator.poisson`` consumes the generator's
+    doubles for ``lambda < 10`` (the multiplication method: ``X`` is the number of
+    uniforms whose running product stays above ``exp(-lambda)``), slot by slot,
+    over the classes ``nz`` (those with a positive rate; ``enl`` their
+    ``exp(-lambda)``). ``counts`` must be zero. Returns the position after the
+    last uniform used, or ``-1`` when ``u[pos:end]`` ran out.
     """
-    m = lk.size
     mz = nz.size
-    counts = np.zeros(n_slots * m, np.int64)
     q = pos
-    total = 0
     for s in range(n_slots):
         for k in range(mz):
             x = 0
@@ -175,7 +163,113 @@ def _poisson_chunk(u, pos, end, nz, enl, lk, m_track, n_slots, base, cls, bnd, t
                 else:
                     break
             counts[s * m + nz[k]] = x
-            total += x
+    return q
+
+
+def _poisson_counts2(u1, u2, end, nz, enl, m, n_slots, counts1, counts2):  # pragma: no cover - compiled
+    """:func:`poisson_counts` from position 0 of two independent streams at once.
+
+    Each draw ends at a data-dependent uniform, a branch mispredicted about once
+    per draw; here one loop steps both streams a uniform at a time with selects,
+    so their dependency chains (product, compare) overlap. Returns the two end
+    positions, or ``(-1, -1)`` when either stream ran out (the caller redoes them
+    one at a time).
+    """
+    mz = nz.size
+    nd = n_slots * mz
+    if nd == 0:
+        return 0, 0
+    dc1 = np.empty(nd, np.int64)  # the count of draw d (draw order: slot, then class)
+    dc2 = np.empty(nd, np.int64)
+    q1 = 0
+    q2 = 0
+    d1 = 0
+    d2 = 0
+    x1 = 0
+    x2 = 0
+    k1 = 0
+    k2 = 0
+    p1 = 1.0
+    p2 = 1.0
+    e1 = enl[0]
+    e2 = enl[0]
+    while d1 < nd and d2 < nd:
+        if q1 >= end or q2 >= end:
+            return -1, -1
+        p1 *= u1[q1]
+        q1 += 1
+        done1 = p1 <= e1
+        dc1[d1] = x1
+        d1 += done1
+        x1 = 0 if done1 else x1 + 1
+        p1 = 1.0 if done1 else p1
+        k1 += done1
+        k1 = 0 if k1 == mz else k1
+        e1 = enl[k1]
+        p2 *= u2[q2]
+        q2 += 1
+        done2 = p2 <= e2
+        dc2[d2] = x2
+        d2 += done2
+        x2 = 0 if done2 else x2 + 1
+        p2 = 1.0 if done2 else p2
+        k2 += done2
+        k2 = 0 if k2 == mz else k2
+        e2 = enl[k2]
+    while d1 < nd:  # the stream left, alone
+        if q1 >= end:
+            return -1, -1
+        p1 *= u1[q1]
+        q1 += 1
+        done1 = p1 <= e1
+        dc1[d1] = x1
+        d1 += done1
+        x1 = 0 if done1 else x1 + 1
+        p1 = 1.0 if done1 else p1
+        k1 += done1
+        k1 = 0 if k1 == mz else k1
+        e1 = enl[k1]
+    while d2 < nd:
+        if q2 >= end:
+            return -1, -1
+        p2 *= u2[q2]
+        q2 += 1
+        done2 = p2 <= e2
+        dc2[d2] = x2
+        d2 += done2
+        x2 = 0 if done2 else x2 + 1
+        p2 = 1.0 if done2 else p2
+        k2 += done2
+        k2 = 0 if k2 == mz else k2
+        e2 = enl[k2]
+    d = 0
+    for s in range(n_slots):
+        for k in range(mz):
+            counts1[s * m + nz[k]] = dc1[d]
+            counts2[s * m + nz[k]] = dc2[d]
+            d += 1
+    return q1, q2
+
+
+def _poisson_place(u, q, end, lk, m_track, n_slots, base, cls, bnd, tokc, clsc, counts):
+    # pragma: no cover - compiled
+    """The requests of a chunk whose Poisson draws are ``counts`` (:func:`poisson_counts`), from ``u[q:end]``.
+
+    Consumes one uniform per request, as ``Generator.random`` does for the
+    within-slot shuffle of ``MultiClassPoisson.sample``, and writes the requests'
+    classes to ``cls`` from row ``base`` (a request's lengths are its class's), the
+    chunk's slot boundaries ``bnd`` (first id of each slot), prompt-token sums
+    ``tokc`` and (``m_track > 0``) per-class counts ``clsc``. Up to 16 arrivals a
+    slot are ranked by counting (no data-dependent branch: with fresh random data
+    an insertion sort's branches are mispredicted).
+
+    Returns the position after the last uniform used, ``-1`` when ``u[q:end]``
+    ran out, or ``-2 - n`` when the table needs ``n`` rows (nothing is written then).
+    """
+    m = lk.size
+    total = 0
+    for c in range(n_slots * m):
+        total += counts[c]
     if base + total > cls.size:
         return -2 - (base + total)
     if q + total + 16 > end:  # the shuffle reads up to 16 uniforms past a slot's own
@@ -247,27 +341,79 @@ def _poisson_chunk(u, pos, end, nz, enl, lk, m_track, n_slots, base, cls, bnd, t
     return j
 
 
-def _poisson_chunks(U, end, envs, nz, enl, lk, m_track, n_slots, st, cls, abnd, tokc, clsc, res):
+def _poisson_chunk(u, pos, end, nz, enl, lk, m_track, n_slots, base, cls, bnd, tokc,
+                   clsc):  # pragma: no cover - compiled
+    """One workload chunk of :class:`~flowgym.workloads.MultiClassPoisson` (every rate below 10) for one environment.
+
+    :func:`poisson_counts` then :func:`poisson_place` on ``u[pos:end]``: the
+    uniforms are consumed as ``Generator.poisson`` and then ``Generator.random``
+    (the within-slot shuffle) consume the generator's doubles, so the requests
+    equal ``MultiClassPoisson.sample``. Returns the position after the last
+    uniform used, ``-1`` when ``u[pos:end]`` ran out, or ``-2 - n`` when the table
+    needs ``n`` rows (nothing is written then).
+    """
+    m = lk.size
+    counts = np.zeros(n_slots * m, np.int64)
+    q = poisson_counts(u, pos, end, nz, enl, m, n_slots, counts)
+    if q < 0:
+        return q
+    return poisson_place(u, q, end, lk, m_track, n_slots, base, cls, bnd, tokc, clsc, counts)
+
+
+def _poisson_chunks(U, want, envs, left, left_n, nz, enl, lk, m_track, n_slots, st, cls, abnd, tokc, clsc, res):
     # pragma: no cover - compiled
     """:func:`poisson_chunk` for the environments ``envs`` (row ``r`` of ``U`` holds the uniforms of ``envs[r]``).
 
-    Each environment's chunk starts at its clock ``gen_t`` and its next id
-    ``n_req`` (rows of ``st``, ``flowgym.batched.STATE_ROWS``), which are advanced
-    on success. ``res[r]`` gets :func:`poisson_chunk`'s result (on a failure the
-    environment is left as it was, for the caller to redo alone).
+    Row ``r`` of ``U`` holds, from column ``left_n[i]`` to ``want``, the uniforms the
+    caller drew for environment ``i = envs[r]``; its held-over uniforms (row ``i``
+    of ``left``, ``left_n[i]`` of them, drawn earlier) are put before them here.
+    Environments are sampled two at a time (:func:`poisson_counts2`). Each chunk
+    starts at the environment's clock ``gen_t`` and next id ``n_req`` (rows of
+    ``st``, ``flowgym.batched.STATE_ROWS``), which are advanced on success, and
+    what the chunk leaves of the uniforms is held over in ``left`` (which must be
+    ``want`` wide). ``res[r]`` gets :func:`poisson_chunk`'s result; on a failure
+    the environment is left as it was, holding all ``want`` uniforms, for the
+    caller to redo alone.
     """
     gen_t, chunk_t0, n_req = st[9], st[10], st[11]
-    for r in range(envs.size):
+    m = lk.size
+    n = envs.size
+    for r in range(n):
         i = envs[r]
-        t0 = gen_t[i]
-        c = clsc[i] if m_track > 0 else clsc[0]
-        q = poisson_chunk(U[r], 0, end, nz, enl, lk, m_track, n_slots, n_req[i], cls[i], abnd[i, t0 : t0 + n_slots + 1],
-                          tokc[i], c)
-        res[r] = q
-        if q >= 0:
-            n_req[i] = abnd[i, t0 + n_slots]
-            chunk_t0[i] = t0
-            gen_t[i] = t0 + n_slots
+        for c in range(left_n[i]):
+            U[r, c] = left[i, c]
+    counts = np.zeros((2, n_slots * m), np.int64)
+    qs = np.empty(2, np.int64)
+    for r0 in range(0, n, 2):
+        pair = min(2, n - r0)
+        qs[0] = -1
+        counts[:] = 0
+        if pair == 2:
+            qs[0], qs[1] = poisson_counts2(U[r0], U[r0 + 1], want, nz, enl, m, n_slots, counts[0], counts[1])
+        if qs[0] < 0:  # alone (a single environment, or a stream of the pair ran out)
+            counts[:] = 0
+            for h in range(pair):
+                qs[h] = poisson_counts(U[r0 + h], 0, want, nz, enl, m, n_slots, counts[h])
+        for h in range(pair):
+            r = r0 + h
+            i = envs[r]
+            t0 = gen_t[i]
+            q = qs[h]
+            if q >= 0:
+                c = clsc[i] if m_track > 0 else clsc[0]
+                q = poisson_place(U[r], q, want, lk, m_track, n_slots, n_req[i], cls[i],
+                                  abnd[i, t0 : t0 + n_slots + 1], tokc[i], c, counts[h])
+            res[r] = q
+            if q >= 0:
+                n_req[i] = abnd[i, t0 + n_slots]
+                chunk_t0[i] = t0
+                gen_t[i] = t0 + n_slots
+                q0 = q
+            else:
+                q0 = 0
+            for c in range(q0, want):
+                left[i, c - q0] = U[r, c]
+            left_n[i] = want - q0
 
 
 def _request_lengths(i, rid, by_class, cls, lk, ok, prompt, output):  # pragma: no cover - compiled
@@ -539,12 +685,16 @@ vector_observe: Any = None
 poisson_chunks: Any = None
 batched_projection: Any = None
 request_lengths: Any = None
+poisson_counts: Any = None
+poisson_counts2: Any = None
+poisson_place: Any = None
 
 
 def load() -> None:
     """Import numba and set up the kernels (compiled on first call); raises ``RuntimeError`` without numba."""
     global _numba, fill_range, admit_lane, count_classes, histogram_into, projected_demand
     global poisson_chunk, batched_step, vector_observe, poisson_chunks, batched_projection, request_lengths
+    global poisson_counts, poisson_counts2, poisson_place
     if _numba is not None:
         return
     try:
@@ -555,8 +705,10 @@ def load() -> None:
     fill_range, admit_lane, count_classes = njit(_fill_range), njit(_admit_lane), njit(_count_classes)
     histogram_into, projected_demand = njit(_histogram_into), njit(_projected_demand)
     request_lengths = njit(_request_lengths)  # called by batched_step (a global resolved when it compiles)
-    poisson_chunk, batched_step, vector_observe = njit(_poisson_chunk), njit(_batched_step), njit(_vector_observe)
-    poisson_chunks = njit(_poisson_chunks)  # calls poisson_chunk (a global resolved when it compiles)
+    batched_step, vector_observe = njit(_batched_step), njit(_vector_observe)
+    poisson_counts, poisson_counts2 = njit(_poisson_counts), njit(_poisson_counts2)
+    poisson_place = njit(_poisson_place)  # the three are called by poisson_chunk(s) (globals resolved when compiled)
+    poisson_chunk, poisson_chunks = njit(_poisson_chunk), njit(_poisson_chunks)
     batched_projection = njit(_batched_projection)
     _numba = numba
 

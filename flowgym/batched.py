@@ -239,7 +239,9 @@ class BatchedEngine:
         # generator's uniforms u[pos:end] not yet used
         self._fast_ok = self._by_class and bool(np.all(self.workload.rates < 10))  # type: ignore[attr-defined]
         self._fast = np.zeros(N, bool)
-        self._uleft: list[np.ndarray] = [np.zeros(0) for _ in range(N)]  # drawn, not yet used
+        # uniforms drawn, not yet used: row i holds env i's first _left_n[i] (the next of its stream)
+        self._left = np.zeros((N, 0))
+        self._left_n = np.zeros(N, _I64)
         self._uscratch = np.zeros(0)
         self._ugroup = np.zeros((16, 0))
         if self._fast_ok:
@@ -368,7 +370,7 @@ class BatchedEngine:
         self._fast[idx] = fast
         for i, rng in zip(idx.tolist(), rngs):
             self._rngs[i] = rng
-            self._uleft[i] = np.zeros(0)
+        self._left_n[idx] = 0
         self.arrive(idx)
 
     def _generate_all(self, envs: np.ndarray) -> None:
@@ -391,27 +393,29 @@ class BatchedEngine:
             self._alloc_table(max(2 * self.C, need))
         clsc = self._clsc if self._clsc is not None else self._dummy_clsc
         m_track = self.m if self.track_class_queue else 0
+        res = np.empty(16, _I64)
         for g0 in range(0, fast.size, 16):
             grp = fast[g0 : g0 + 16]
+            held = self._left_n[grp].tolist()
             # a chunk's worth and margin; more held over (after a retry) is used up first, nothing drawn on top
-            want = max(self._u_want, *(self._uleft[i].size for i in grp.tolist()))
+            want = max(self._u_want, *held)
             U = self._ugroup
             if U.shape[1] < want:
                 U = self._ugroup = np.empty((16, want))
-            for r, i in enumerate(grp.tolist()):
-                left = self._uleft[i]
-                U[r, : left.size] = left
-                self._rngs[i].random(out=U[r, left.size : want])  # type: ignore[union-attr]
-            res = np.empty(grp.size, _I64)
-            _jit.poisson_chunks(U, want, grp, self._nz, self._enlam, self._lk, m_track, CHUNK_SLOTS, self.counters,
-                                self._cls, self._abnd, self._tokc, clsc, res)
-            for r, i in enumerate(grp.tolist()):
-                q = int(res[r])
-                if q >= 0:
-                    self._uleft[i] = U[r, q:want].copy()
-                else:  # rare: alone, from the same uniforms (none is lost)
-                    self._uleft[i] = U[r, :want].copy()
-                    self._generate(i)
+            self._hold(want)
+            for r, i in enumerate(grp.tolist()):  # the kernel puts the held-over uniforms before these
+                self._rngs[i].random(out=U[r, held[r] : want])  # type: ignore[union-attr]
+            _jit.poisson_chunks(U, want, grp, self._left, self._left_n, self._nz, self._enlam, self._lk, m_track,
+                                CHUNK_SLOTS, self.counters, self._cls, self._abnd, self._tokc, clsc, res)
+            for r in np.flatnonzero(res[: grp.size] < 0).tolist():
+                self._generate(int(grp[r]))  # rare: alone, from the same uniforms (held over: none is lost)
+
+    def _hold(self, width: int) -> None:
+        """Make room for ``width`` held-over uniforms per environment."""
+        if self._left.shape[1] < width:
+            left = np.zeros((self.N, max(width, 2 * self._left.shape[1])))
+            left[:, : self._left.shape[1]] = self._left
+            self._left = left
 
     def _generate(self, i: int) -> None:
         """Draw env ``i``'s next chunk of requests (exactly as :meth:`Engine._generate`)."""
@@ -464,14 +468,14 @@ class BatchedEngine:
         """
         base = int(self.n_req[i])
         t1 = t0 + CHUNK_SLOTS
-        left = self._uleft[i]
-        want = max(self._u_want, left.size)  # a chunk's worth and margin (held-over uniforms first)
+        n_held = int(self._left_n[i])
+        want = max(self._u_want, n_held)  # a chunk's worth and margin (held-over uniforms first)
         if self._uscratch.size < want:
             self._uscratch = np.empty(want)
         buf = self._uscratch
-        buf[: left.size] = left
+        buf[:n_held] = self._left[i, :n_held]
         end = want
-        rng.random(out=buf[left.size : end])  # continues the generator's stream after the uniforms held
+        rng.random(out=buf[n_held:end])  # continues the generator's stream after the uniforms held
         while True:
             clsc = self._clsc[i] if self._clsc is not None else self._dummy_clsc[0]
             res = _jit.poisson_chunk(
@@ -487,7 +491,9 @@ class BatchedEngine:
                 end = grown.size
             else:
                 self._alloc_table(max(2 * self.C, -2 - res))
-        self._uleft[i] = buf[res:end].copy()
+        self._hold(end - res)
+        self._left[i, : end - res] = buf[res:end]
+        self._left_n[i] = end - res
         self.n_req[i] = int(self._abnd[i, t1])
         self.chunk_t0[i] = t0
         self.gen_t[i] = t1

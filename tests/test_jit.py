@@ -215,6 +215,36 @@ def test_compiled_sampler_recovers_from_too_few_uniforms_and_a_full_table(num_en
         assert_same(got, _numpy_requests(wl, s, 2), f"seed {s}")
 
 
+@settings(max_examples=60, deadline=None)
+@given(
+    rates=st.lists(st.one_of(st.just(0.0), st.floats(0.01, 9.999)), min_size=1, max_size=4),
+    seed=st.integers(0, 2**32 - 1),
+    n_slots=st.integers(0, 40),
+    end=st.integers(0, 2000),
+)
+def test_paired_poisson_counts_equal_single_streams(rates, seed, n_slots, end):
+    # two streams stepped together give each stream's own draws, and run out exactly when one does
+    _jit.load()
+    lam = np.array(rates)
+    nz = np.flatnonzero(lam > 0).astype(np.int64)
+    enl = np.exp(-lam[nz])
+    m = lam.size
+    rng = np.random.default_rng(seed)
+    u1, u2 = rng.random(end), rng.random(end)
+    single = []
+    for u in (u1, u2):
+        c = np.zeros(n_slots * m, np.int64)
+        single.append((_jit.poisson_counts(u, 0, end, nz, enl, m, n_slots, c), c))
+    c1, c2 = np.zeros(n_slots * m, np.int64), np.zeros(n_slots * m, np.int64)
+    q1, q2 = _jit.poisson_counts2(u1, u2, end, nz, enl, m, n_slots, c1, c2)
+    if single[0][0] < 0 or single[1][0] < 0:
+        assert (q1, q2) == (-1, -1)
+    else:
+        assert (q1, q2) == (single[0][0], single[1][0])
+        assert_same(c1, single[0][1], "stream 1")
+        assert_same(c2, single[1][1], "stream 2")
+
+
 @pytest.mark.parametrize("name", ["evictions-lifo", "evictions-all", "known", "zero-and-high-rates", "empirical"])
 def test_batched_compiled_equals_numpy_switching_mid_episode(name):
     # the two paths share the state: switching every 23 slots must not change anything
@@ -257,7 +287,7 @@ def test_uniforms_held_over_stay_bounded_after_a_retry():
         eng.reset(np.arange(n), [np.random.default_rng(8 + s) for s in range(n)])
         held = []
         for _ in range(12):
-            held.append(max(u.size for u in eng._uleft))
+            held.append(int(eng._left_n.max()))
             for _ in range(CHUNK_SLOTS):
                 eng.advance(np.full(n, 10**6, np.int64))
         assert max(held[4:]) < 3 * eng._u_chunk, held
