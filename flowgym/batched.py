@@ -344,8 +344,8 @@ class BatchedEngine:
         ``rngs[i]`` draws the workload of ``envs[i]`` (as :meth:`Engine.reset`'s generator):
         the same requests as :class:`~flowgym.engine.Engine` draws from it. The engine owns
         it for the episode: the compiled sampler draws its uniforms ahead, in blocks, so
-        do not share one generator between environments or reuse it after the episode
-        (the vector environment gives each episode a fresh one).
+        do not share one generator between environments or draw from it elsewhere during the
+        episode (the vector environment re-seeds each environment's generator at its reset).
         """
         idx = np.asarray(envs, dtype=_I64).ravel()
         if len(rngs) != idx.size:

@@ -17,6 +17,7 @@ those of ``gym.make_vec(..., vectorization_mode="sync")`` for the same seeds.
 from __future__ import annotations
 
 from collections.abc import Sequence
+import operator
 from typing import Any
 
 import gymnasium as gym
@@ -26,6 +27,7 @@ from gymnasium.vector import AutoresetMode, SyncVectorEnv, VectorEnv
 from gymnasium.vector.utils import batch_space
 
 from flowgym import _jit
+from flowgym._seeding import reseed
 from flowgym.batched import BatchedEngine, BudgetError, unsupported
 from flowgym.env import DEFAULT_REWARD_WEIGHTS, FlowControlConfig, FlowControlEnv
 
@@ -34,9 +36,12 @@ __all__ = ["FlowControlVectorEnv", "FlowControlSyncVectorEnv", "make_vector_env"
 _STEP_INT_KEYS = ("t", "arrived", "rejected", "admitted", "evicted", "wasted_tokens", "completed", "usage",
                   "queue_len", "active")
 _OUT_ROW = {name: r for r, name in enumerate(BatchedEngine.OUT_ROWS)}
-_INFO_ROWS = [_OUT_ROW.get(k, len(BatchedEngine.OUT_ROWS)) for k in _STEP_INT_KEYS]  # "rejected": a zero row
 _INFO_KEYS = (*_STEP_INT_KEYS, "overflow", "kv_usage")
 _INFO_KEYS_ALL = [x for k in _INFO_KEYS for x in (k, "_" + k)]  # each key, then its mask (as SyncVectorEnv)
+# _step_info's arrays: the OUT_ROWS rows, "rejected", "overflow", "kv_usage", then one mask per key
+_INFO_SRC = {**_OUT_ROW, **{k: len(_OUT_ROW) + j for j, k in enumerate(("rejected", "overflow", "kv_usage"))},
+             **{"_" + k: len(_OUT_ROW) + 3 + j for j, k in enumerate(_INFO_KEYS)}}
+_INFO_PICK = operator.itemgetter(*(_INFO_SRC[k] for k in _INFO_KEYS_ALL))
 
 
 def batched_unsupported(config: FlowControlConfig, render_mode: str | None = None, **extra: Any) -> str | None:
@@ -167,6 +172,8 @@ class FlowControlVectorEnv(VectorEnv):
         self._max_budget = int(cfg.max_budget)
         self._rho = proto.workload.load(cfg.M)
         self._np_randoms: list[np.random.Generator | None] = [None] * N
+        # each environment's workload generator, re-seeded at every reset (flowgym._seeding.reseed)
+        self._wl_rngs: list[np.random.Generator | None] = [None] * N
         self._rate = np.zeros(N)
         self._autoreset = np.zeros(N, dtype=bool)
         self._any_autoreset = False
@@ -194,7 +201,7 @@ class FlowControlVectorEnv(VectorEnv):
 
     def _reset_envs(self, idx: np.ndarray, seeds: Sequence[int | None]) -> np.ndarray:
         """Reset environments ``idx`` (as ``FlowControlEnv.reset(seed=...)``); returns their arrivals."""
-        rngs = []
+        wl_seeds = []
         for i, s in zip(idx.tolist(), seeds):
             if s is not None:
                 self._np_randoms[i] = seeding.np_random(s)[0]
@@ -202,7 +209,11 @@ class FlowControlVectorEnv(VectorEnv):
                 self._np_randoms[i] = seeding.np_random()[0]
             gen = self._np_randoms[i]
             assert gen is not None
-            rngs.append(np.random.default_rng(int(gen.integers(0, 2**63 - 1))))
+            wl_seeds.append(int(gen.integers(0, 2**63 - 1)))
+        # np.random.default_rng(seed) for each (as FlowControlEnv.reset), the generators re-seeded in place
+        rngs = reseed(wl_seeds, [self._wl_rngs[i] for i in idx.tolist()])
+        for i, rng in zip(idx.tolist(), rngs):
+            self._wl_rngs[i] = rng
         self._pending_obs = None
         self.engine.reset(idx, rngs)
         arrived = self.engine.last_arrivals[idx]
@@ -303,17 +314,16 @@ class FlowControlVectorEnv(VectorEnv):
     def _step_info(self, out: np.ndarray) -> dict[str, Any]:
         """The step's info dict from :meth:`_advance`'s slot figures (fresh arrays)."""
         N = self.num_envs
-        rows = list(out)  # views of the fresh block
-        rows.append(np.zeros(N, np.int64))  # rejected: nothing is rejected here
-        vals = [rows[r] for r in _INFO_ROWS]
         pending, self._pending_info = self._pending_info, None
         if pending is not None and pending[0] is out:  # computed by the compiled pass for this step
-            vals.extend(pending[1:])
+            overflow, kv = pending[1], pending[2]
         else:
-            vals.append(rows[_OUT_ROW["evicted"]] > 0)
-            vals.append(rows[_OUT_ROW["usage"]] / self.config.M)
-        masks = list(np.ones((len(_INFO_KEYS), N), bool))  # one block, a fresh row per key
-        return dict(zip(_INFO_KEYS_ALL, [x for pair in zip(vals, masks) for x in pair]))
+            overflow, kv = out[_OUT_ROW["evicted"]] > 0, out[_OUT_ROW["usage"]] / self.config.M
+        # the rows of the fresh block, "rejected" (nothing is rejected here), then a fresh mask row per key
+        masks = np.empty((len(_INFO_KEYS), N), bool)
+        masks.fill(True)  # (faster than np.ones)
+        arrays = [*out, np.zeros(N, np.int64), overflow, kv, *masks]
+        return dict(zip(_INFO_KEYS_ALL, _INFO_PICK(arrays)))
 
     def _observe(self) -> Any:
         eng = self.engine

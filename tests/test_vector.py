@@ -21,6 +21,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 import flowgym  # noqa: F401  (registers FlowControl-v0)
+from flowgym._seeding import reseed, seed_words
 from flowgym.batched import BatchedEngine
 from flowgym.vector import FlowControlSyncVectorEnv, FlowControlVectorEnv, make_vector_env
 
@@ -457,3 +458,22 @@ def test_projected_demand_equals_scan(M, eviction, offsets, seed):
         np.testing.assert_array_equal(eng.projected_demand(h), _projection_by_scan(eng, h))
         _, _, te, tr, _ = env.step(env.action_space.sample())
         done = te or tr
+
+
+@settings(max_examples=200, deadline=None)
+@given(seeds=st.lists(st.one_of(st.integers(0, 2**64 - 1), st.sampled_from([0, 1, 2**32 - 1, 2**32, 2**63 - 2])),
+                      min_size=1, max_size=5))
+def test_reseed_gives_default_rng_of_each_seed(seeds):
+    # the vector env re-seeds its workload generators in place; they must be numpy's default_rng(seed)
+    words = seed_words(seeds)
+    kept = reseed([s ^ 1 for s in seeds], [None] * len(seeds))  # generators that drew from other seeds first
+    for g in kept:
+        g.random(3)
+    gens = reseed(seeds, kept)
+    for s, w, g, k in zip(seeds, words, gens, kept):
+        assert g is k  # re-seeded in place
+        np.testing.assert_array_equal(w, np.random.SeedSequence(s).generate_state(4, np.uint64))
+        ref = np.random.default_rng(s)
+        assert g.bit_generator.state == ref.bit_generator.state
+        np.testing.assert_array_equal(g.random(4), ref.random(4))
+        assert g.integers(0, 10**6) == ref.integers(0, 10**6)
