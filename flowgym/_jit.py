@@ -22,7 +22,9 @@ For the batched engine (:mod:`flowgym.batched`) and its vector environment:
   workload chunk of ``MultiClassPoisson`` (rates below 10) from uniforms the
   engine drew with the environment's own generator: the Poisson draws
   (:func:`poisson_counts`; :func:`poisson_counts2` for two environments at
-  once), then the requests in their within-slot order (:func:`poisson_place`).
+  once), then the requests in their within-slot order (:func:`poisson_place`);
+  :func:`pcg_fill` (:func:`pcg_fill2`) draws the uniforms, continuing each
+  generator's PCG64 stream from a copy of its state.
 
 They compute exactly what the numpy code does (same integers; the sampler
 consumes the generator's uniforms exactly as ``MultiClassPoisson.sample``
@@ -46,7 +48,7 @@ import numpy as np
 
 __all__ = ["AVAILABLE", "ENABLED", "load", "admit_lane", "count_classes", "fill_range", "histogram_into",
            "projected_demand", "batched_step", "batched_projection", "poisson_chunk", "poisson_chunks",
-           "poisson_counts", "poisson_counts2", "poisson_place",
+           "poisson_counts", "poisson_counts2", "poisson_place", "pcg_fill", "pcg_fill2",
            "vector_observe", "check_kernels"]
 
 #: numba is installed (it is imported only when the kernels are used).
@@ -134,6 +136,76 @@ def _projected_demand(held, act, t, mask, cal_n, cal_tok, offsets, out):  # prag
 
 
 # --------------------------------------------------------------------------- batched engine (flowgym.batched)
+
+
+def _make_pcg_step(intrinsic: Any, types: Any, ir: Any) -> Any:
+    """The PCG64 state transition ``state * MULT + inc`` (128-bit, as numpy's C code) as a numba intrinsic.
+
+    States are pairs of uint64 words (high, low); LLVM's i128 arithmetic does the rest.
+    """
+    mult = (2549297995355413924 << 64) + 4865540595714422341  # PCG_DEFAULT_MULTIPLIER_128
+
+    @intrinsic
+    def pcg_step(typingctx, shi, slo, ihi, ilo):  # type: ignore[no-untyped-def]
+        sig = types.UniTuple(types.uint64, 2)(types.uint64, types.uint64, types.uint64, types.uint64)
+
+        def codegen(context, builder, signature, args):  # type: ignore[no-untyped-def]
+            i128, i64 = ir.IntType(128), ir.IntType(64)
+
+            def join(hi, lo):  # type: ignore[no-untyped-def]
+                return builder.or_(builder.shl(builder.zext(hi, i128), ir.Constant(i128, 64)), builder.zext(lo, i128))
+
+            r = builder.add(builder.mul(join(args[0], args[1]), ir.Constant(i128, mult)), join(args[2], args[3]))
+            hi = builder.trunc(builder.lshr(r, ir.Constant(i128, 64)), i64)
+            return context.make_tuple(builder, signature.return_type, [hi, builder.trunc(r, i64)])
+
+        return sig, codegen
+
+    return pcg_step
+
+
+def _pcg_double(shi, slo):  # pragma: no cover - compiled
+    """``Generator.random``'s double from a PCG64 state just stepped: XSL-RR output, top 53 bits."""
+    x = shi ^ slo
+    rot = shi >> np.uint64(58)
+    v = (x >> rot) | (x << ((np.uint64(64) - rot) & np.uint64(63)))
+    return np.float64(v >> np.uint64(11)) * (1.0 / 9007199254740992.0)
+
+
+def _pcg_fill(pcg, i, out, lo, hi):  # pragma: no cover - compiled
+    """``out[lo:hi]``: the next doubles of the PCG64 state ``pcg[i]`` (``Generator.random``'s), advancing it.
+
+    ``pcg[i]`` holds the state and the increment as uint64 words: state high, state
+    low, inc high, inc low (the ``state`` dict of ``np.random.PCG64``).
+    """
+    shi, slo, ihi, ilo = pcg[i, 0], pcg[i, 1], pcg[i, 2], pcg[i, 3]
+    for k in range(lo, hi):
+        shi, slo = pcg_step(shi, slo, ihi, ilo)
+        out[k] = pcg_double(shi, slo)
+    pcg[i, 0] = shi
+    pcg[i, 1] = slo
+
+
+def _pcg_fill2(pcg, i1, i2, out1, out2, lo1, lo2, hi):  # pragma: no cover - compiled
+    """:func:`pcg_fill` of ``out1[lo1:hi]`` from ``pcg[i1]`` and ``out2[lo2:hi]`` from ``pcg[i2]``, stepped together.
+
+    Each stream is a chain of dependent 128-bit multiplies; stepping two at once
+    overlaps them.
+    """
+    n = max(min(hi - lo1, hi - lo2), 0)
+    ah, al, aih, ail = pcg[i1, 0], pcg[i1, 1], pcg[i1, 2], pcg[i1, 3]
+    bh, bl, bih, bil = pcg[i2, 0], pcg[i2, 1], pcg[i2, 2], pcg[i2, 3]
+    for k in range(n):
+        ah, al = pcg_step(ah, al, aih, ail)
+        bh, bl = pcg_step(bh, bl, bih, bil)
+        out1[lo1 + k] = pcg_double(ah, al)
+        out2[lo2 + k] = pcg_double(bh, bl)
+    pcg[i1, 0] = ah
+    pcg[i1, 1] = al
+    pcg[i2, 0] = bh
+    pcg[i2, 1] = bl
+    pcg_fill(pcg, i1, out1, lo1 + n, hi)  # the longer one's rest
+    pcg_fill(pcg, i2, out2, lo2 + n, hi)
 
 
 def _poisson_counts(u, pos, end, nz, enl, m, n_slots, counts):  # pragma: no cover - compiled
@@ -360,14 +432,15 @@ def _poisson_chunk(u, pos, end, nz, enl, lk, m_track, n_slots, base, cls, bnd, t
     return poisson_place(u, q, end, lk, m_track, n_slots, base, cls, bnd, tokc, clsc, counts)
 
 
-def _poisson_chunks(U, want, envs, left, left_n, nz, enl, lk, m_track, n_slots, st, cls, abnd, tokc, clsc, res):
-    # pragma: no cover - compiled
-    """:func:`poisson_chunk` for the environments ``envs`` (row ``r`` of ``U`` holds the uniforms of ``envs[r]``).
+def _poisson_chunks(U, want, envs, pcg, left, left_n, nz, enl, lk, m_track, n_slots, st, cls, abnd, tokc, clsc,
+                    res):  # pragma: no cover - compiled
+    """:func:`poisson_chunk` for the environments ``envs``, ``want`` uniforms each (row ``r`` of ``U``: ``envs[r]``).
 
-    Row ``r`` of ``U`` holds, from column ``left_n[i]`` to ``want``, the uniforms the
-    caller drew for environment ``i = envs[r]``; its held-over uniforms (row ``i``
-    of ``left``, ``left_n[i]`` of them, drawn earlier) are put before them here.
-    Environments are sampled two at a time (:func:`poisson_counts2`). Each chunk
+    The uniforms of environment ``i = envs[r]`` are its held-over ones (row ``i``
+    of ``left``, ``left_n[i]`` of them, drawn earlier), then the next of its
+    generator's stream (the PCG64 state ``pcg[i]``, :func:`pcg_fill`), written to
+    row ``r`` of ``U``. Environments are drawn and sampled two at a time
+    (:func:`pcg_fill2`, :func:`poisson_counts2`). Each chunk
     starts at the environment's clock ``gen_t`` and next id ``n_req`` (rows of
     ``st``, ``flowgym.batched.STATE_ROWS``), which are advanced on success, and
     what the chunk leaves of the uniforms is held over in ``left`` (which must be
@@ -382,6 +455,10 @@ def _poisson_chunks(U, want, envs, left, left_n, nz, enl, lk, m_track, n_slots, 
         i = envs[r]
         for c in range(left_n[i]):
             U[r, c] = left[i, c]
+    for r in range(0, n - 1, 2):
+        pcg_fill2(pcg, envs[r], envs[r + 1], U[r], U[r + 1], left_n[envs[r]], left_n[envs[r + 1]], want)
+    if n % 2:
+        pcg_fill(pcg, envs[n - 1], U[n - 1], left_n[envs[n - 1]], want)
     counts = np.zeros((2, n_slots * m), np.int64)
     qs = np.empty(2, np.int64)
     for r0 in range(0, n, 2):
@@ -688,13 +765,17 @@ request_lengths: Any = None
 poisson_counts: Any = None
 poisson_counts2: Any = None
 poisson_place: Any = None
+pcg_step: Any = None
+pcg_double: Any = None
+pcg_fill: Any = None
+pcg_fill2: Any = None
 
 
 def load() -> None:
     """Import numba and set up the kernels (compiled on first call); raises ``RuntimeError`` without numba."""
     global _numba, fill_range, admit_lane, count_classes, histogram_into, projected_demand
     global poisson_chunk, batched_step, vector_observe, poisson_chunks, batched_projection, request_lengths
-    global poisson_counts, poisson_counts2, poisson_place
+    global poisson_counts, poisson_counts2, poisson_place, pcg_step, pcg_double, pcg_fill, pcg_fill2
     if _numba is not None:
         return
     try:
@@ -706,6 +787,13 @@ def load() -> None:
     histogram_into, projected_demand = njit(_histogram_into), njit(_projected_demand)
     request_lengths = njit(_request_lengths)  # called by batched_step (a global resolved when it compiles)
     batched_step, vector_observe = njit(_batched_step), njit(_vector_observe)
+    from llvmlite import ir
+    from numba.extending import intrinsic
+
+    pcg_step = _make_pcg_step(intrinsic, numba.types, ir)
+    pcg_double = njit(_pcg_double)  # called by pcg_fill(2) (globals resolved when they compile)
+    pcg_fill = njit(_pcg_fill)
+    pcg_fill2 = njit(_pcg_fill2)
     poisson_counts, poisson_counts2 = njit(_poisson_counts), njit(_poisson_counts2)
     poisson_place = njit(_poisson_place)  # the three are called by poisson_chunk(s) (globals resolved when compiled)
     poisson_chunk, poisson_chunks = njit(_poisson_chunk), njit(_poisson_chunks)

@@ -76,6 +76,7 @@ _I32 = np.int32
 
 _NO_HORIZON = np.iinfo(np.int64).max
 _I32_MAX = int(np.iinfo(np.int32).max)
+_U64_MASK = (1 << 64) - 1
 
 
 class BudgetError(ValueError):
@@ -242,6 +243,8 @@ class BatchedEngine:
         # uniforms drawn, not yet used: row i holds env i's first _left_n[i] (the next of its stream)
         self._left = np.zeros((N, 0))
         self._left_n = np.zeros(N, _I64)
+        # compiled sampler: a copy of each generator's PCG64 state (high, low words of state, then inc)
+        self._pcg = np.zeros((N, 4), np.uint64)
         self._uscratch = np.zeros(0)
         self._ugroup = np.zeros((16, 0))
         if self._fast_ok:
@@ -346,6 +349,9 @@ class BatchedEngine:
         it for the episode: the compiled sampler draws its uniforms ahead, in blocks, so
         do not share one generator between environments or draw from it elsewhere during the
         episode (the vector environment re-seeds each environment's generator at its reset).
+        With the compiled sampler (numba, a ``MultiClassPoisson`` workload with rates below
+        10 and a PCG64 generator, numpy's default) the engine draws from a copy of the
+        generator's state, so the generator itself is not advanced.
         """
         idx = np.asarray(envs, dtype=_I64).ravel()
         if len(rngs) != idx.size:
@@ -367,9 +373,14 @@ class BatchedEngine:
         fast = bool(self.jit) and self._fast_ok
         if fast:
             _jit.load()
-        self._fast[idx] = fast
         for i, rng in zip(idx.tolist(), rngs):
             self._rngs[i] = rng
+            # the compiled sampler continues the generator's PCG64 stream from a copy of its state
+            self._fast[i] = fast and isinstance(rng.bit_generator, np.random.PCG64)
+            if self._fast[i]:
+                st = rng.bit_generator.state["state"]
+                s_, inc = st["state"], st["inc"]
+                self._pcg[i] = (s_ >> 64, s_ & _U64_MASK, inc >> 64, inc & _U64_MASK)
         self._left_n[idx] = 0
         self.arrive(idx)
 
@@ -403,10 +414,8 @@ class BatchedEngine:
             if U.shape[1] < want:
                 U = self._ugroup = np.empty((16, want))
             self._hold(want)
-            for r, i in enumerate(grp.tolist()):  # the kernel puts the held-over uniforms before these
-                self._rngs[i].random(out=U[r, held[r] : want])  # type: ignore[union-attr]
-            _jit.poisson_chunks(U, want, grp, self._left, self._left_n, self._nz, self._enlam, self._lk, m_track,
-                                CHUNK_SLOTS, self.counters, self._cls, self._abnd, self._tokc, clsc, res)
+            _jit.poisson_chunks(U, want, grp, self._pcg, self._left, self._left_n, self._nz, self._enlam, self._lk,
+                                m_track, CHUNK_SLOTS, self.counters, self._cls, self._abnd, self._tokc, clsc, res)
             for r in np.flatnonzero(res[: grp.size] < 0).tolist():
                 self._generate(int(grp[r]))  # rare: alone, from the same uniforms (held over: none is lost)
 
@@ -429,7 +438,7 @@ class BatchedEngine:
         if t1 > self.T:
             self._alloc_bounds(max(2 * self.T, t1))
         if self._fast[i]:
-            self._generate_fast(i, rng, t0)
+            self._generate_fast(i, t0)
             return
         req = self.workload.sample(rng, t0, t1)
         k = req.arrival.size
@@ -454,17 +463,19 @@ class BatchedEngine:
         self.chunk_t0[i] = t0
         self.gen_t[i] = t1
 
-    def _generate_fast(self, i: int, rng: np.random.Generator, t0: int) -> None:
+    def _generate_fast(self, i: int, t0: int) -> None:
         """:meth:`_generate` with the compiled sampler (:func:`flowgym._jit.poisson_chunk`).
 
         ``MultiClassPoisson.sample`` draws, for rates below 10, only doubles of
         ``rng`` (Poisson by the multiplication method, then the shuffle's uniforms),
         one ``next_double`` each, the same as ``rng.random``. So the uniforms are
-        drawn in blocks with ``rng.random`` and the kernel uses them in that order:
-        the requests are those the numpy sampler draws from the same generator.
-        The block is drawn into one scratch buffer shared by all environments
-        (still in the CPU cache), after the uniforms env ``i`` had left over from
-        its previous chunk; what this chunk leaves over is kept for the next.
+        drawn in blocks, as ``rng.random`` would draw them (its PCG64 stream,
+        continued from the copy of its state taken at reset: :func:`flowgym._jit.pcg_fill`),
+        and the kernel uses them in that order: the requests are those the numpy
+        sampler draws from the same generator. The block is drawn into one scratch
+        buffer shared by all environments (still in the CPU cache), after the
+        uniforms env ``i`` had left over from its previous chunk; what this chunk
+        leaves over is kept for the next.
         """
         base = int(self.n_req[i])
         t1 = t0 + CHUNK_SLOTS
@@ -475,7 +486,7 @@ class BatchedEngine:
         buf = self._uscratch
         buf[:n_held] = self._left[i, :n_held]
         end = want
-        rng.random(out=buf[n_held:end])  # continues the generator's stream after the uniforms held
+        _jit.pcg_fill(self._pcg, i, buf, n_held, end)  # the generator's stream, after the uniforms held
         while True:
             clsc = self._clsc[i] if self._clsc is not None else self._dummy_clsc[0]
             res = _jit.poisson_chunk(
@@ -486,7 +497,7 @@ class BatchedEngine:
             if res == -1:  # out of uniforms: draw more after those held and start the chunk again
                 grown = np.empty(2 * end)
                 grown[:end] = buf[:end]
-                rng.random(out=grown[end:])
+                _jit.pcg_fill(self._pcg, i, grown, end, grown.size)
                 self._uscratch = buf = grown
                 end = grown.size
             else:

@@ -245,6 +245,53 @@ def test_paired_poisson_counts_equal_single_streams(rates, seed, n_slots, end):
         assert_same(c2, single[1][1], "stream 2")
 
 
+def _pcg_words(gen: np.random.Generator) -> np.ndarray:
+    st = gen.bit_generator.state["state"]
+    mask = (1 << 64) - 1
+    return np.array([st["state"] >> 64, st["state"] & mask, st["inc"] >> 64, st["inc"] & mask], np.uint64)
+
+
+@settings(max_examples=60, deadline=None)
+@given(seeds=st.tuples(st.integers(0, 2**64 - 1), st.integers(0, 2**64 - 1)),
+       lo=st.tuples(st.integers(0, 300), st.integers(0, 300)), hi=st.integers(0, 600),
+       used=st.integers(0, 5))
+def test_pcg_fill_draws_what_generator_random_draws(seeds, lo, hi, used):
+    # the compiled sampler's uniforms continue each generator's stream exactly (one or two streams at once),
+    # also after the generator drew other things (a buffered 32-bit half does not touch doubles)
+    _jit.load()
+    gens = [np.random.default_rng(s) for s in seeds]
+    for g in gens:
+        g.integers(0, 2**32, size=used, dtype=np.uint32)
+        g.random(used)
+    pcg = np.stack([_pcg_words(g) for g in gens])
+    outs = [np.full(max(hi, 1), -1.0), np.full(max(hi, 1), -1.0)]
+    _jit.pcg_fill2(pcg, 0, 1, outs[0], outs[1], lo[0], lo[1], hi)
+    for j, g in enumerate(gens):
+        n = max(hi - lo[j], 0)
+        assert_same(outs[j][lo[j] : hi], g.random(n), f"stream {j}")
+        np.testing.assert_array_equal(pcg[j], _pcg_words(g))  # the copy advanced as the generator did
+    one = np.empty(7)
+    _jit.pcg_fill(pcg, 1, one, 2, 7)
+    assert_same(one[2:], gens[1].random(5), "single stream")
+
+
+def test_compiled_sampler_only_takes_pcg64_generators():
+    # another bit generator is sampled by numpy (its stream is not PCG64's): the same requests either way
+    wl = MultiClassPoisson([[2, 3], [4, 5]], [1.5, 0.7])
+    eng = BatchedEngine(2, 200, wl)
+    eng.jit = True
+    eng.reset(np.arange(2), [np.random.Generator(np.random.MT19937(3)), np.random.default_rng(4)])
+    assert eng._fast.tolist() == [False, True]
+    zero = np.zeros(2, np.int64)
+    for _ in range(2 * CHUNK_SLOTS - 1):
+        eng.advance(zero)
+    for i, gen in enumerate([np.random.Generator(np.random.MT19937(3)), np.random.default_rng(4)]):
+        parts = [wl.sample(gen, c * CHUNK_SLOTS, (c + 1) * CHUNK_SLOTS) for c in range(2)]
+        log = eng.request_log(i)
+        for name in ("arrival", "prompt_len", "output_len", "cls"):
+            assert_same(log[name], np.concatenate([getattr(p, name) for p in parts]), f"env {i} {name}")
+
+
 @pytest.mark.parametrize("name", ["evictions-lifo", "evictions-all", "known", "zero-and-high-rates", "empirical"])
 def test_batched_compiled_equals_numpy_switching_mid_episode(name):
     # the two paths share the state: switching every 23 slots must not change anything
