@@ -23,7 +23,7 @@ FlowControl-v0 runs the paper's three classes at lambda = 2.1 per class
 (rho = 0.52, about 250 requests active) with a fixed budget ``B = 8`` and a
 1000-slot horizon (episodes end and reset during the measurement).
 
-    python benchmarks/bench_vector.py [--steps 30000] [--vec-steps 2000] [--repeats 3]
+    python benchmarks/bench_vector.py [--steps 30000] [--vec-steps 2000] [--repeats 5]
                                       [--ppo-steps 65536] [--torch-threads 1] [--quick]
 
 Goals (issue 7): single env >= 0.5x CartPole-v1; batched N = 256 >= 0.5x
@@ -36,6 +36,7 @@ import argparse
 import os
 import platform
 import time
+from collections.abc import Callable
 from typing import Any
 
 import gymnasium as gym
@@ -76,35 +77,42 @@ def flowcontrol(jit: bool, **kwargs: Any) -> gym.Env:
     return env
 
 
-def single_sps(env: gym.Env, action: Any, steps: int, repeats: int, warmup: int = 2000) -> float:
-    """Best steps/s over ``repeats`` runs of ``steps`` steps (resetting when an episode ends)."""
-    best = 0.0
-    for r in range(repeats):
-        env.reset(seed=r)
-        for _ in range(warmup):
-            _, _, te, tr, _ = env.step(action)
-            if te or tr:
-                env.reset()
-        t0 = time.perf_counter()
-        for _ in range(steps):
-            _, _, te, tr, _ = env.step(action)
-            if te or tr:
-                env.reset()
-        best = max(best, steps / (time.perf_counter() - t0))
-    return best
+def single_run(env: gym.Env, action: Any, steps: int, seed: int, warmup: int = 2000) -> float:
+    """Steps/s of one run of ``steps`` steps after ``warmup`` (resetting when an episode ends)."""
+    env.reset(seed=seed)
+    for _ in range(warmup):
+        _, _, te, tr, _ = env.step(action)
+        if te or tr:
+            env.reset()
+    t0 = time.perf_counter()
+    for _ in range(steps):
+        _, _, te, tr, _ = env.step(action)
+        if te or tr:
+            env.reset()
+    return steps / (time.perf_counter() - t0)
 
 
-def vector_sps(env: gym.vector.VectorEnv, action: np.ndarray, calls: int, repeats: int, warmup: int = 200) -> float:
-    """Best environment steps/s (``num_envs`` per call) over ``repeats`` runs; the env autoresets itself."""
-    best = 0.0
+def vector_run(env: gym.vector.VectorEnv, action: np.ndarray, calls: int, seed: int, warmup: int = 200) -> float:
+    """Environment steps/s (``num_envs`` per call) of one run of ``calls`` calls; the env autoresets itself."""
+    env.reset(seed=seed)
+    for _ in range(warmup):
+        env.step(action)
+    t0 = time.perf_counter()
+    for _ in range(calls):
+        env.step(action)
+    return env.num_envs * calls / (time.perf_counter() - t0)
+
+
+def best_of(runs: dict[str, Callable[[int], float]], repeats: int) -> dict[str, float]:
+    """The best figure of each run over ``repeats`` rounds; each round runs every one once, in turn.
+
+    Interleaving puts a transient slowdown of the machine on both sides of a ratio
+    (back-to-back blocks of repeats can put it on one side only).
+    """
+    best = dict.fromkeys(runs, 0.0)
     for r in range(repeats):
-        env.reset(seed=r)
-        for _ in range(warmup):
-            env.step(action)
-        t0 = time.perf_counter()
-        for _ in range(calls):
-            env.step(action)
-        best = max(best, env.num_envs * calls / (time.perf_counter() - t0))
+        for name, run in runs.items():
+            best[name] = max(best[name], run(r))
     return best
 
 
@@ -146,7 +154,7 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--steps", type=int, default=30_000, help="single-env steps per repeat")
     ap.add_argument("--vec-steps", type=int, default=2_000, help="vector env calls per repeat")
-    ap.add_argument("--repeats", type=int, default=3)
+    ap.add_argument("--repeats", type=int, default=5, help="rounds; each runs every measurement once, in turn")
     ap.add_argument("--ppo-envs", type=int, default=64)
     ap.add_argument("--ppo-n-steps", type=int, default=128)
     ap.add_argument("--ppo-batch", type=int, default=1024)
@@ -172,18 +180,23 @@ def main() -> None:
     print(f"machine: {machine()}")
     print(f"versions: {versions}")
     print(f"load average at start (1, 5, 15 min): {load()}")
-    print(f"best of {args.repeats}; FlowControl-v0: lambda=2.1 x 3 classes, B={BUDGET}, horizon 1000\n")
+    print(f"best of {args.repeats} (interleaved); FlowControl-v0: lambda=2.1 x 3 classes, B={BUDGET}, horizon 1000\n")
 
-    cart = gym.make("CartPole-v1")
-    s_cart = single_sps(cart, 1, args.steps, args.repeats)
-    print("single environment (gym.make)                 steps/s    / CartPole-v1")
-    print(f"  CartPole-v1                              {s_cart:11.0f}")
     paths = [(True, "compiled")] if _jit.AVAILABLE else []
     paths.append((False, "numpy"))
+    cart = gym.make("CartPole-v1")
+    runs: dict[str, Callable[[int], float]] = {"cart": lambda r: single_run(cart, 1, args.steps, r)}
+    for jit, label in paths:
+        for known in (False, True):
+            env = flowcontrol(jit, output_length_known=known)
+            runs[f"{label}-{known}"] = lambda r, env=env: single_run(env, BUDGET, args.steps, r)
+    single = best_of(runs, args.repeats)
+    s_cart = single["cart"]
+    print("single environment (gym.make)                 steps/s    / CartPole-v1")
+    print(f"  CartPole-v1                              {s_cart:11.0f}")
     s_fc = 0.0
     for jit, label in paths:
-        s_unk = single_sps(flowcontrol(jit), BUDGET, args.steps, args.repeats)
-        s_known = single_sps(flowcontrol(jit, output_length_known=True), BUDGET, args.steps, args.repeats)
+        s_unk, s_known = single[f"{label}-False"], single[f"{label}-True"]
         s_fc = max(s_fc, s_unk)
         print(f"  FlowControl-v0 (unknown lengths, {label:8s}) {s_unk:9.0f}    {s_unk / s_cart:6.3f}"
               + ("   (goal >= 0.5)" if jit == paths[0][0] else ""))
@@ -195,15 +208,17 @@ def main() -> None:
     ratios = {}
     for N in (64, 256):
         cv = gym.make_vec("CartPole-v1", num_envs=N, vectorization_mode="vector_entry_point")
-        v_cart = vector_sps(cv, np.ones(N, np.int64), args.vec_steps, args.repeats)
         fv = gym.make_vec("FlowControl-v0", num_envs=N, **BENCH)
         assert fv.backend == "batched"
-        v_fc = vector_sps(fv, np.full(N, BUDGET, np.int64), args.vec_steps, args.repeats)
         fk = gym.make_vec("FlowControl-v0", num_envs=N, output_length_known=True, **BENCH)
-        v_known = vector_sps(fk, np.full(N, BUDGET, np.int64), args.vec_steps, args.repeats)
+        a_fc = np.full(N, BUDGET, np.int64)
+        vec = best_of({"cart": lambda r: vector_run(cv, np.ones(N, np.int64), args.vec_steps, r),
+                       "fc": lambda r: vector_run(fv, a_fc, args.vec_steps, r),
+                       "known": lambda r: vector_run(fk, a_fc, args.vec_steps, r)}, args.repeats)
+        v_cart, v_fc, v_known = vec["cart"], vec["fc"], vec["known"]
         sync_calls = max(1, args.vec_steps * 64 // (N * 8))
         fs = gym.make_vec("FlowControl-v0", num_envs=N, vectorization_mode="sync", **BENCH)
-        v_sync = vector_sps(fs, np.full(N, BUDGET, np.int64), sync_calls, 1, warmup=10)
+        v_sync = vector_run(fs, a_fc, sync_calls, 0, warmup=10)
         ratios[N] = v_fc / v_cart
         goal = "   (goal >= 0.5)" if N == 256 else ""
         print(f"  N={N:<4d} CartPoleVectorEnv                {v_cart:11.0f}")
