@@ -9,7 +9,7 @@ engine's clock (not by their duration):
 * chunk steps: the environments also draw their next 256-slot workload chunk
   (every 256 slots; all at once here, since they reset together);
 * reset steps: the step after the horizon, where every environment resets
-  (new generator) and draws its first chunk.
+  (its generator re-seeded) and draws its first chunk.
 
 Prints the median of each kind, its share of the total time, and the mean step
 time, against ``CartPoleVectorEnv`` at the same N measured in the same run

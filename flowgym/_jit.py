@@ -238,6 +238,24 @@ def _poisson_counts(u, pos, end, nz, enl, m, n_slots, counts):  # pragma: no cov
     return q
 
 
+def _poisson_step(u, p, e, x, d, k, dc, enl, mz):  # pragma: no cover - compiled
+    """One uniform ``u`` of a stream of Poisson draws, with selects (no branch on the data).
+
+    ``p`` is the running product of draw ``d`` (class index ``k`` into ``enl``, its
+    ``exp(-lambda)`` ``e``) and ``x`` its count so far. When ``u`` ends the draw, its
+    count goes to ``dc[d]`` and the next draw starts. Returns the new ``p, x, d, k, e``.
+    """
+    p *= u
+    done = p <= e
+    dc[d] = x  # overwritten until the draw ends
+    d += done
+    x = 0 if done else x + 1
+    p = 1.0 if done else p
+    k += done
+    k = 0 if k == mz else k
+    return p, x, d, k, enl[k]
+
+
 def _poisson_counts2(u1, u2, end, nz, enl, m, n_slots, counts1, counts2):  # pragma: no cover - compiled
     """:func:`poisson_counts` from position 0 of two independent streams at once.
 
@@ -253,67 +271,26 @@ def _poisson_counts2(u1, u2, end, nz, enl, m, n_slots, counts1, counts2):  # pra
         return 0, 0
     dc1 = np.empty(nd, np.int64)  # the count of draw d (draw order: slot, then class)
     dc2 = np.empty(nd, np.int64)
-    q1 = 0
-    q2 = 0
-    d1 = 0
-    d2 = 0
-    x1 = 0
-    x2 = 0
-    k1 = 0
-    k2 = 0
-    p1 = 1.0
-    p2 = 1.0
-    e1 = enl[0]
-    e2 = enl[0]
+    q1 = q2 = d1 = d2 = x1 = x2 = k1 = k2 = 0  # position, draw, count so far, class index of each stream
+    p1 = p2 = 1.0  # running products
+    e1 = e2 = enl[0]
     while d1 < nd and d2 < nd:
         if q1 >= end or q2 >= end:
             return -1, -1
-        p1 *= u1[q1]
+        p1, x1, d1, k1, e1 = poisson_step(u1[q1], p1, e1, x1, d1, k1, dc1, enl, mz)
+        p2, x2, d2, k2, e2 = poisson_step(u2[q2], p2, e2, x2, d2, k2, dc2, enl, mz)
         q1 += 1
-        done1 = p1 <= e1
-        dc1[d1] = x1
-        d1 += done1
-        x1 = 0 if done1 else x1 + 1
-        p1 = 1.0 if done1 else p1
-        k1 += done1
-        k1 = 0 if k1 == mz else k1
-        e1 = enl[k1]
-        p2 *= u2[q2]
         q2 += 1
-        done2 = p2 <= e2
-        dc2[d2] = x2
-        d2 += done2
-        x2 = 0 if done2 else x2 + 1
-        p2 = 1.0 if done2 else p2
-        k2 += done2
-        k2 = 0 if k2 == mz else k2
-        e2 = enl[k2]
     while d1 < nd:  # the stream left, alone
         if q1 >= end:
             return -1, -1
-        p1 *= u1[q1]
+        p1, x1, d1, k1, e1 = poisson_step(u1[q1], p1, e1, x1, d1, k1, dc1, enl, mz)
         q1 += 1
-        done1 = p1 <= e1
-        dc1[d1] = x1
-        d1 += done1
-        x1 = 0 if done1 else x1 + 1
-        p1 = 1.0 if done1 else p1
-        k1 += done1
-        k1 = 0 if k1 == mz else k1
-        e1 = enl[k1]
     while d2 < nd:
         if q2 >= end:
             return -1, -1
-        p2 *= u2[q2]
+        p2, x2, d2, k2, e2 = poisson_step(u2[q2], p2, e2, x2, d2, k2, dc2, enl, mz)
         q2 += 1
-        done2 = p2 <= e2
-        dc2[d2] = x2
-        d2 += done2
-        x2 = 0 if done2 else x2 + 1
-        p2 = 1.0 if done2 else p2
-        k2 += done2
-        k2 = 0 if k2 == mz else k2
-        e2 = enl[k2]
     d = 0
     for s in range(n_slots):
         for k in range(mz):
@@ -765,6 +742,7 @@ request_lengths: Any = None
 poisson_counts: Any = None
 poisson_counts2: Any = None
 poisson_place: Any = None
+poisson_step: Any = None
 pcg_step: Any = None
 pcg_double: Any = None
 pcg_fill: Any = None
@@ -775,7 +753,7 @@ def load() -> None:
     """Import numba and set up the kernels (compiled on first call); raises ``RuntimeError`` without numba."""
     global _numba, fill_range, admit_lane, count_classes, histogram_into, projected_demand
     global poisson_chunk, batched_step, vector_observe, poisson_chunks, batched_projection, request_lengths
-    global poisson_counts, poisson_counts2, poisson_place, pcg_step, pcg_double, pcg_fill, pcg_fill2
+    global poisson_counts, poisson_counts2, poisson_place, poisson_step, pcg_step, pcg_double, pcg_fill, pcg_fill2
     if _numba is not None:
         return
     try:
@@ -794,6 +772,7 @@ def load() -> None:
     pcg_double = njit(_pcg_double)  # called by pcg_fill(2) (globals resolved when they compile)
     pcg_fill = njit(_pcg_fill)
     pcg_fill2 = njit(_pcg_fill2)
+    poisson_step = njit(_poisson_step)  # called by poisson_counts2 (a global resolved when it compiles)
     poisson_counts, poisson_counts2 = njit(_poisson_counts), njit(_poisson_counts2)
     poisson_place = njit(_poisson_place)  # the three are called by poisson_chunk(s) (globals resolved when compiled)
     poisson_chunk, poisson_chunks = njit(_poisson_chunk), njit(_poisson_chunks)
