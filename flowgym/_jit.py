@@ -19,8 +19,8 @@ For the batched engine (:mod:`flowgym.batched`) and its vector environment:
   known-length projection; :func:`vector_observe` the vector env's reward,
   flags and observation;
 * :func:`poisson_chunk` (:func:`poisson_chunks` for several environments): a
-  workload chunk of ``MultiClassPoisson`` (rates below 10) from uniforms the
-  engine drew with the environment's own generator: the Poisson draws
+  workload chunk of ``MultiClassPoisson`` (rates below 10) from the uniforms of
+  the environment's own generator's stream: the Poisson draws
   (:func:`poisson_counts`; :func:`poisson_counts2` for two environments at
   once), then the requests in their within-slot order (:func:`poisson_place`);
   :func:`pcg_fill` (:func:`pcg_fill2`) draws the uniforms, continuing each
@@ -421,7 +421,7 @@ def _poisson_chunks(U, want, envs, pcg, left, left_n, nz, enl, lk, m_track, n_sl
     starts at the environment's clock ``gen_t`` and next id ``n_req`` (rows of
     ``st``, ``flowgym.batched.STATE_ROWS``), which are advanced on success, and
     what the chunk leaves of the uniforms is held over in ``left`` (which must be
-    ``want`` wide). ``res[r]`` gets :func:`poisson_chunk`'s result; on a failure
+    at least ``want`` wide). ``res[r]`` gets :func:`poisson_chunk`'s result; on a failure
     the environment is left as it was, holding all ``want`` uniforms, for the
     caller to redo alone.
     """

@@ -69,8 +69,12 @@ def reseed(seeds: Sequence[int], keep: Sequence[np.random.Generator | None]) -> 
     """``[np.random.default_rng(s) for s in seeds]``, reusing the generators of ``keep`` (re-seeded in place).
 
     ``keep[j]`` (a PCG64 generator, or ``None`` for a new one) gets the state
-    ``default_rng(seeds[j])`` starts in; whatever it drew before is forgotten.
+    ``default_rng(seeds[j])`` starts in, so it draws the same numbers; whatever it
+    drew before is forgotten. Only the state is the seed's: ``bit_generator.seed_seq``
+    (and so ``spawn``) is not.
     """
+    if len(keep) != len(seeds):
+        raise ValueError(f"keep must hold one generator (or None) per seed ({len(seeds)}), got {len(keep)}")
     words = seed_words(seeds).tolist()
     gens = []
     for (s0, s1, i0, i1), gen in zip(words, keep):

@@ -156,7 +156,8 @@ class BatchedEngine:
     (``t``, ``held``, ``n_active``, :attr:`n_queued`, ...): the rows of
     :attr:`counters` (:data:`STATE_ROWS`), updated in place. :attr:`jit`
     chooses the compiled path (read at each call; the sampler is chosen per
-    environment at its reset); results do not depend on it.
+    environment at its reset); results do not depend on it (given a fresh
+    generator per episode: see :meth:`reset`).
     """
 
     def __init__(
@@ -236,8 +237,7 @@ class BatchedEngine:
         #: :class:`~flowgym.workloads.MultiClassPoisson` workloads with every rate below 10,
         #: the workload chunks (default: ``flowgym._jit.ENABLED``). Same results either way.
         self.jit: bool = _jit.ENABLED
-        # compiled chunk sampler: per environment (chosen at its reset), a buffer of the
-        # generator's uniforms u[pos:end] not yet used
+        # compiled chunk sampler, chosen per environment at its reset (its uniforms: _left, _pcg below)
         self._fast_ok = self._by_class and bool(np.all(self.workload.rates < 10))  # type: ignore[attr-defined]
         self._fast = np.zeros(N, bool)
         # uniforms drawn, not yet used: row i holds env i's first _left_n[i] (the next of its stream)
@@ -341,17 +341,25 @@ class BatchedEngine:
 
     # ------------------------------------------------------------------ reset and workload
 
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        """Unpickling (also ``copy.deepcopy``): the counters' rows become views of :attr:`counters` again."""
+        self.__dict__.update(state)
+        for r, name in enumerate(STATE_ROWS):  # pickled as separate arrays, the kernels update counters
+            setattr(self, name, self.counters[r])
+        self._kargs = None
+
     def reset(self, envs: np.ndarray | Sequence[int], rngs: Sequence[np.random.Generator]) -> None:
         """Empty environments ``envs`` and start them at slot 0 with slot 0's arrivals queued.
 
         ``rngs[i]`` draws the workload of ``envs[i]`` (as :meth:`Engine.reset`'s generator):
         the same requests as :class:`~flowgym.engine.Engine` draws from it. The engine owns
-        it for the episode: the compiled sampler draws its uniforms ahead, in blocks, so
-        do not share one generator between environments or draw from it elsewhere during the
-        episode (the vector environment re-seeds each environment's generator at its reset).
-        With the compiled sampler (numba, a ``MultiClassPoisson`` workload with rates below
-        10 and a PCG64 generator, numpy's default) the engine draws from a copy of the
-        generator's state, so the generator itself is not advanced.
+        it for the episode and leaves it in a state that depends on the path: do not share
+        one generator between environments, draw from it elsewhere during the episode, or
+        reuse it after the episode without re-seeding it (the vector environment re-seeds
+        each environment's generator at its reset). The compiled sampler (numba, a
+        ``MultiClassPoisson`` workload with rates below 10 and a PCG64 generator, numpy's
+        default) draws from a copy of the generator's state, in blocks, ahead of use; the
+        generator itself is not advanced. The numpy path advances it.
         """
         idx = np.asarray(envs, dtype=_I64).ravel()
         if len(rngs) != idx.size:

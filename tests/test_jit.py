@@ -1,7 +1,8 @@
 """The compiled kernels (flowgym._jit, numba) against the numpy code they replace.
 
-The engine runs either path (``Engine.jit``); the kernels touch no random
-generator, so for the same seed and actions both must give the same
+The engine runs either path (``Engine.jit``); the kernels draw no random
+numbers of their own (the batched sampler continues each generator's PCG64
+stream from a copy of its state), so for the same seed and actions both must give the same
 observations, rewards, infos, per-request logs and per-slot series, in every
 configuration (queue orders, eviction rules, per-class budgets, known lengths,
 continuous time, traces).

@@ -9,6 +9,8 @@ the same per-request logs.
 
 from __future__ import annotations
 
+import copy
+import pickle
 import subprocess
 import sys
 
@@ -477,3 +479,25 @@ def test_reseed_gives_default_rng_of_each_seed(seeds):
         assert g.bit_generator.state == ref.bit_generator.state
         np.testing.assert_array_equal(g.random(4), ref.random(4))
         assert g.integers(0, 10**6) == ref.integers(0, 10**6)
+    with pytest.raises(ValueError, match="one generator"):
+        reseed(seeds, kept + [None])
+
+
+@pytest.mark.parametrize("how", ["pickle", "deepcopy"])
+@pytest.mark.parametrize("name", ["known-flat-long", "evictions-lifo"])
+def test_copies_step_as_the_original(name, how):
+    # a copy taken mid-episode steps as the original, past its next workload chunk and an autoreset
+    kwargs = {**BATCHED[name], "horizon": 400}
+    env = gym.make_vec("FlowControl-v0", num_envs=3, **kwargs)
+    env.reset(seed=7)
+    rng = np.random.default_rng(0)
+    hi = env.single_action_space.n
+    for _ in range(200):
+        env.step(rng.integers(0, hi, 3))
+    twin = pickle.loads(pickle.dumps(env)) if how == "pickle" else copy.deepcopy(env)
+    for t in range(450):  # slot 256's chunk, the horizon at 400, the next episode
+        a = rng.integers(0, hi, 3)
+        for key, x, y in zip(("obs", "reward", "terminated", "truncated", "info"), env.step(a), twin.step(a)):
+            assert_same(x, y, f"t={t} {key}")
+    for i in range(3):
+        assert_same(env.request_log(i), twin.request_log(i), f"log[{i}]")
