@@ -306,6 +306,14 @@ class BatchedEngine:
         self.T = T
         self._kargs = None
 
+    def _room_for_slots(self, t1: int) -> None:
+        """Room for the arrivals of slots below ``t1`` (refusing slots int32 cannot hold)."""
+        if t1 + self.max_o > _I32_MAX:
+            raise OverflowError(f"slot {t1}: the batched engine stores slots as int32; episodes must end before "
+                                f"slot {_I32_MAX - self.max_o} (use a shorter horizon)")
+        if t1 > self.T:
+            self._alloc_bounds(max(2 * self.T, t1))
+
     def _lengths(self, flat: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         """Prompt and output lengths (int64) of the requests at flat table positions ``env * C + id``."""
         if self._by_class:
@@ -321,6 +329,13 @@ class BatchedEngine:
             new[:, : self.A] = old
             setattr(self, name, new)
         self.A = A
+        self._kargs = None
+
+    def _grow_stack(self, S: int) -> None:
+        """Room for ``S`` evicted requests waiting per environment."""
+        rs = np.zeros((self.N, S), _I64)
+        rs[:, : self.S] = self._rs
+        self._rs, self.S = rs, S
         self._kargs = None
 
     def _compact(self, rows: np.ndarray) -> None:
@@ -370,9 +385,7 @@ class BatchedEngine:
         used = int(self.n_req[idx].max())
         if used:
             self._evictions[idx, :used] = 0
-        for name in ("t", "n_req", "gen_t", "chunk_t0", "n_arrived", "p", "rs_n", "n_active", "held",
-                     "queued_prompt_tokens", "tail", "last_arrivals"):
-            getattr(self, name)[idx] = 0
+        self.counters[:, idx] = 0  # every row of STATE_ROWS
         self.H[idx] = 0
         self.class_queue[idx] = 0
         self._dH.reshape(self.R, self.N, self.K)[:, idx, :] = 0
@@ -402,11 +415,7 @@ class BatchedEngine:
         for i in envs[~self._fast[envs]].tolist():
             self._generate(i)
         t1 = int(self.gen_t[fast].max()) + CHUNK_SLOTS
-        if t1 + self.max_o > _I32_MAX:
-            raise OverflowError(f"slot {t1}: the batched engine stores slots as int32; episodes must end before "
-                                f"slot {_I32_MAX - self.max_o} (use a shorter horizon)")
-        if t1 > self.T:
-            self._alloc_bounds(max(2 * self.T, t1))
+        self._room_for_slots(t1)
         need = int(self.n_req[fast].max()) + self._req_chunk  # room for a chunk, almost surely (else grown below)
         if need > self.C:
             self._alloc_table(max(2 * self.C, need))
@@ -440,11 +449,7 @@ class BatchedEngine:
         assert rng is not None, "call reset() first"
         t0 = int(self.gen_t[i])
         t1 = t0 + CHUNK_SLOTS
-        if t1 + self.max_o > _I32_MAX:
-            raise OverflowError(f"slot {t1}: the batched engine stores slots as int32; episodes must end before "
-                                f"slot {_I32_MAX - self.max_o} (use a shorter horizon)")
-        if t1 > self.T:
-            self._alloc_bounds(max(2 * self.T, t1))
+        self._room_for_slots(t1)
         if self._fast[i]:
             self._generate_fast(i, t0)
             return
@@ -732,11 +737,7 @@ class BatchedEngine:
             if what == 0:
                 self._grow_active(2 * self.A)
             else:
-                S = 2 * self.S + int(self.rs_n[i] + self.n_active[i] + budget[i])
-                rs = np.zeros((N, S), _I64)
-                rs[:, : self.S] = self._rs
-                self._rs, self.S = rs, S
-                self._kargs = None
+                self._grow_stack(2 * self.S + int(self.rs_n[i] + self.n_active[i] + budget[i]))
         self.G += 1
         if res:
             self.arrive(self._need[:res].copy())
@@ -805,11 +806,7 @@ class BatchedEngine:
         # back to the queue head: push on the stack in descending id order (smallest on top)
         top = int((self.rs_n[rows] + cnt).max())
         if top > self.S:
-            S = max(2 * self.S, top)
-            rs = np.zeros((N, S), _I64)
-            rs[:, : self.S] = self._rs
-            self._rs, self.S = rs, S
-            self._kargs = None
+            self._grow_stack(max(2 * self.S, top))
         vstart, _ = _excl_cumsum(cnt)
         rank = np.arange(vr.size) - vstart[vr]
         self._rs[ve, self.rs_n[ve] + cnt[vr] - 1 - rank] = vid
