@@ -1,21 +1,32 @@
-"""Agents for FlowControl-v0: the paper's flow control, its baselines, reference budgets.
+"""Agents for FlowControl-v0 (``flowgym.agents``): the paper's flow control, its baselines, reference budgets.
 
 Every agent has ``reset(config, seed)`` and ``act(observation, view)``, and
 declares the environment options it needs (``env_options()``). Build one by
 name with :func:`make_agent` (``"flow-control"``, ``"rate-switch"``, ``"alpha-greedy"``, ``"mc"``,
 ``"mc-sf"``, ``"a-min"``, ``"greedy-lifo"``, ``"fixed"``, ``"random"``, and ``"learned"``,
 a Stable-Baselines3 policy trained by ``flowgym train``: ``make_agent("learned", path=...)``).
+
+Layer 3 of the package: agents import :mod:`flowgym.envs` (the observation, the
+read-only :class:`~flowgym.envs.view.SystemView`, the config) and never the engine.
+The repository keeps them in its top-level ``agents/`` folder; they are installed
+and imported as ``flowgym.agents`` (``package-dir`` in ``pyproject.toml``).
 """
 
 from __future__ import annotations
 
 from typing import Any
 
-from agents.base import Agent
-from agents.flow_control import FixedBudget, FlowControl, RandomBudget, RateSwitch
-from agents.greedy import AlphaProtectionGreedy, GreedyLIFO
-from agents.learned import LearnedBudget
-from agents.memory_check import MCSF, AMin, MemoryCheck
+if __name__ != "flowgym.agents":  # the repository's agents/ folder, imported from its top
+    raise ImportError(
+        "flowgym's agents are imported as 'flowgym.agents' (the repository's agents/ folder is "
+        "installed under that name: pip install -e .), not as a top-level 'agents' package"
+    )
+
+from flowgym.agents.base import Agent
+from flowgym.agents.flow_control import FixedBudget, FlowControl, RandomBudget, RateSwitch
+from flowgym.agents.greedy import AlphaProtectionGreedy, GreedyLIFO
+from flowgym.agents.learned import LearnedBudget
+from flowgym.agents.memory_check import MCSF, AMin, MemoryCheck
 
 __all__ = [
     "Agent",

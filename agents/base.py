@@ -3,10 +3,10 @@
 An agent is a small object with :meth:`Agent.reset` and :meth:`Agent.act`. It
 declares the environment options it needs (:meth:`Agent.env_options`: length
 knowledge, queue order, eviction rule, per-class budgets) and the evaluation
-path (:func:`flowgym.evaluation.run_episode`) builds each agent's environment
+path (:func:`flowgym.lab.evaluation.run_episode`) builds each agent's environment
 from the scenario plus those options; so every agent of a comparison sees the
 same arrivals for the same seed. An agent reads only the observation and the
-read-only :class:`flowgym.view.SystemView`, never the engine.
+read-only :class:`flowgym.envs.view.SystemView`, never the engine.
 """
 
 from __future__ import annotations
@@ -15,8 +15,8 @@ from typing import Any
 
 import numpy as np
 
-from flowgym.env import FlowControlConfig
-from flowgym.view import SystemView
+from flowgym.envs.flow_control import FlowControlConfig
+from flowgym.envs.view import SystemView
 
 __all__ = ["Agent"]
 

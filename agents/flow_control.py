@@ -7,8 +7,8 @@ from typing import Any
 
 import numpy as np
 
-from agents.base import Agent
-from flowgym.view import SystemView
+from flowgym.agents.base import Agent
+from flowgym.envs.view import SystemView
 
 __all__ = ["FlowControl", "RateSwitch", "FixedBudget", "RandomBudget"]
 

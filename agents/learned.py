@@ -9,24 +9,117 @@ from typing import Any
 
 import numpy as np
 
-from agents.base import Agent
-from flowgym.env import FlowControlConfig
-from flowgym.view import SystemView
+from flowgym.agents.base import Agent
+from flowgym.envs.flow_control import FlowControlConfig
+from flowgym.envs.view import SystemView
 
-__all__ = ["LearnedBudget"]
+__all__ = [
+    "LearnedBudget",
+    "ACTION_RULES",
+    "ALGORITHMS",
+    "MODEL_FILE",
+    "VECNORM_FILE",
+    "META_FILE",
+    "algorithm_class",
+    "policy_action",
+    "require_sb3",
+    "valid_levels",
+]
+
+# --------------------------------------------------------------------------- the model directory format
+# The learned agent owns what a model directory holds; training imports these names.
+
+#: Files of a model directory (written by :func:`flowgym.lab.train.train`, read here).
+MODEL_FILE = "model.zip"
+VECNORM_FILE = "vecnormalize.pkl"
+META_FILE = "flowgym_agent.json"
+#: Version of the layout of a model directory.
+FORMAT_VERSION = 1
+
+#: SB3 algorithms known by short name (anything else: ``"package.module:Class"``).
+ALGORITHMS = {"ppo": "stable_baselines3:PPO", "a2c": "stable_baselines3:A2C", "dqn": "stable_baselines3:DQN"}
+
+#: How a trained policy's action distribution becomes a budget (see :func:`policy_action`).
+ACTION_RULES = ("mean", "mode")
+
+
+def require_sb3() -> None:
+    """Raise ``ImportError`` with the install hint when Stable-Baselines3 or torch is missing."""
+    try:
+        import stable_baselines3  # noqa: F401
+        import torch  # noqa: F401
+    except ImportError as e:
+        raise ImportError(
+            f"training and learned agents need Stable-Baselines3 and torch ({e}); "
+            "install them with: pip install 'flowgym[train]'"
+        ) from None
+
+
+def algorithm_class(algo: str) -> type:
+    """The SB3 algorithm class of ``algo`` (a short name or ``"package.module:Class"``)."""
+    import importlib
+
+    target = ALGORITHMS.get(algo.lower(), algo)
+    mod, _, cls = target.partition(":")
+    if not cls:
+        raise ValueError(f"algo must be one of {sorted(ALGORITHMS)} or 'package.module:Class', got {algo!r}")
+    try:
+        return getattr(importlib.import_module(mod), cls)
+    except (ImportError, AttributeError) as e:
+        raise ValueError(f"cannot load algorithm {algo!r}: {e}") from None
+
+
+def valid_levels(levels: Any) -> bool:
+    """Budget levels are a list or tuple of at least two ascending, distinct, non-negative integers."""
+    if not isinstance(levels, (list, tuple)) or len(levels) < 2:
+        return False
+    if any(isinstance(v, bool) or not isinstance(v, int) or v < 0 for v in levels):
+        return False
+    return all(b > a for a, b in zip(levels, levels[1:]))
+
+
+def policy_action(model: Any, obs: np.ndarray, rule: str = "mean") -> np.ndarray:
+    """Deterministic budgets of ``model`` for a batch of (normalised) observations.
+
+    ``"mode"`` is SB3's ``predict(deterministic=True)``, the most likely budget.
+    ``"mean"`` is the expected budget under the policy's action distribution,
+    rounded: for an ordinal action such as a budget it is steadier than the mode,
+    which jumps when a spread distribution's peak moves (on adaptive-switch the
+    mode of one policy gave 1472 slots of time in system, its mean 93). Algorithms
+    without an action distribution (DQN) fall back to ``"mode"``. With
+    ``budget_levels`` the actions are level indices and so is the result (the
+    expected index, rounded, for ``"mean"``).
+    """
+    obs = np.asarray(obs, dtype=np.float32)
+    policy = getattr(model, "policy", None)
+    if rule == "mean" and hasattr(policy, "get_distribution"):
+        import torch
+
+        with torch.no_grad():
+            t, _ = policy.obs_to_tensor(obs)
+            dist = policy.get_distribution(t).distribution
+        probs = getattr(dist, "probs", None)
+        if probs is not None and probs.ndim == 2:
+            p = probs.cpu().numpy().astype(np.float64)
+            return np.rint(p @ np.arange(p.shape[1])).astype(np.int64)
+    action, _ = model.predict(obs, deterministic=True)
+    return np.asarray(action)
+
+
+# --------------------------------------------------------------------------- the agent
 
 
 class LearnedBudget(Agent):
     """``B_t`` chosen by a trained SB3 policy from the flat observation (deterministically).
 
     ``LearnedBudget(path)`` loads the model directory written by
-    :func:`flowgym.train.train` (``model.zip``, ``vecnormalize.pkl``,
+    :func:`flowgym.lab.train.train` (``model.zip``, ``vecnormalize.pkl``,
     ``flowgym_agent.json``): the policy, the observation normalisation it was
     trained with, and the environment options it needs, which it declares
     (:meth:`env_options`: ``observation="flat"``, its action range as
     ``max_budget``, the length knowledge, eviction, queue order and every
     observation-shaping argument at its trained value). So it runs through
-    :func:`flowgym.evaluation.evaluate` like any scripted agent, and a scenario
+    :func:`flowgym.lab.evaluation.evaluate` like any scripted agent, and a scenario
     that sets one of those options differently is refused by name. An
     environment whose observation does not have the trained shape (e.g. a
     continuous-time scenario for a model trained in slots) is refused at the
@@ -50,16 +143,6 @@ class LearnedBudget(Agent):
     name = "learned"
 
     def __init__(self, path: str, label: str | None = None, action_rule: str | None = None) -> None:
-        from flowgym.train import (
-            ACTION_RULES,
-            META_FILE,
-            MODEL_FILE,
-            VECNORM_FILE,
-            algorithm_class,
-            require_sb3,
-            valid_levels,
-        )
-
         if not isinstance(path, (str, os.PathLike)) or not os.path.isdir(path):
             raise ValueError(f"learned agent: path {path!r} is not a model directory (written by flowgym train)")
         self.path = os.fspath(path)
@@ -145,8 +228,6 @@ class LearnedBudget(Agent):
         if self._left > 0:
             self._left -= 1
             return self._held
-        from flowgym.train import policy_action
-
         index = int(policy_action(self.model, self.normalize(observation)[None], self.action_rule)[0])
         self._held = index if self.budget_levels is None else self.budget_levels[index]
         self._left = self.action_repeat - 1

@@ -11,8 +11,8 @@ from __future__ import annotations
 import argparse
 import time
 
-from flowgym.evaluation import run_episode
-from flowgym.scenarios import get_scenario
+from flowgym.lab.evaluation import build_agent, run_episode
+from flowgym.lab.scenarios import get_scenario
 
 
 def main() -> None:
@@ -28,7 +28,7 @@ def main() -> None:
     for spec in sc.agents:
         best = float("inf")
         for _ in range(args.repeats):
-            agent = spec.build()
+            agent = build_agent(spec)
             t0 = time.perf_counter()
             ep = run_episode(agent, sc.env_kwargs(), seed=0, horizon=args.horizon)
             m = ep.metrics()

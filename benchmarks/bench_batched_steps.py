@@ -27,7 +27,7 @@ import gymnasium as gym
 import numpy as np
 
 import flowgym  # noqa: F401  (registers FlowControl-v0)
-from flowgym.workloads import CHUNK_SLOTS
+from flowgym.sim.workloads import CHUNK_SLOTS
 
 PAPER = [[10, 20], [10, 40], [10, 60]]
 BENCH = {"horizon": 1000, "workload": {"kind": "poisson", "classes": PAPER, "rates": 2.1}}

@@ -10,7 +10,7 @@ For each scenario it loads (or, with ``--train``, first trains) the model direct
 * also finds the fixed budget that is best *on the report seeds themselves*
   (``--oracle``; a hindsight choice no deployable fixed budget can beat);
 * runs the learned agent, the tuned fixed budget, every greedy baseline (alpha-greedy,
-  MC, A_min, greedy-LIFO) through :func:`flowgym.evaluation.evaluate`;
+  MC, A_min, greedy-LIFO) through :func:`flowgym.lab.evaluation.evaluate`;
 * prints and writes (``--out``) a Markdown table of average and p95 latency, mean time
   in system, request and token throughput and evictions, the learned agent's latency
   relative to the best fixed budget with the issue's goal (within 2% on stationary
@@ -36,7 +36,7 @@ import sys
 import time
 from typing import Any
 
-from flowgym.scenarios import ADAPTIVE_SCENARIOS, get_scenario
+from flowgym.lab.scenarios import ADAPTIVE_SCENARIOS, get_scenario
 
 #: Stationary scenarios (goal: within 2% of the best fixed budget's average latency).
 STATIONARY = ("adaptive-low", "adaptive-high")
@@ -46,7 +46,7 @@ COLUMNS = ("avg_latency", "p95_latency", "mean_time_in_system", "request_through
 
 def _oracle_fixed(sc: Any, seeds: list[int], horizons: Any) -> tuple[Any, dict[str, Any]]:
     """The fixed budget of the scenario's grid with the lowest mean time in system on the report seeds."""
-    from flowgym.evaluation import tune
+    from flowgym.lab.evaluation import tune
 
     spec = sc.agents[0]
     best, rows = tune(spec, sc.env_kwargs(), seeds, None if horizons is None else horizons[0])
@@ -56,9 +56,9 @@ def _oracle_fixed(sc: Any, seeds: list[int], horizons: Any) -> tuple[Any, dict[s
 def bench_scenario(name: str, model_dir: str, seeds: list[int], tune_seeds: list[int],
                    oracle: bool) -> dict[str, Any]:
     """Evaluate one scenario's model against its baselines; the summary rows and the goal check."""
-    from flowgym.evaluation import evaluate
-    from flowgym.scenarios import AgentSpec
-    from flowgym.train import final_evaluation
+    from flowgym.lab.evaluation import evaluate
+    from flowgym.lab.scenarios import AgentSpec
+    from flowgym.lab.train import final_evaluation
 
     sc = get_scenario(name)
     report = [seeds[0]] if sc.finite else seeds  # a trace replay is the same for every seed
@@ -156,7 +156,7 @@ def main(argv: list[str] | None = None) -> int:
                 print(f"skip {name}: no model in {model_dir} (train it: flowgym train --scenario {name} "
                       f"--out {model_dir}, or pass --train)", file=sys.stderr)
                 continue
-            from flowgym.train import train
+            from flowgym.lab.train import train
 
             kw = {} if args.total_timesteps is None else {"total_timesteps": args.total_timesteps}
             train(scenario=name, out=model_dir, final_eval_seeds=0, **kw)

@@ -11,8 +11,8 @@ from __future__ import annotations
 import argparse
 import time
 
-from flowgym.evaluation import run_episode
-from flowgym.scenarios import get_scenario
+from flowgym.lab.evaluation import build_agent, run_episode
+from flowgym.lab.scenarios import get_scenario
 
 
 def bench(name: str, rate: float | None = None) -> None:
@@ -20,7 +20,7 @@ def bench(name: str, rate: float | None = None) -> None:
     print(sc.description)
     print(f"{'agent':28s} {'wall s':>7} {'requests':>9} {'iterations':>10} {'us/iter':>8} {'sim s':>8}")
     for spec in sc.agents:
-        agent = spec.build()
+        agent = build_agent(spec)
         t0 = time.perf_counter()
         ep = run_episode(agent, sc.env_kwargs(), seed=0, horizon=None)
         m = ep.metrics()

@@ -9,14 +9,14 @@ read the ratios):
    with the compiled kernels (numba, ``flowgym[fast]``; the default when
    installed) and on the numpy path (``Engine.jit = False``);
 2. the batched vector environment (``gym.make_vec("FlowControl-v0", num_envs=N)``,
-   :class:`flowgym.vector.FlowControlVectorEnv`) at N = 64 and 256 vs
+   :class:`flowgym.envs.vector.FlowControlVectorEnv`) at N = 64 and 256 vs
    Gymnasium's ``CartPoleVectorEnv`` (``gym.make_vec("CartPole-v1", num_envs=N,
    vectorization_mode="vector_entry_point")``), in environment steps per second
    (N per call), plus Gymnasium's ``SyncVectorEnv`` over FlowControl-v0 for scale;
 3. one full paper-synthetic ``T = 10000`` rollout (lambda = 5 per class,
    ``B = 12``, reset + steps + metrics), single environment;
 4. PPO end to end (Stable-Baselines3 ``PPO("MlpPolicy")`` on
-   :class:`flowgym.sb3.FlowControlSB3VecEnv`): environment steps per second of
+   :class:`flowgym.envs.sb3.FlowControlSB3VecEnv`): environment steps per second of
    ``model.learn`` (rollouts + updates), after one warm-up rollout.
 
 FlowControl-v0 runs the paper's three classes at lambda = 2.1 per class
@@ -43,7 +43,7 @@ import gymnasium as gym
 import numpy as np
 
 import flowgym  # noqa: F401  (registers FlowControl-v0)
-from flowgym import _jit
+from flowgym.sim import kernels
 
 PAPER = [[10, 20], [10, 40], [10, 60]]
 BENCH = {"horizon": 1000, "workload": {"kind": "poisson", "classes": PAPER, "rates": 2.1}}
@@ -136,7 +136,7 @@ def ppo_sps(num_envs: int, n_steps: int, batch_size: int, n_epochs: int, total: 
         import torch
         from stable_baselines3 import PPO
 
-        from flowgym.sb3 import FlowControlSB3VecEnv
+        from flowgym.envs.sb3 import FlowControlSB3VecEnv
     except ImportError as e:
         print(f"PPO end to end: skipped ({e})")
         return None
@@ -166,10 +166,10 @@ def main() -> None:
     if args.quick:
         args.steps, args.vec_steps, args.repeats, args.ppo_steps = 3000, 200, 1, 8192
     versions = f"python {platform.python_version()}, numpy {np.__version__}, gymnasium {gym.__version__}"
-    if _jit.AVAILABLE:
+    if kernels.AVAILABLE:
         from importlib.metadata import version
 
-        versions += f", numba {version('numba')} (kernels {'on' if _jit.ENABLED else 'off: FLOWGYM_JIT'})"
+        versions += f", numba {version('numba')} (kernels {'on' if kernels.ENABLED else 'off: FLOWGYM_JIT'})"
     try:
         import stable_baselines3
         import torch
@@ -182,7 +182,7 @@ def main() -> None:
     print(f"load average at start (1, 5, 15 min): {load()}")
     print(f"best of {args.repeats} (interleaved); FlowControl-v0: lambda=2.1 x 3 classes, B={BUDGET}, horizon 1000\n")
 
-    paths = [(True, "compiled")] if _jit.AVAILABLE else []
+    paths = [(True, "compiled")] if kernels.AVAILABLE else []
     paths.append((False, "numpy"))
     cart = gym.make("CartPole-v1")
     runs: dict[str, Callable[[int], float]] = {"cart": lambda r: single_run(cart, 1, args.steps, r)}
@@ -201,7 +201,7 @@ def main() -> None:
         print(f"  FlowControl-v0 (unknown lengths, {label:8s}) {s_unk:9.0f}    {s_unk / s_cart:6.3f}"
               + ("   (goal >= 0.5)" if jit == paths[0][0] else ""))
         print(f"  FlowControl-v0 (known lengths, {label:8s})   {s_known:9.0f}    {s_known / s_cart:6.3f}")
-    if not _jit.AVAILABLE:
+    if not kernels.AVAILABLE:
         print("  (numba not installed: no compiled figures; pip install 'flowgym[fast]')")
 
     print("\nvector environments (gym.make_vec)            env steps/s  / CartPoleVectorEnv")

@@ -42,8 +42,8 @@ from typing import Any
 
 import numpy as np
 
-from flowgym.hindsight import run_agent_on_trace, solve_hindsight
-from flowgym.scenarios import ALPHA_GRID
+from flowgym.lab.hindsight import run_agent_on_trace, solve_hindsight
+from flowgym.lab.scenarios import ALPHA_GRID
 
 AGENTS = ["mc-sf", "mc", "a-min", "greedy-lifo"]
 B_GRID_SMALL = [1, 2, 3, 4, 6, 8]

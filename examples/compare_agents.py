@@ -5,9 +5,9 @@
 
 from __future__ import annotations
 
-from agents import AlphaProtectionGreedy, FlowControl, GreedyLIFO, MemoryCheck
-from flowgym.evaluation import evaluate
-from flowgym.scenarios import get_scenario
+from flowgym.agents import AlphaProtectionGreedy, FlowControl, GreedyLIFO, MemoryCheck
+from flowgym.lab.evaluation import evaluate
+from flowgym.lab.scenarios import get_scenario
 
 if __name__ == "__main__":
     sc = get_scenario("paper-synthetic-unknown", rate=3.5)  # rho = 0.86: a stable load

@@ -8,7 +8,7 @@ from __future__ import annotations
 import gymnasium as gym
 
 import flowgym  # noqa: F401  (registers FlowControl-v0)
-from flowgym import theory
+from flowgym.sim import theory
 
 PAPER = [[10, 20], [10, 40], [10, 60]]
 

@@ -6,7 +6,7 @@ The Python form of ``flowgym train`` (see docs/training.md)::
     python examples/train_ppo.py --scenario adaptive-diurnal --total-timesteps 300000 --out runs/diurnal
     python examples/train_ppo.py --evaluate examples/ppo_default  # no training: the shipped model
 
-Every :class:`flowgym.train.TrainConfig` field can be set from Python; another
+Every :class:`flowgym.lab.train.TrainConfig` field can be set from Python; another
 SB3 algorithm is ``TrainConfig(algo="a2c")`` or ``algo="sb3_contrib:QRDQN"``
 (any class with SB3's ``learn``/``save``/``load``/``predict``).
 """
@@ -15,10 +15,10 @@ from __future__ import annotations
 
 import argparse
 
-from agents import GreedyLIFO, LearnedBudget
-from flowgym.evaluation import evaluate
-from flowgym.scenarios import get_scenario
-from flowgym.train import TrainConfig, train
+from flowgym.agents import GreedyLIFO, LearnedBudget
+from flowgym.lab.evaluation import build_agent, evaluate
+from flowgym.lab.scenarios import get_scenario
+from flowgym.lab.train import TrainConfig, train
 
 
 def main() -> None:
@@ -43,7 +43,7 @@ def main() -> None:
     # The scenario's own flow-control budget (12 on adaptive-switch, 40 on adaptive-mix) is the fixed reference.
     agent = LearnedBudget(model_dir)
     sc = get_scenario(agent.meta["scenario"])
-    table = evaluate([agent, sc.agents[0].build(), GreedyLIFO()], sc.env_kwargs(), seeds=[0, 1, 2],
+    table = evaluate([agent, build_agent(sc.agents[0]), GreedyLIFO()], sc.env_kwargs(), seeds=[0, 1, 2],
                      horizons=[sc.env["horizon"]])
     print(sc.description)
     print(table.format())

@@ -1,22 +1,23 @@
 """flowgym: token-level LLM serving under a KV-cache limit, as a Gymnasium environment.
 
-``import flowgym`` registers ``FlowControl-v0`` (entry point
-``flowgym.env:FlowControlEnv``; ``gym.make_vec`` uses the batched
-``flowgym.vector:make_vector_env``, see :mod:`flowgym.vector`; :mod:`flowgym.sb3` adapts it to
-Stable-Baselines3). The story of the package, module by module:
-workloads (:mod:`flowgym.workloads`, :mod:`flowgym.rates`, :mod:`flowgym.datasets`)
--> engine (:mod:`flowgym.engine`, :mod:`flowgym.rules`, :mod:`flowgym.latency`)
--> environment (:mod:`flowgym.env`, :mod:`flowgym.spaces`, :mod:`flowgym.view`)
--> agents (the ``agents`` package) -> evaluation (:mod:`flowgym.evaluation`,
-:mod:`flowgym.scenarios`, :mod:`flowgym.metrics`, :mod:`flowgym.plots`);
-:mod:`flowgym.theory` holds the paper's closed forms.
+``import flowgym`` registers ``FlowControl-v0`` (:mod:`flowgym.envs`). The package is
+four layers, each a folder that imports only the layers below it (checked by
+import-linter, see ``pyproject.toml``):
+
+1. :mod:`flowgym.sim` - the simulator, no Gymnasium: workloads, rate schedules, latency
+   models, datasets, the engine and its rules, the batched engine and the compiled
+   kernels, metrics, theory.
+2. :mod:`flowgym.envs` - the Gymnasium faces: ``FlowControlEnv`` and its config, spaces,
+   the read-only view agents get, the vector env, the Stable-Baselines3 adapter.
+3. :mod:`flowgym.agents` (the repository's ``agents/`` folder) - scripted agents and the
+   learned agent; they see the view and observations only.
+4. :mod:`flowgym.lab` - what people run: evaluation, scenarios, plots, hindsight,
+   training, the command line.
 """
 
-import gymnasium as _gym
-
-from flowgym.engine import Engine, replay
-from flowgym.env import FlowControlConfig, FlowControlEnv
-from flowgym.workloads import (
+from flowgym.envs import FlowControlConfig, FlowControlEnv
+from flowgym.sim.engine import Engine, replay
+from flowgym.sim.workloads import (
     EmpiricalLengths,
     IIDPoisson,
     LogNormalLengths,
@@ -41,10 +42,3 @@ __all__ = [
     "TraceError",
     "make_workload",
 ]
-
-if "FlowControl-v0" not in _gym.registry:
-    _gym.register(
-        id="FlowControl-v0",
-        entry_point="flowgym.env:FlowControlEnv",
-        vector_entry_point="flowgym.vector:make_vector_env",
-    )

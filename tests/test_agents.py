@@ -18,9 +18,9 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-import agents
+import flowgym.agents as agents
 import flowgym
-from agents import (
+from flowgym.agents import (
     AGENTS,
     MCSF,
     AlphaProtectionGreedy,
@@ -32,7 +32,7 @@ from agents import (
     RandomBudget,
     make_agent,
 )
-from flowgym.theory import peak_usage, work
+from flowgym.sim.theory import peak_usage, work
 
 PROP = settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 AGENTS_DIR = Path(agents.__file__).resolve().parent
@@ -609,7 +609,7 @@ def test_make_agent_by_name(name):
     params = {"b": 3} if name == "fixed" else {}
     agent = make_agent(name, **params)
     assert isinstance(agent, AGENTS[name])
-    assert isinstance(agent, agents.Agent)
+    assert isinstance(agent, flowgym.agents.Agent)
     assert agent.name == name
     assert isinstance(agent.label(), str) and agent.label() in repr(agent)
     res = run(agent, 3, **SMALL)
@@ -689,10 +689,10 @@ def private_accesses(source: str) -> list[str]:
                     bad.append(f"line {node.lineno}: getattr(..., {arg.value!r})")
             if node.func.id == "vars":
                 bad.append(f"line {node.lineno}: vars(...)")
-        elif isinstance(node, ast.ImportFrom) and node.module and node.module.startswith("flowgym.engine"):
+        elif isinstance(node, ast.ImportFrom) and node.module and node.module.startswith("flowgym.sim.engine"):
             bad.append(f"line {node.lineno}: from {node.module} import ...")
-        elif isinstance(node, ast.Import) and any(n.name.startswith("flowgym.engine") for n in node.names):
-            bad.append(f"line {node.lineno}: import flowgym.engine")
+        elif isinstance(node, ast.Import) and any(n.name.startswith("flowgym.sim.engine") for n in node.names):
+            bad.append(f"line {node.lineno}: import flowgym.sim.engine")
     return bad
 
 
@@ -701,7 +701,7 @@ def test_private_access_checker_catches_violations():
     assert private_accesses("def act(self, obs, view):\n    return env.engine.t\n")
     assert private_accesses("def act(self, obs, view):\n    return view._private\n")
     assert private_accesses("def act(self, obs, view):\n    return getattr(view, '_e').t\n")
-    assert private_accesses("from flowgym.engine import Engine\n")
+    assert private_accesses("from flowgym.sim.engine import Engine\n")
     assert private_accesses("def act(self, obs, view):\n    return view.__dict__['_e']\n")
     assert not private_accesses("def act(self, obs, view):\n    return self._lengths(view.queue(), view.M)\n")
 
@@ -723,7 +723,7 @@ def test_agents_never_read_private_engine_state(module):
 
 
 def test_rate_switch_rule_and_options():
-    from agents import RateSwitch
+    from flowgym.agents import RateSwitch
 
     ag = RateSwitch(high=40, low=4, threshold=10.0)
     assert ag.act({"arrival_rate": np.array([10.5], np.float32)}, None) == 40
@@ -735,16 +735,16 @@ def test_rate_switch_rule_and_options():
 @pytest.mark.parametrize("kwargs, match", [({"high": -1}, "high"), ({"low": 1.5}, "low"),
                                            ({"threshold": float("nan")}, "threshold"), ({"high": True}, "high")])
 def test_rate_switch_bad_parameters_name_them(kwargs, match):
-    from agents import RateSwitch
+    from flowgym.agents import RateSwitch
 
     with pytest.raises(ValueError, match=match):
         RateSwitch(**kwargs)
 
 
 def test_rate_switch_follows_the_phases_of_adaptive_mix():
-    from agents import RateSwitch
-    from flowgym.evaluation import env_for
-    from flowgym.scenarios import get_scenario
+    from flowgym.agents import RateSwitch
+    from flowgym.lab.evaluation import env_for
+    from flowgym.lab.scenarios import get_scenario
 
     ag = RateSwitch()
     env = env_for(ag, get_scenario("adaptive-mix").env_kwargs(), 2000)

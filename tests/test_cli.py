@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from flowgym.cli import main
+from flowgym.lab.cli import main
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -57,7 +57,7 @@ def test_bad_input_is_a_clear_error(tmp_path, capsys):
 
 
 def test_console_script_runs():
-    r = subprocess.run([sys.executable, "-m", "flowgym.cli", "run", "--horizon", "50"], capture_output=True, text=True)
+    r = subprocess.run([sys.executable, "-m", "flowgym.lab.cli", "run", "--horizon", "50"], capture_output=True, text=True)
     assert r.returncode == 0, r.stderr
     assert "avg_latency" in r.stdout
 

@@ -13,10 +13,10 @@ from hypothesis import strategies as st
 
 import flowgym
 from flowgym import FlowControlEnv, Trace
-from flowgym.datasets import azure_lengths, azure_trace, lengths_from_csv, lmsys_like_lengths
-from flowgym.latency import PRESETS, JailletLatency, LinearLatency, make_latency_model
-from flowgym.rates import Bursts, Sinusoid, Steps, make_rate
-from flowgym.workloads import IIDPoisson, make_workload
+from flowgym.sim.workloads import azure_lengths, azure_trace, lengths_from_csv, lmsys_like_lengths
+from flowgym.sim.latency import PRESETS, JailletLatency, LinearLatency, make_latency_model
+from flowgym.sim.rates import Bursts, Sinusoid, Steps, make_rate
+from flowgym.sim.workloads import IIDPoisson, make_workload
 
 LIN = {"kind": "linear", "c0": 1.0, "c_prefill": 0.1, "c_decode": 0.01, "c_kv": 0.001}
 
@@ -306,9 +306,9 @@ def test_timed_trace_csv_and_spec_round_trip(tmp_path):
 
 
 def test_realdata_and_azure_scenarios_run():
-    from agents import make_agent
-    from flowgym.evaluation import run_episode
-    from flowgym.scenarios import get_scenario
+    from flowgym.agents import make_agent
+    from flowgym.lab.evaluation import run_episode
+    from flowgym.lab.scenarios import get_scenario
 
     sc = get_scenario("paper-realdata-low")
     kw = sc.env_kwargs()
@@ -324,7 +324,7 @@ def test_realdata_and_azure_scenarios_run():
 
 
 def test_finite_scenarios_tune_on_a_smaller_workload_run_to_its_end():
-    from flowgym.scenarios import get_scenario
+    from flowgym.lab.scenarios import get_scenario
 
     sc = get_scenario("paper-realdata-low")
     kw = sc.tune_env_kwargs()

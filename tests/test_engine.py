@@ -8,8 +8,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from flowgym import FlowControlEnv
-from flowgym.engine import Engine
-from flowgym.theory import reflected_walk_mean
+from flowgym.sim.engine import Engine
+from flowgym.sim.theory import reflected_walk_mean
 
 PAPER = [[10, 20], [10, 40], [10, 60]]
 
@@ -145,11 +145,11 @@ def test_engine_does_not_import_gymnasium():
     import ast
     import inspect
 
-    import flowgym.engine
-    import flowgym.metrics
-    import flowgym.workloads
+    import flowgym.sim.engine
+    import flowgym.sim.metrics
+    import flowgym.sim.workloads
 
-    for mod in (flowgym.engine, flowgym.workloads, flowgym.metrics):
+    for mod in (flowgym.sim.engine, flowgym.sim.workloads, flowgym.sim.metrics):
         tree = ast.parse(inspect.getsource(mod))
         names = {a.name for n in ast.walk(tree) if isinstance(n, ast.Import) for a in n.names}
         names |= {n.module for n in ast.walk(tree) if isinstance(n, ast.ImportFrom) and n.module}

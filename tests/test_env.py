@@ -101,7 +101,7 @@ def test_register_is_idempotent():
     import importlib
 
     importlib.reload(flowgym)
-    assert gym.spec("FlowControl-v0").entry_point == "flowgym.env:FlowControlEnv"
+    assert gym.spec("FlowControl-v0").entry_point == "flowgym.envs.flow_control:FlowControlEnv"
 
 
 @pytest.mark.parametrize("bad", [-1, 65, 3.0, "4", None, np.array([1, 2])])

@@ -7,10 +7,10 @@ import json
 import numpy as np
 import pytest
 
-from agents import FixedBudget, FlowControl, MemoryCheck, make_agent
-from flowgym.evaluation import env_for, evaluate, run_episode, t_quantile_975, tune
-from flowgym.metrics import metrics_at
-from flowgym.scenarios import (
+from flowgym.agents import FixedBudget, FlowControl, MemoryCheck, make_agent
+from flowgym.lab.evaluation import build_agent, env_for, evaluate, run_episode, t_quantile_975, tune
+from flowgym.sim.metrics import metrics_at
+from flowgym.lab.scenarios import (
     ADAPTIVE_HORIZON,
     ADAPTIVE_PERIOD,
     AZURE_REPORT_WINDOW,
@@ -121,7 +121,7 @@ def test_scenarios_and_agent_spec_parsing():
         else:
             assert sc.finite and sc.env["time_model"] == "llama2-70b-tp2-a100"
         for spec in sc.agents:
-            env_for(spec.build(), sc.env_kwargs(), 5)  # every default agent fits its scenario
+            env_for(build_agent(spec), sc.env_kwargs(), 5)  # every default agent fits its scenario
     assert get_scenario("paper-synthetic-unknown", rate=3.5).env["workload"]["rates"] == 3.5
     s = AgentSpec.parse("flow-control:b=[4,4,4]")
     assert s.name == "flow-control" and s.params == {"b": [4, 4, 4]}
@@ -134,7 +134,7 @@ def test_scenarios_and_agent_spec_parsing():
 
 
 def test_compare_cli_end_to_end(tmp_path, capsys):
-    from flowgym.cli import main
+    from flowgym.lab.cli import main
 
     out = tmp_path / "res"
     rc = main(["compare", "--scenario", "paper-synthetic-unknown", "--horizons", "50,100", "--seeds", "2",
@@ -151,7 +151,7 @@ def test_compare_cli_end_to_end(tmp_path, capsys):
 
 
 def test_compare_cli_agents_and_errors(tmp_path, capsys):
-    from flowgym.cli import main
+    from flowgym.lab.cli import main
 
     rc = main(["compare", "--agents", "flow-control:b=10;mc", "--horizons", "30", "--seeds", "1",
                "--out", str(tmp_path), "--no-plots", "--quiet"])

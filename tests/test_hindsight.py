@@ -7,7 +7,7 @@ import pytest
 
 import scipy  # noqa: F401  (the `solve` extra; part of the `test` extra, so a missing SciPy fails instead of skipping)
 
-from flowgym.hindsight import (
+from flowgym.lab.hindsight import (
     ReplayMismatch,
     heuristic_schedule,
     replay_schedule,
@@ -224,7 +224,7 @@ def test_too_short_horizon_is_infeasible():
 
 
 def test_cli_hindsight(capsys):
-    from flowgym.cli import main
+    from flowgym.lab.cli import main
 
     assert main(["hindsight", "--random", "6", "--seed", "1", "--time-limit", "20", "--agents", "mc-sf;mc"]) == 0
     out = capsys.readouterr().out

@@ -7,8 +7,8 @@ import pytest
 
 pytest.importorskip("matplotlib")
 
-from flowgym.evaluation import ResultTable  # noqa: E402
-from flowgym.plots import plot_kv_usage  # noqa: E402
+from flowgym.lab.evaluation import ResultTable  # noqa: E402
+from flowgym.lab.plots import plot_kv_usage  # noqa: E402
 
 
 def _table(horizons, n):
@@ -33,8 +33,8 @@ def test_explicit_window_wins(tmp_path):
 
 
 def test_tables_name_their_unit_of_time():
-    from flowgym.evaluation import evaluate
-    from agents import make_agent
+    from flowgym.lab.evaluation import evaluate
+    from flowgym.agents import make_agent
 
     slots = evaluate([make_agent("fixed", b=4)], {"horizon": 50}, seeds=[0], horizons=[50])
     assert slots.time_unit == "slot" and "req/slot" in slots.format()
@@ -59,8 +59,8 @@ def test_empty_series_and_bad_arguments(tmp_path):
 
 
 def test_unit_of_time_follows_the_built_environment():
-    from flowgym.evaluation import evaluate
-    from agents import make_agent
+    from flowgym.lab.evaluation import evaluate
+    from flowgym.agents import make_agent
 
     explicit_slot = evaluate([make_agent("fixed", b=4)], {"horizon": 20, "time_model": "slot"}, seeds=[0], horizons=[20])
     assert explicit_slot.time_unit == "slot" and "req/slot" in explicit_slot.format()

@@ -1,4 +1,4 @@
-"""Closed-form results (``flowgym.theory``) against the paper's numbers and Monte-Carlo."""
+"""Closed-form results (``flowgym.sim.theory``) against the paper's numbers and Monte-Carlo."""
 
 from __future__ import annotations
 
@@ -9,8 +9,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from flowgym import theory
-from flowgym.theory import load, max_global_budget, peak_usage, reflected_walk_mean, theorem1, work
+from flowgym.sim import theory
+from flowgym.sim.theory import load, max_global_budget, peak_usage, reflected_walk_mean, theorem1, work
 
 PAPER = [(10, 20), (10, 40), (10, 60)]
 M_PAPER = 16492

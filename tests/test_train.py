@@ -1,4 +1,4 @@
-"""Training a learned budget (flowgym.train), the LearnedBudget agent, the adaptive scenarios."""
+"""Training a learned budget (flowgym.lab.train), the LearnedBudget agent, the adaptive scenarios."""
 
 from __future__ import annotations
 
@@ -10,11 +10,11 @@ import sys
 import numpy as np
 import pytest
 
-from agents import FlowControl, LearnedBudget, make_agent
-from flowgym.cli import main
-from flowgym.evaluation import env_for, evaluate, run_episode
-from flowgym.scenarios import ADAPTIVE_SCENARIOS, AZURE_REPORT_WINDOW, AZURE_TRAIN_WINDOW, get_scenario
-from flowgym.train import TrainConfig, read_curves, require_sb3, train
+from flowgym.agents import FlowControl, LearnedBudget, make_agent
+from flowgym.lab.cli import main
+from flowgym.lab.evaluation import env_for, evaluate, run_episode
+from flowgym.lab.scenarios import ADAPTIVE_SCENARIOS, AZURE_REPORT_WINDOW, AZURE_TRAIN_WINDOW, get_scenario
+from flowgym.lab.train import TrainConfig, read_curves, require_sb3, train
 
 TINY = dict(total_timesteps=1024, action_repeat=2, n_envs=2, n_steps=256, batch_size=128, n_epochs=2, eval_freq=512,
             eval_episodes=1, checkpoint_freq=512, final_eval_seeds=0, progress=False, plot=False,
@@ -157,7 +157,7 @@ def test_learned_agent_refuses_mismatched_environments(tiny_model, tmp_path):
     with pytest.raises(ValueError, match="observation of shape"):
         run_episode(agent, kw, 0, None)
     # an environment built by hand with another queue cap
-    from flowgym.env import FlowControlEnv
+    from flowgym.envs.flow_control import FlowControlEnv
 
     env = FlowControlEnv(**{**agent.meta["env_kwargs"], "queue_cap": 10})
     with pytest.raises(ValueError, match="queue_cap"):
@@ -279,7 +279,7 @@ def test_another_sb3_algorithm_plugs_in(tmp_path):
 def test_off_policy_algorithms_do_not_get_the_rollout_length():
     from stable_baselines3 import DQN, PPO
 
-    from flowgym.train import _algo_kwargs
+    from flowgym.lab.train import _algo_kwargs
 
     cfg = TrainConfig(n_steps=512)
     assert "n_steps" not in _algo_kwargs(cfg, DQN) and _algo_kwargs(cfg, PPO)["n_steps"] == 512

@@ -1,4 +1,4 @@
-"""The batched vector environment (flowgym.vector) and its SB3 adapter (flowgym.sb3).
+"""The batched vector environment (flowgym.envs.vector) and its SB3 adapter (flowgym.envs.sb3).
 
 The reference is Gymnasium's own ``SyncVectorEnv`` over single FlowControl-v0
 environments (``gym.make_vec(..., vectorization_mode="sync")``): for the same
@@ -23,9 +23,9 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 import flowgym  # noqa: F401  (registers FlowControl-v0)
-from flowgym._seeding import reseed, seed_words
-from flowgym.batched import BatchedEngine
-from flowgym.vector import FlowControlSyncVectorEnv, FlowControlVectorEnv, make_vector_env
+from flowgym.sim._seeding import reseed, seed_words
+from flowgym.sim.batched import BatchedEngine
+from flowgym.envs.vector import FlowControlSyncVectorEnv, FlowControlVectorEnv, make_vector_env
 
 PAPER = [[10, 20], [10, 40], [10, 60]]
 LOGNORMAL = {"kind": "lognormal", "prompt_median": 20, "prompt_sigma": 1.0, "output_median": 30,
@@ -344,7 +344,7 @@ def test_first_masked_reset_is_refused():
 
 
 def test_import_flowgym_does_not_import_sb3():
-    code = "import sys, flowgym, flowgym.vector; assert 'stable_baselines3' not in sys.modules"
+    code = "import sys, flowgym, flowgym.envs.vector; assert 'stable_baselines3' not in sys.modules"
     subprocess.run([sys.executable, "-c", code], check=True)
 
 
@@ -353,7 +353,7 @@ def test_sb3_adapter_equals_dummy_vec_env(observation):
     pytest.importorskip("stable_baselines3")
     from stable_baselines3.common.vec_env import DummyVecEnv
 
-    from flowgym.sb3 import FlowControlSB3VecEnv
+    from flowgym.envs.sb3 import FlowControlSB3VecEnv
 
     kw = {**BATCHED["evictions-lifo"], "horizon": 30, "observation": observation}
     ours = FlowControlSB3VecEnv(3, **kw)
@@ -382,7 +382,7 @@ def test_sb3_adapter_equals_dummy_vec_env(observation):
 
 def test_sb3_adapter_api_and_errors():
     pytest.importorskip("stable_baselines3")
-    from flowgym.sb3 import FlowControlSB3VecEnv
+    from flowgym.envs.sb3 import FlowControlSB3VecEnv
 
     venv = FlowControlSB3VecEnv(2, horizon=10, step_info=True)
     venv.seed(0)
@@ -406,7 +406,7 @@ def test_sb3_ppo_trains_on_the_adapter(observation, policy):
     pytest.importorskip("stable_baselines3")
     from stable_baselines3 import PPO
 
-    from flowgym.sb3 import FlowControlSB3VecEnv
+    from flowgym.envs.sb3 import FlowControlSB3VecEnv
 
     venv = FlowControlSB3VecEnv(4, observation=observation, horizon=50)
     venv.seed(0)
@@ -425,7 +425,7 @@ def test_sb3_ppo_trains_on_the_adapter(observation, policy):
 @given(counts=st.lists(st.integers(0, 6), min_size=1, max_size=300), seed=st.integers(0, 2**32 - 1),
        ties=st.booleans())
 def test_slot_shuffle_equals_lexsort(counts, seed, ties):
-    from flowgym.workloads import _slot_shuffle
+    from flowgym.sim.workloads import _slot_shuffle
 
     rel = np.repeat(np.arange(len(counts), dtype=np.int64), counts)
     u = np.random.default_rng(seed).random(rel.size)

@@ -1,4 +1,4 @@
-"""Workloads (``flowgym.workloads``): determinism, statistics, traces, CSV errors, mapping form."""
+"""Workloads (``flowgym.sim.workloads``): determinism, statistics, traces, CSV errors, mapping form."""
 
 from __future__ import annotations
 
@@ -12,8 +12,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 import flowgym
-from flowgym import theory
-from flowgym.workloads import (
+from flowgym.sim import theory
+from flowgym.sim.workloads import (
     CHUNK_SLOTS,
     EmpiricalLengths,
     IIDPoisson,
@@ -666,7 +666,7 @@ def _mix_spec(chat=3.0, long=1.0, timed=False):
 
 
 def test_mixture_is_the_union_of_its_streams_shuffled_within_each_slot():
-    from flowgym.workloads import Mixture
+    from flowgym.sim.workloads import Mixture
 
     mix = make_workload(_mix_spec())
     assert isinstance(mix, Mixture) and mix.num_classes == 0
@@ -706,7 +706,7 @@ def test_mixture_timed_streams_merge_by_time():
 
 
 def test_adaptive_mix_phases_hold_only_their_own_requests():
-    from flowgym.scenarios import get_scenario
+    from flowgym.lab.scenarios import get_scenario
 
     env = gym.make("FlowControl-v0", **get_scenario("adaptive-mix").env_kwargs())
     env.reset(seed=0)

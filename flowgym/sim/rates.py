@@ -23,7 +23,7 @@ from typing import Any
 
 import numpy as np
 
-from flowgym._checks import non_negative, positive
+from flowgym.sim._checks import non_negative, positive
 
 __all__ = ["RateSchedule", "Constant", "Steps", "Sinusoid", "Bursts", "make_rate"]
 

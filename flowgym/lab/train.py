@@ -1,7 +1,7 @@
 """Train a learned activation budget with Stable-Baselines3 (``flowgym train``).
 
 :func:`train` trains an SB3 algorithm (PPO by default) on a named scenario
-(:mod:`flowgym.scenarios`, ``adaptive-mix`` by default) with
+(:mod:`flowgym.lab.scenarios`, ``adaptive-mix`` by default) with
 
 * vectorised environments (``DummyVecEnv`` by default, ``SubprocVecEnv`` on request)
   over ``gym.make("FlowControl-v0", ...)`` with the flat observation, each decision
@@ -10,14 +10,14 @@
   with the model);
 * evaluation during training (a subclass of SB3's ``EvalCallback``) on separate
   seeds, recording the return *and* the latency metrics of each evaluation
-  episode, acting by ``action_rule`` as :class:`agents.LearnedBudget` will; the
+  episode, acting by ``action_rule`` as :class:`flowgym.agents.LearnedBudget` will; the
   model with the lowest mean time in system is kept;
 * checkpoints, a progress bar on stderr, a CSV (and optionally PNG) of the curves;
 * a final evaluation table against the scenario's baselines (fixed budget tuned by
   grid search on tuning seeds, greedy baselines) through
-  :func:`flowgym.evaluation.evaluate`, the same path every scripted agent takes.
+  :func:`flowgym.lab.evaluation.evaluate`, the same path every scripted agent takes.
 
-The result is a directory that :class:`agents.LearnedBudget` loads::
+The result is a directory that :class:`flowgym.agents.LearnedBudget` loads::
 
     <out>/model.zip            the selected policy (SB3 zip)
     <out>/vecnormalize.pkl     its observation normalisation (VecNormalize)
@@ -50,36 +50,31 @@ from typing import Any
 
 import numpy as np
 
+from flowgym.agents.learned import (
+    ACTION_RULES,
+    ALGORITHMS,
+    FORMAT_VERSION,
+    META_FILE,
+    MODEL_FILE,
+    VECNORM_FILE,
+    LearnedBudget,
+    algorithm_class,
+    policy_action,
+    require_sb3,
+    valid_levels,
+)
+
 __all__ = [
     "TrainConfig",
     "TrainResult",
     "train",
-    "require_sb3",
-    "algorithm_class",
     "learned_env_kwargs",
     "make_vec_env",
     "final_evaluation",
     "plot_curves",
-    "policy_action",
-    "ACTION_RULES",
-    "MODEL_FILE",
-    "VECNORM_FILE",
-    "META_FILE",
 ]
 
-MODEL_FILE = "model.zip"
-VECNORM_FILE = "vecnormalize.pkl"
-META_FILE = "flowgym_agent.json"
 CURVES_FILE = "curves.csv"
-#: Version of the layout of a model directory.
-FORMAT_VERSION = 1
-
-#: SB3 algorithms known by short name (anything else: ``"package.module:Class"``).
-ALGORITHMS = {"ppo": "stable_baselines3:PPO", "a2c": "stable_baselines3:A2C", "dqn": "stable_baselines3:DQN"}
-
-#: How a trained policy's action distribution becomes a budget (see :func:`policy_action`).
-ACTION_RULES = ("mean", "mode")
-
 #: Environment arguments that shape the observation: a learned agent declares them as trained.
 OBSERVATION_OPTIONS = (
     "output_length_known",
@@ -95,18 +90,6 @@ OBSERVATION_OPTIONS = (
 )
 
 
-def require_sb3() -> None:
-    """Raise ``ImportError`` with the install hint when Stable-Baselines3 or torch is missing."""
-    try:
-        import stable_baselines3  # noqa: F401
-        import torch  # noqa: F401
-    except ImportError as e:
-        raise ImportError(
-            f"training and learned agents need Stable-Baselines3 and torch ({e}); "
-            "install them with: pip install 'flowgym[train]'"
-        ) from None
-
-
 @dataclass
 class TrainConfig:
     """Every setting of :func:`train`, with the defaults of ``flowgym train``.
@@ -118,7 +101,7 @@ class TrainConfig:
     evaluation; see ``docs/training.md``).
     """
 
-    #: Scenario name (:data:`flowgym.scenarios.SCENARIOS`).
+    #: Scenario name (:data:`flowgym.lab.scenarios.SCENARIOS`).
     scenario: str = "adaptive-mix"
     #: Its ``rate`` argument (``None``: the scenario's default).
     rate: float | None = None
@@ -185,10 +168,10 @@ class TrainConfig:
     tune_seeds: int = 2
     #: Output directory.
     out: str = "runs/ppo-adaptive-mix"
-    #: How the trained policy picks a budget, in evaluations and in :class:`agents.LearnedBudget`:
+    #: How the trained policy picks a budget, in evaluations and in :class:`flowgym.agents.LearnedBudget`:
     #: ``"mean"`` (expected budget of its action distribution, rounded; with ``budget_levels`` the
     #: expected level index, rounded, then its level) or ``"mode"`` (its argmax,
-    #: SB3's ``deterministic=True``). See :func:`flowgym.train.policy_action`.
+    #: SB3's ``deterministic=True``). See :func:`flowgym.agents.learned.policy_action`.
     action_rule: str = "mean"
     #: ``"best"`` (lowest evaluation time in system) or ``"last"``: which policy becomes ``model.zip``.
     select: str = "best"
@@ -211,7 +194,7 @@ class TrainConfig:
                     or v < 0 or (v == 0 and not zero):
                 raise ValueError(f"{name} must be a {'non-negative' if zero else 'positive'} number, got {v!r}")
 
-        from flowgym.scenarios import SCENARIOS
+        from flowgym.lab.scenarios import SCENARIOS
 
         if self.scenario not in SCENARIOS:
             raise ValueError(f"unknown scenario {self.scenario!r}; known: {sorted(SCENARIOS)}")
@@ -287,57 +270,6 @@ class TrainResult:
     table: Any = None
 
 
-def algorithm_class(algo: str) -> type:
-    """The SB3 algorithm class of ``algo`` (a short name or ``"package.module:Class"``)."""
-    import importlib
-
-    target = ALGORITHMS.get(algo.lower(), algo)
-    mod, _, cls = target.partition(":")
-    if not cls:
-        raise ValueError(f"algo must be one of {sorted(ALGORITHMS)} or 'package.module:Class', got {algo!r}")
-    try:
-        return getattr(importlib.import_module(mod), cls)
-    except (ImportError, AttributeError) as e:
-        raise ValueError(f"cannot load algorithm {algo!r}: {e}") from None
-
-
-def valid_levels(levels: Any) -> bool:
-    """Budget levels are a list or tuple of at least two ascending, distinct, non-negative integers."""
-    if not isinstance(levels, (list, tuple)) or len(levels) < 2:
-        return False
-    if any(isinstance(v, bool) or not isinstance(v, int) or v < 0 for v in levels):
-        return False
-    return all(b > a for a, b in zip(levels, levels[1:]))
-
-
-def policy_action(model: Any, obs: np.ndarray, rule: str = "mean") -> np.ndarray:
-    """Deterministic budgets of ``model`` for a batch of (normalised) observations.
-
-    ``"mode"`` is SB3's ``predict(deterministic=True)``, the most likely budget.
-    ``"mean"`` is the expected budget under the policy's action distribution,
-    rounded: for an ordinal action such as a budget it is steadier than the mode,
-    which jumps when a spread distribution's peak moves (on adaptive-switch the
-    mode of one policy gave 1472 slots of time in system, its mean 93). Algorithms
-    without an action distribution (DQN) fall back to ``"mode"``. With
-    ``budget_levels`` the actions are level indices and so is the result (the
-    expected index, rounded, for ``"mean"``).
-    """
-    obs = np.asarray(obs, dtype=np.float32)
-    policy = getattr(model, "policy", None)
-    if rule == "mean" and hasattr(policy, "get_distribution"):
-        import torch
-
-        with torch.no_grad():
-            t, _ = policy.obs_to_tensor(obs)
-            dist = policy.get_distribution(t).distribution
-        probs = getattr(dist, "probs", None)
-        if probs is not None and probs.ndim == 2:
-            p = probs.cpu().numpy().astype(np.float64)
-            return np.rint(p @ np.arange(p.shape[1])).astype(np.int64)
-    action, _ = model.predict(obs, deterministic=True)
-    return np.asarray(action)
-
-
 class _RuleModel:
     """Wraps an SB3 model so ``predict`` applies an action rule (for ``EvalCallback``)."""
 
@@ -367,7 +299,7 @@ def _action_repeat_wrapper() -> type:
     class ActionRepeat(gym.Wrapper):
         """Holds each action for ``repeat`` slots (fewer, coarser decisions); the reward is their sum.
 
-        Stops early when the episode ends. :class:`agents.LearnedBudget` repeats its
+        Stops early when the episode ends. :class:`flowgym.agents.LearnedBudget` repeats its
         actions the same way, so it acts as it was trained.
         """
 
@@ -393,7 +325,7 @@ def _budget_levels_wrapper() -> type:
     class BudgetLevels(gym.ActionWrapper):
         """The action is the index of a budget level: ``Discrete(len(levels))`` -> ``levels[a]``.
 
-        :class:`agents.LearnedBudget` maps its actions the same way (``budget_levels`` in
+        :class:`flowgym.agents.LearnedBudget` maps its actions the same way (``budget_levels`` in
         ``flowgym_agent.json``).
         """
 
@@ -589,7 +521,7 @@ def train(cfg: TrainConfig | None = None, **overrides: Any) -> TrainResult:
     import torch
     from stable_baselines3.common.vec_env import VecNormalize
 
-    from flowgym.scenarios import get_scenario
+    from flowgym.lab.scenarios import get_scenario
 
     torch.set_num_threads(cfg.torch_threads)
     algo_cls = algorithm_class(cfg.algo)
@@ -714,7 +646,7 @@ def _algo_kwargs(cfg: TrainConfig, algo_cls: type) -> dict[str, Any]:
 def _agent_options(env_kwargs: Mapping[str, Any]) -> dict[str, Any]:
     """The options a learned agent declares: flat observation, its action range, and every
     observation-shaping argument at its trained value."""
-    from flowgym.env import FlowControlConfig
+    from flowgym.envs.flow_control import FlowControlConfig
 
     defaults = FlowControlConfig()
     opts: dict[str, Any] = {"observation": "flat", "max_budget": int(env_kwargs["max_budget"])}
@@ -823,13 +755,12 @@ def final_evaluation(model_dir: str, *, scenario: str | None = None, rate: float
     (flow control's ``b``, alpha-greedy's ``alpha``) are grid-searched on
     ``tune_seeds`` (minimising mean time in system; the scenario's tuning
     environment) before the report on ``seeds``. Everything runs through
-    :func:`flowgym.evaluation.evaluate`. Returns its
-    :class:`~flowgym.evaluation.ResultTable` (with ``tuned`` filled) and, with
+    :func:`flowgym.lab.evaluation.evaluate`. Returns its
+    :class:`~flowgym.lab.evaluation.ResultTable` (with ``tuned`` filled) and, with
     ``write``, saves ``eval.txt``, ``eval.csv`` and ``eval.json`` in ``model_dir``.
     """
-    from agents.learned import LearnedBudget
-    from flowgym.evaluation import evaluate, tune
-    from flowgym.scenarios import AgentSpec, get_scenario
+    from flowgym.lab.evaluation import evaluate, tune
+    from flowgym.lab.scenarios import AgentSpec, get_scenario
 
     agent = LearnedBudget(model_dir)
     sc = get_scenario(scenario or agent.meta["scenario"], rate=rate if scenario else agent.meta.get("rate"))

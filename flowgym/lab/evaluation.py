@@ -25,13 +25,15 @@ from typing import Any
 
 import numpy as np
 
-from flowgym.env import FlowControlConfig, FlowControlEnv
-from flowgym.metrics import METRIC_NAMES, metrics_at
-from flowgym.scenarios import AgentSpec
+from flowgym.agents import make_agent
+from flowgym.envs.flow_control import FlowControlConfig, FlowControlEnv
+from flowgym.sim.metrics import METRIC_NAMES, metrics_at
+from flowgym.lab.scenarios import AgentSpec
 
 __all__ = [
     "Episode",
     "ResultTable",
+    "build_agent",
     "env_for",
     "run_episode",
     "evaluate",
@@ -250,9 +252,14 @@ def _json_default(o: Any) -> Any:
     raise TypeError(type(o).__name__)
 
 
+def build_agent(spec: AgentSpec, **override: Any) -> Any:
+    """The agent a spec names (:func:`flowgym.agents.make_agent`), its ``params`` updated by ``override``."""
+    return make_agent(spec.name, **{**spec.params, **override})
+
+
 def _as_agent(a: Any) -> tuple[Any, str]:
     if isinstance(a, AgentSpec):
-        agent = a.build()
+        agent = build_agent(a)
         return agent, a.label or agent.label()
     return a, a.label()
 
@@ -266,7 +273,7 @@ def evaluate(
     progress: bool | Progress = False,
     keep_kv_usage: bool = True,
 ) -> ResultTable:
-    """Run every agent (an ``Agent`` or an :class:`~flowgym.scenarios.AgentSpec`) on every seed.
+    """Run every agent (an ``Agent`` or an :class:`~flowgym.lab.scenarios.AgentSpec`) on every seed.
 
     Returns a :class:`ResultTable` with one row per (agent, seed, horizon).
     ``horizons=None`` runs every episode to the end of its finite workload
@@ -329,7 +336,7 @@ def tune(
     rows = []
     best, best_v = None, math.inf
     for value in grid:
-        agent = spec.build(**{param: value})
+        agent = build_agent(spec, **{param: value})
         vals = []
         for seed in seeds:
             m = run_episode(agent, env_kwargs, int(seed), horizon).metrics()

@@ -5,7 +5,7 @@
 trains on ``N`` batched environments directly, with no ``DummyVecEnv`` loop::
 
     from stable_baselines3 import PPO
-    from flowgym.sb3 import FlowControlSB3VecEnv
+    from flowgym.envs.sb3 import FlowControlSB3VecEnv
 
     venv = FlowControlSB3VecEnv(64, observation="flat", horizon=1000)
     venv.seed(0)                      # environment i gets seed 0 + i at the next reset
@@ -37,16 +37,16 @@ try:
     from stable_baselines3.common.vec_env.base_vec_env import VecEnv, VecEnvIndices, VecEnvStepReturn
 except ImportError as e:  # pragma: no cover - depends on the installation
     raise ImportError(
-        "flowgym.sb3 needs stable-baselines3: pip install 'flowgym[train]'"
+        "flowgym.envs.sb3 needs stable-baselines3: pip install 'flowgym[train]'"
     ) from e
 
-from flowgym.vector import FlowControlVectorEnv
+from flowgym.envs.vector import FlowControlVectorEnv
 
 __all__ = ["FlowControlSB3VecEnv"]
 
 
 class FlowControlSB3VecEnv(VecEnv):
-    """A :class:`~flowgym.vector.FlowControlVectorEnv` behind Stable-Baselines3's ``VecEnv`` API.
+    """A :class:`~flowgym.envs.vector.FlowControlVectorEnv` behind Stable-Baselines3's ``VecEnv`` API.
 
     Args:
         num_envs: number of environments (ignored when ``venv`` is given).
@@ -76,7 +76,7 @@ class FlowControlSB3VecEnv(VecEnv):
         elif kwargs:
             raise ValueError(f"give either venv or environment arguments, not both (got {sorted(kwargs)})")
         elif not isinstance(venv, FlowControlVectorEnv):
-            raise ValueError(f"venv must be a flowgym.vector.FlowControlVectorEnv, got {type(venv).__name__}")
+            raise ValueError(f"venv must be a flowgym.envs.vector.FlowControlVectorEnv, got {type(venv).__name__}")
         self.venv = venv
         self.step_info = bool(step_info)
         self.render_mode = None

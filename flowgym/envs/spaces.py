@@ -15,7 +15,7 @@ from typing import Any
 import numpy as np
 from gymnasium import spaces
 
-from flowgym.engine import Engine
+from flowgym.sim.engine import Engine
 
 __all__ = ["Features", "DictObservation", "FlatObservation", "GlobalBudget", "PerClassBudget"]
 

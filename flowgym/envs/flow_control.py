@@ -11,11 +11,11 @@ from typing import Any
 import gymnasium as gym
 import numpy as np
 
-from flowgym.engine import EVICTION_RULES, QUEUE_ORDERS, Engine
-from flowgym.metrics import compute_metrics
-from flowgym.spaces import DictObservation, Features, FlatObservation, GlobalBudget, PerClassBudget
-from flowgym.view import SystemView
-from flowgym.workloads import Workload, make_workload
+from flowgym.sim.engine import EVICTION_RULES, QUEUE_ORDERS, Engine
+from flowgym.sim.metrics import compute_metrics
+from flowgym.envs.spaces import DictObservation, Features, FlatObservation, GlobalBudget, PerClassBudget
+from flowgym.envs.view import SystemView
+from flowgym.sim.workloads import Workload, make_workload
 
 __all__ = ["FlowControlConfig", "FlowControlEnv", "PAPER_CLASSES", "DEFAULT_WORKLOAD"]
 
@@ -50,7 +50,7 @@ class FlowControlConfig:
 
     #: KV-cache budget in tokens (the paper's ``M``; 16492 is Llama-2-70B on two A100s).
     M: int = 16492
-    #: Where requests come from: a :class:`~flowgym.workloads.Workload` or its mapping form.
+    #: Where requests come from: a :class:`~flowgym.sim.workloads.Workload` or its mapping form.
     workload: Any = field(default_factory=_default_workload)
     #: Slots per episode (``truncated`` after it). ``None`` only for finite traces.
     horizon: int | None = 1000
@@ -61,7 +61,7 @@ class FlowControlConfig:
     #: Whether output lengths (and classes) may be observed; ``False`` is the paper's unknown case.
     output_length_known: bool = False
     #: Eviction rule on overflow: ``"lifo"`` (Algorithm 2), ``"all"`` (memory reset) or
-    #: ``"estimate"`` (ascending output estimate, A_min). See :mod:`flowgym.rules`.
+    #: ``"estimate"`` (ascending output estimate, A_min). See :mod:`flowgym.sim.rules`.
     eviction: str = "lifo"
     #: Queue order: ``"fifo"`` (default), ``"sjf"`` (shortest known output first; needs
     #: known lengths) or ``"estimate"`` (smallest output estimate first).
@@ -84,7 +84,7 @@ class FlowControlConfig:
     rate_window: float = 32.0
     #: ``"slot"`` (unit slots, the paper's discrete model) or a batch latency model for
     #: continuous time: a preset name (``"llama2-70b-tp2-a100"``, ``"jaillet2025"``), a
-    #: mapping (``{"kind": "linear", "c0": ..., ...}``) or a callable. See :mod:`flowgym.latency`.
+    #: mapping (``{"kind": "linear", "c0": ..., ...}``) or a callable. See :mod:`flowgym.sim.latency`.
     time_model: Any = "slot"
     #: Cap of the observed last iteration duration (seconds, continuous time).
     duration_cap: float = 60.0
@@ -155,7 +155,7 @@ class FlowControlConfig:
             if not isinstance(v, (int, float)) or not math.isfinite(v):
                 raise ValueError(f"reward_weights[{k!r}] must be a finite number, got {v!r}")
         if self.time_model != "slot":
-            from flowgym.latency import make_latency_model
+            from flowgym.sim.latency import make_latency_model
 
             make_latency_model(self.time_model)  # raises naming the bad value
         if self.per_class_budget and not self.output_length_known:
@@ -229,7 +229,7 @@ class FlowControlEnv(gym.Env[Any, Any]):
 
     ## Continuous time
 
-    With ``time_model`` a batch latency model (:mod:`flowgym.latency`: a preset
+    With ``time_model`` a batch latency model (:mod:`flowgym.sim.latency`: a preset
     such as ``"llama2-70b-tp2-a100"``, a linear model, or a callable) and a
     timed workload (arrivals in seconds), a step is one batch iteration: its
     duration comes from the prompt tokens it prefills, the requests it decodes
@@ -263,7 +263,7 @@ class FlowControlEnv(gym.Env[Any, Any]):
 
     ``env.unwrapped.request_log()`` gives per-request arrays and
     ``env.unwrapped.metrics()`` the metrics of ``docs/model.md`` so far.
-    ``env.unwrapped.view()`` is the read-only :class:`~flowgym.view.SystemView`
+    ``env.unwrapped.view()`` is the read-only :class:`~flowgym.envs.view.SystemView`
     of the queue and the active set that scripted agents read (without output
     lengths unless they are known).
 
@@ -272,7 +272,7 @@ class FlowControlEnv(gym.Env[Any, Any]):
     ``queue_order`` (``fifo``; ``sjf``, shortest known output first;
     ``estimate``, smallest output estimate first) decides who is admitted
     first; ``eviction`` (``lifo``; ``all``; ``estimate``) who leaves on
-    overflow. See :mod:`flowgym.rules`.
+    overflow. See :mod:`flowgym.sim.rules`.
 
     ## Arguments
 
@@ -424,7 +424,7 @@ class FlowControlEnv(gym.Env[Any, Any]):
     # ------------------------------------------------------------------ results
 
     def view(self) -> SystemView:
-        """The read-only :class:`~flowgym.view.SystemView` that scripted agents read.
+        """The read-only :class:`~flowgym.envs.view.SystemView` that scripted agents read.
 
         A live window on the engine (its properties read the current state), so one
         instance serves the whole life of the environment.

@@ -20,9 +20,9 @@ from collections.abc import Sequence
 from typing import Any
 
 
-from flowgym.env import FlowControlEnv
-from flowgym.metrics import METRIC_NAMES
-from flowgym.theory import max_global_budget
+from flowgym.envs.flow_control import FlowControlEnv
+from flowgym.sim.metrics import METRIC_NAMES
+from flowgym.sim.theory import max_global_budget
 
 
 def _run(args: argparse.Namespace) -> int:
@@ -84,8 +84,8 @@ def _horizons(text: str) -> list[int]:
 def _compare(args: argparse.Namespace) -> int:
     import os
 
-    from flowgym.evaluation import Progress, evaluate, tune
-    from flowgym.scenarios import AgentSpec, get_scenario
+    from flowgym.lab.evaluation import Progress, evaluate, tune
+    from flowgym.lab.scenarios import AgentSpec, get_scenario
 
     sc = get_scenario(args.scenario, rate=args.rate)
     env_kwargs = sc.env_kwargs()
@@ -130,7 +130,7 @@ def _compare(args: argparse.Namespace) -> int:
                   tune_seeds=tune_seeds, tune_horizon=tune_h, tune_env=sc.tune_env)
     written = [stem + ".csv", stem + ".json"]
     if not args.no_plots:
-        from flowgym.plots import plot_kv_usage, plot_metrics_bars, plot_metrics_vs_horizon
+        from flowgym.lab.plots import plot_kv_usage, plot_metrics_bars, plot_metrics_vs_horizon
 
         if horizons is None:
             plot_metrics_bars(table, stem + "_metrics.png", title=sc.description)
@@ -145,7 +145,7 @@ def _compare(args: argparse.Namespace) -> int:
 def _hindsight(args: argparse.Namespace) -> int:
     import numpy as np
 
-    from flowgym.hindsight import OBJECTIVES, compare_to_hindsight, format_comparison
+    from flowgym.lab.hindsight import OBJECTIVES, compare_to_hindsight, format_comparison
 
     objectives = [k.strip() for k in args.objectives.split(",") if k.strip()]
     bad = [k for k in objectives if k not in OBJECTIVES]
@@ -154,7 +154,7 @@ def _hindsight(args: argparse.Namespace) -> int:
         return 2
     cls = None
     if args.trace is not None:
-        from flowgym.workloads import Trace
+        from flowgym.sim.workloads import Trace
 
         if args.M is None:
             print("error: give --M (the KV budget) with --trace", file=sys.stderr)
@@ -184,8 +184,8 @@ def _hindsight(args: argparse.Namespace) -> int:
     if args.agents:
         agents = [x.strip() for x in args.agents.split(";") if x.strip()]
     else:
-        from flowgym.theory import max_global_budget
-        from flowgym.workloads import request_work
+        from flowgym.sim.theory import max_global_budget
+        from flowgym.sim.workloads import request_work
 
         b = max(1, max_global_budget(M, float(np.mean(request_work(l, o)))))
         agents = ["mc-sf", "mc", "a-min", "greedy-lifo", f"flow-control:b={b}"]
@@ -239,12 +239,11 @@ _net_arch = _int_list("--net-arch", 1, "64,64")
 
 
 def _train(args: argparse.Namespace) -> int:
-    from flowgym.train import TrainConfig, train
+    from flowgym.agents.learned import require_sb3
+    from flowgym.lab.train import TrainConfig, train
 
     try:
-        import flowgym.train as _t
-
-        _t.require_sb3()
+        require_sb3()
     except ImportError as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
@@ -361,7 +360,7 @@ def build_parser() -> argparse.ArgumentParser:
         "VecNormalize (saved with the model), evaluation on separate seeds during training, checkpoints "
         "and a progress bar; then evaluate it against the scenario's baselines (fixed budget tuned by grid "
         "search) on seeds 0..N-1. Writes a model directory that 'flowgym compare --agents "
-        "\"learned:path=DIR\"' and agents.LearnedBudget load. Defaults: about 10 minutes on 2 CPU cores. "
+        "\"learned:path=DIR\"' and flowgym.agents.LearnedBudget load. Defaults: about 10 minutes on 2 CPU cores. "
         "See docs/training.md.",
     )
     d = _train_defaults()
@@ -431,7 +430,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def _train_defaults() -> Any:
-    from flowgym.train import TrainConfig
+    from flowgym.lab.train import TrainConfig
 
     return TrainConfig()
 

@@ -6,7 +6,7 @@ from typing import Any
 
 import numpy as np
 
-from flowgym.evaluation import ResultTable
+from flowgym.lab.evaluation import ResultTable
 
 __all__ = ["plot_metrics_vs_horizon", "plot_metrics_bars", "plot_kv_usage"]
 

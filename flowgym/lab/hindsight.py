@@ -61,7 +61,7 @@ rounded to the next integer in the right direction.
 
 The schedule replays in the simulator: :func:`replay_schedule` (also
 :meth:`HindsightResult.replay`) runs :func:`flowgym.replay` with the queue
-order :class:`~flowgym.rules.PlannedOrder` and budgets ``B_t`` = the number of
+order :class:`~flowgym.sim.rules.PlannedOrder` and budgets ``B_t`` = the number of
 requests planned at ``t``, and checks that every request finishes at
 ``s_i + o_i``, that nothing is evicted and that ``U_t <= M``: the program and the
 simulator mean the same thing.
@@ -273,7 +273,7 @@ def replay_schedule(
     """Replay a no-eviction schedule in the simulator and check it.
 
     Runs :func:`flowgym.replay` with the queue order
-    :class:`~flowgym.rules.PlannedOrder` (admission by planned start slot) and
+    :class:`~flowgym.sim.rules.PlannedOrder` (admission by planned start slot) and
     budgets ``B_t`` = the number of requests planned at ``t``, so the engine
     activates exactly the planned requests at the planned slots. Requests with
     ``start < 0`` are never admitted (they wait until ``horizon``).
@@ -291,8 +291,8 @@ def replay_schedule(
     Returns:
         :func:`flowgym.replay`'s dict (per-request arrays in input order, per-slot series).
     """
-    from flowgym.engine import replay
-    from flowgym.rules import PlannedOrder
+    from flowgym.sim.engine import replay
+    from flowgym.sim.rules import PlannedOrder
 
     a, l, o, M = _check_instance(arrival, prompt_len, output_len, M)
     s = _as_int_array("start", start, a.size, -(2**62))
@@ -425,8 +425,8 @@ class HindsightResult:
         return replay_schedule(self.arrival, self.prompt_len, self.output_len, self.start, self.M, horizon=horizon, check=check)
 
     def metrics(self, T: int | None = None) -> dict[str, Any]:
-        """The simulator's metrics (:func:`flowgym.metrics.compute_metrics`) of the replayed schedule."""
-        from flowgym.metrics import metrics_at
+        """The simulator's metrics (:func:`flowgym.sim.metrics.compute_metrics`) of the replayed schedule."""
+        from flowgym.sim.metrics import metrics_at
 
         out = self.replay()
         log = {
@@ -1058,7 +1058,7 @@ def run_agent_on_trace(
 ) -> dict[str, Any]:
     """Run an agent on a finite trace in FlowControl-v0 until the trace is served.
 
-    ``agent`` is an :class:`agents.Agent`, an :class:`~flowgym.scenarios.AgentSpec`
+    ``agent`` is an :class:`flowgym.agents.Agent`, an :class:`~flowgym.lab.scenarios.AgentSpec`
     or a spec string (``"mc-sf"``, ``"flow-control:b=4"``). ``cls`` gives request
     classes (for per-class budgets). Returns ``label``, ``finish`` and
     ``latency`` per request in input order (``finish = -1`` if unfinished), the
@@ -1066,15 +1066,15 @@ def run_agent_on_trace(
     ``makespan``, ``completed``, ``evictions``, ``wasted_tokens`` and the
     simulator's ``metrics``.
     """
-    from flowgym.evaluation import run_episode
-    from flowgym.scenarios import AgentSpec
+    from flowgym.lab.evaluation import build_agent, run_episode
+    from flowgym.lab.scenarios import AgentSpec
 
     a, l, o, M = _check_instance(arrival, prompt_len, output_len, M)
     if isinstance(agent, str):
         agent = AgentSpec.parse(agent)
     if isinstance(agent, AgentSpec):
         spec = agent
-        agent = spec.build()
+        agent = build_agent(spec)
         label = label or spec.label or agent.label()
     label = label or agent.label()
     wl: dict[str, Any] = {"kind": "trace", "arrival": a.tolist(), "prompt_len": l.tolist(), "output_len": o.tolist()}

@@ -1,4 +1,4 @@
-"""The compiled kernels (flowgym._jit, numba) against the numpy code they replace.
+"""The compiled kernels (flowgym.sim.kernels, numba) against the numpy code they replace.
 
 The engine runs either path (``Engine.jit``); the kernels draw no random
 numbers of their own (the batched sampler continues each generator's PCG64
@@ -22,17 +22,18 @@ from hypothesis import strategies as st
 
 import gymnasium as gym
 
-from flowgym import FlowControlEnv, _jit
-from flowgym.batched import BatchedEngine
-from flowgym.engine import Engine
-from flowgym.workloads import CHUNK_SLOTS, MultiClassPoisson
+from flowgym import FlowControlEnv
+from flowgym.sim import kernels
+from flowgym.sim.batched import BatchedEngine
+from flowgym.sim.engine import Engine
+from flowgym.sim.workloads import CHUNK_SLOTS, MultiClassPoisson
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import reference_model  # noqa: E402
 from test_semantics import traces  # noqa: E402
 from test_vector import BATCHED, FALLBACK, assert_same  # noqa: E402
 
-pytestmark = pytest.mark.skipif(not _jit.AVAILABLE, reason="numba is not installed (pip install 'flowgym[fast]')")
+pytestmark = pytest.mark.skipif(not kernels.AVAILABLE, reason="numba is not installed (pip install 'flowgym[fast]')")
 
 CONFIGS = {**BATCHED, **{f"fallback-{k}": v for k, v in FALLBACK.items()},
            "per-class-saturated": {"output_length_known": True, "per_class_budget": True, "max_budget": 6, "M": 900,
@@ -90,10 +91,10 @@ def test_compiled_equals_numpy(name, seed):
 
 def test_compiled_path_is_the_default_and_both_paths_ran():
     env = FlowControlEnv()
-    assert env.engine.jit is _jit.ENABLED
+    assert env.engine.jit is kernels.ENABLED
     env.reset(seed=0)
-    assert env.engine._use_jit is _jit.ENABLED
-    assert isinstance(env.engine._cal_n, np.ndarray) is _jit.ENABLED
+    assert env.engine._use_jit is kernels.ENABLED
+    assert isinstance(env.engine._cal_n, np.ndarray) is kernels.ENABLED
     env.engine.jit = False
     env.reset(seed=0)
     assert isinstance(env.engine._cal_n, list)
@@ -105,21 +106,21 @@ def test_replay_agrees_with_the_reference_model_on_both_paths(case):
     arrival, prompt_len, output_len, kwargs = case
     expected = reference_model.simulate(arrival, prompt_len, output_len, **kwargs)
     for enabled in (True, False):
-        old = _jit.ENABLED
-        _jit.ENABLED = enabled  # replay builds its own engine: switch the default
+        old = kernels.ENABLED
+        kernels.ENABLED = enabled  # replay builds its own engine: switch the default
         try:
             import flowgym
 
             got = flowgym.replay(list(arrival), list(prompt_len), list(output_len), **kwargs)
         finally:
-            _jit.ENABLED = old
+            kernels.ENABLED = old
         for key in ("finish", "evictions", "rejected", "usage", "queue_len", "active"):
             assert np.asarray(got[key]).tolist() == np.asarray(expected[key]).tolist(), (enabled, key)
         assert got["wasted_tokens"] == expected["wasted_tokens"]
 
 
 def test_jit_without_numba_is_refused(monkeypatch):
-    monkeypatch.setattr(_jit, "AVAILABLE", False)
+    monkeypatch.setattr(kernels, "AVAILABLE", False)
     eng = Engine(100, {"kind": "poisson", "classes": [[1, 2]], "rates": 1.0})
     eng.jit = True
     with pytest.raises(RuntimeError, match="numba"):
@@ -128,18 +129,32 @@ def test_jit_without_numba_is_refused(monkeypatch):
 
 @pytest.mark.parametrize("value, expected", [("0", "False"), ("off", "False"), ("1", "True")])
 def test_environment_variable_switches_the_default(value, expected):
-    code = "import flowgym._jit as j; print(j.ENABLED)"
+    code = "import flowgym.sim.kernels as j; print(j.ENABLED)"
     out = subprocess.run([sys.executable, "-c", code], env={**os.environ, "FLOWGYM_JIT": value},
                          capture_output=True, text=True, check=True)
     assert out.stdout.strip() == expected
 
 
 def test_kernels_compile():
-    _jit.check_kernels()
+    """check_kernels compiles every kernel the package calls from Python (each then has a signature)."""
+    import re
+    from pathlib import Path
+
+    from flowgym.sim.batched import check_kernels
+
+    check_kernels()
+    pkg = Path(kernels.__file__).resolve().parent.parent
+    called = set()
+    for path in pkg.rglob("*.py"):
+        if path.name != "kernels.py":
+            called |= set(re.findall(r"\bkernels\.([a-z_0-9]+)\(", path.read_text()))
+    called -= {"load"}
+    assert {"admit_lane", "batched_step", "poisson_chunks", "poisson_chunk", "pcg_fill", "vector_observe"} <= called
+    assert sorted(n for n in called if not getattr(kernels, n).signatures) == []
 
 
 def test_disabled_kernels_do_not_import_numba_and_load_on_request():
-    code = ("import sys, numpy as np, flowgym; from flowgym.engine import Engine; print('numba' in sys.modules); "
+    code = ("import sys, numpy as np, flowgym; from flowgym.sim.engine import Engine; print('numba' in sys.modules); "
             "e = Engine(100, {'kind': 'poisson', 'classes': [[1, 2]], 'rates': 1.0}); e.jit = True; "
             "e.reset(np.random.default_rng(0)); print('numba' in sys.modules)")
     out = subprocess.run([sys.executable, "-c", code], env={**os.environ, "FLOWGYM_JIT": "0"},
@@ -225,7 +240,7 @@ def test_compiled_sampler_recovers_from_too_few_uniforms_and_a_full_table(num_en
 )
 def test_paired_poisson_counts_equal_single_streams(rates, seed, n_slots, end):
     # two streams stepped together give each stream's own draws, and run out exactly when one does
-    _jit.load()
+    kernels.load()
     lam = np.array(rates)
     nz = np.flatnonzero(lam > 0).astype(np.int64)
     enl = np.exp(-lam[nz])
@@ -235,9 +250,9 @@ def test_paired_poisson_counts_equal_single_streams(rates, seed, n_slots, end):
     single = []
     for u in (u1, u2):
         c = np.zeros(n_slots * m, np.int64)
-        single.append((_jit.poisson_counts(u, 0, end, nz, enl, m, n_slots, c), c))
+        single.append((kernels.poisson_counts(u, 0, end, nz, enl, m, n_slots, c), c))
     c1, c2 = np.zeros(n_slots * m, np.int64), np.zeros(n_slots * m, np.int64)
-    q1, q2 = _jit.poisson_counts2(u1, u2, end, nz, enl, m, n_slots, c1, c2)
+    q1, q2 = kernels.poisson_counts2(u1, u2, end, nz, enl, m, n_slots, c1, c2)
     if single[0][0] < 0 or single[1][0] < 0:
         assert (q1, q2) == (-1, -1)
     else:
@@ -259,20 +274,20 @@ def _pcg_words(gen: np.random.Generator) -> np.ndarray:
 def test_pcg_fill_draws_what_generator_random_draws(seeds, lo, hi, used):
     # the compiled sampler's uniforms continue each generator's stream exactly (one or two streams at once),
     # also after the generator drew other things (a buffered 32-bit half does not touch doubles)
-    _jit.load()
+    kernels.load()
     gens = [np.random.default_rng(s) for s in seeds]
     for g in gens:
         g.integers(0, 2**32, size=used, dtype=np.uint32)
         g.random(used)
     pcg = np.stack([_pcg_words(g) for g in gens])
     outs = [np.full(max(hi, 1), -1.0), np.full(max(hi, 1), -1.0)]
-    _jit.pcg_fill2(pcg, 0, 1, outs[0], outs[1], lo[0], lo[1], hi)
+    kernels.pcg_fill2(pcg, 0, 1, outs[0], outs[1], lo[0], lo[1], hi)
     for j, g in enumerate(gens):
         n = max(hi - lo[j], 0)
         assert_same(outs[j][lo[j] : hi], g.random(n), f"stream {j}")
         np.testing.assert_array_equal(pcg[j], _pcg_words(g))  # the copy advanced as the generator did
     one = np.empty(7)
-    _jit.pcg_fill(pcg, 1, one, 2, 7)
+    kernels.pcg_fill(pcg, 1, one, 2, 7)
     assert_same(one[2:], gens[1].random(5), "single stream")
 
 

@@ -30,7 +30,11 @@ PAPER_M = 16492
 
 @dataclass
 class AgentSpec:
-    """An agent by name and parameters, optionally with one parameter to tune by grid search."""
+    """An agent by name and parameters, optionally with one parameter to tune by grid search.
+
+    A spec is data (it names an agent, it does not build one):
+    :func:`flowgym.lab.evaluation.build_agent` instantiates it.
+    """
 
     name: str
     params: dict[str, Any] = field(default_factory=dict)
@@ -38,12 +42,6 @@ class AgentSpec:
     tune: tuple[str, list[Any]] | None = None
     #: Display name (defaults to the agent's own label).
     label: str | None = None
-
-    def build(self, **override: Any) -> Any:
-        """Instantiate the agent (``agents.make_agent``) with ``params`` updated by ``override``."""
-        from agents import make_agent
-
-        return make_agent(self.name, **{**self.params, **override})
 
     @classmethod
     def parse(cls, text: str) -> AgentSpec:
@@ -104,7 +102,7 @@ class Scenario:
     #: Largest budget a learned policy gets by default on this scenario (``flowgym train``).
     learned_max_budget: int = 16
     #: Budget levels a learned policy chooses among by default (``None``: every budget
-    #: ``0..learned_max_budget``); see :attr:`flowgym.train.TrainConfig.budget_levels`.
+    #: ``0..learned_max_budget``); see :attr:`flowgym.lab.train.TrainConfig.budget_levels`.
     learned_budget_levels: tuple[int, ...] | None = None
 
     def env_kwargs(self) -> dict[str, Any]:
@@ -305,7 +303,7 @@ MIX_LEVELS = (0, 1, 2, 3, 4, 6, 8, 12, 16, 24, 32, 40, 48, 64)
 def _adaptive_mix(scale: float) -> Scenario:
     """A request mix that shifts every 1000 slots: chat turns, then long generations.
 
-    Two independent Poisson streams (:class:`~flowgym.workloads.Mixture`), each on for
+    Two independent Poisson streams (:class:`~flowgym.sim.workloads.Mixture`), each on for
     half of a 2000-slot cycle. The chat phase brings 30 requests per slot of ``w`` about
     400 token-slots (``rho = 0.81``); the long phase 2.4 per slot of ``w`` about 6,600
     (``rho = 0.96``). A budget small enough for the long phase starves the chat phase, and

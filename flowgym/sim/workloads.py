@@ -12,6 +12,10 @@ class)`` for the engine. These kinds ship here:
 * :class:`Mixture` - independent Poisson streams together, each with its own
   rate schedule and lengths: a request mix that shifts over time.
 * :class:`Trace` - replay of a finite list of requests, from arrays or a CSV.
+* From data (:mod:`flowgym.sim.datasets`): :func:`azure_trace` (the Azure LLM
+  inference traces 2023 with their real timestamps), :func:`azure_lengths` (their
+  lengths as an :class:`EmpiricalLengths`), :func:`lmsys_like_lengths` (a
+  **synthetic** stand-in for the LMSYS-Chat-1M lengths) and :func:`lengths_from_csv`.
 
 Workloads are sampled in fixed chunks of :data:`CHUNK_SLOTS` slots from the
 generator the engine passes in, so the same seed always gives the same requests,
@@ -31,7 +35,8 @@ from typing import Any, NamedTuple
 
 import numpy as np
 
-from flowgym._checks import non_negative, positive_int
+from flowgym.sim import datasets
+from flowgym.sim._checks import non_negative, positive_int
 
 __all__ = [
     "CHUNK_SLOTS",
@@ -48,6 +53,10 @@ __all__ = [
     "TraceError",
     "make_workload",
     "request_work",
+    "azure_trace",
+    "azure_lengths",
+    "lmsys_like_lengths",
+    "lengths_from_csv",
 ]
 
 #: Slots generated per call to :meth:`Workload.sample`. Fixed so that the random
@@ -467,9 +476,7 @@ def _make_lengths(spec: LengthDistribution | Mapping[str, Any]) -> LengthDistrib
         if kind == "lognormal":
             return LogNormalLengths(**kw)
         if kind in ("azure", "lmsys-like"):
-            from flowgym import datasets
-
-            dist = datasets.azure_lengths(**kw) if kind == "azure" else datasets.lmsys_like_lengths(**kw)
+            dist = azure_lengths(**kw) if kind == "azure" else lmsys_like_lengths(**kw)
             return NamedLengths(dist, {"kind": kind, **kw})
     except TypeError as e:
         raise ValueError(f"lengths {kind!r}: {e}") from None
@@ -486,7 +493,7 @@ class IIDPoisson(Workload):
 
     Args:
         rate: mean arrivals per slot (or second): a number or a rate schedule
-            (:mod:`flowgym.rates`, e.g. ``{"kind": "sinusoid", ...}``).
+            (:mod:`flowgym.sim.rates`, e.g. ``{"kind": "sinusoid", ...}``).
         lengths: a :class:`LengthDistribution` or its mapping form
             (``{"kind": "lognormal", ...}`` or ``{"kind": "empirical", ...}``).
         n_requests: stop after this many requests (a finite workload), or ``None``.
@@ -500,7 +507,7 @@ class IIDPoisson(Workload):
         n_requests: int | None = None,
         timed: bool = False,
     ) -> None:
-        from flowgym.rates import Constant, make_rate
+        from flowgym.sim.rates import Constant, make_rate
 
         self.schedule = make_rate(rate)
         self._constant = isinstance(self.schedule, Constant)
@@ -562,7 +569,7 @@ class Mixture(Workload):
     """Independent Poisson streams arriving together: a request mix that changes over time.
 
     Each stream is an endless Poisson workload (``poisson`` or ``iid``) with its
-    own rate (a number or a schedule of :mod:`flowgym.rates`) and its own
+    own rate (a number or a schedule of :mod:`flowgym.sim.rates`) and its own
     lengths; the mixture's arrivals are the union of the streams'. Within a slot
     the arrivals of all streams are put in a uniformly random order (as
     :class:`MultiClassPoisson` does for its classes), so no stream is favoured by
@@ -906,9 +913,9 @@ def make_workload(spec: Workload | Mapping[str, Any]) -> Workload:
     * ``{"kind": "trace", "path": "file.csv", "arrival": "col", "prompt_len": "col",
       "output_len": "col", "cls_column": "col", "timed": false}`` (column names optional)
     * ``{"kind": "azure", "trace": "conv" or "code", "rate_multiplier": 1.0, "window": [t0, t1]}``
-      (continuous time; :func:`flowgym.datasets.azure_trace`)
+      (continuous time; :func:`azure_trace`)
     * lengths may also be ``{"kind": "azure", "trace": "conv"}`` or ``{"kind": "lmsys-like"}``
-      (:mod:`flowgym.datasets`); ``rate`` may be a schedule (:mod:`flowgym.rates`) and
+      (:mod:`flowgym.sim.datasets`); ``rate`` may be a schedule (:mod:`flowgym.sim.rates`) and
       ``"timed": true`` makes the arrivals Poisson in seconds.
     """
     if isinstance(spec, Workload):
@@ -925,8 +932,6 @@ def make_workload(spec: Workload | Mapping[str, Any]) -> Workload:
         if kind == "mix":
             return Mixture(**kw)
         if kind == "azure":
-            from flowgym.datasets import azure_trace
-
             return azure_trace(**kw)
         if kind == "trace":
             if "path" in kw:
@@ -936,3 +941,53 @@ def make_workload(spec: Workload | Mapping[str, Any]) -> Workload:
     except TypeError as e:  # unexpected or missing keys
         raise ValueError(f"workload {kind!r}: {e}") from None
     raise ValueError(f"workload kind must be 'poisson', 'iid', 'mix', 'trace' or 'azure', got {kind!r}")
+
+
+# --------------------------------------------------------------------------- workloads from data
+
+
+def azure_trace(trace: str = "conv", *, rate_multiplier: float = 1.0,
+                window: tuple[float, float] | None = None) -> Trace:
+    """The Azure LLM inference trace 2023 as a timed :class:`Trace` (real timestamps, seconds).
+
+    ``"conv"`` (19,366 requests) or ``"code"`` (8,819); Patel et al., "Splitwise",
+    ISCA 2024; CC-BY 4.0 (``flowgym/data/NOTICE``). ``rate_multiplier`` divides all
+    inter-arrival times (2.0 = twice the load); ``window=(start, end)`` keeps the
+    requests whose original time is in ``[start, end)``, shifted to start at 0
+    (:func:`flowgym.sim.datasets.azure_columns`).
+    """
+    tt, prompt, output = datasets.azure_columns(trace, rate_multiplier=rate_multiplier, window=window)
+    tr = Trace(tt, prompt, output, timed=True)
+    spec: dict[str, Any] = {"kind": "azure", "trace": trace, "rate_multiplier": float(rate_multiplier)}
+    if window is not None:
+        spec["window"] = [float(window[0]), float(window[1])]
+    tr._source = spec
+    return tr
+
+
+def azure_lengths(trace: str = "conv") -> EmpiricalLengths:
+    """The trace's (``"conv"`` or ``"code"``) ``(prompt, output)`` pairs, each weighted by how often it occurs."""
+    pairs, counts = datasets.azure_pairs(trace)
+    return EmpiricalLengths(pairs.tolist(), counts.tolist())
+
+
+def lmsys_like_lengths(max_prompt: int = 4096, max_output: int = 4096) -> LogNormalLengths:
+    """SYNTHETIC LMSYS-like lengths: log-normals with the published sample's median and mean.
+
+    Prompt median 11 / mean 40.62, output median 45 / mean 85.32 (words used as
+    tokens, as the paper did; :data:`flowgym.sim.datasets.LMSYS_SAMPLE`), clipped to
+    ``[1, max]``. Not the dataset: a stand-in from its published summary figures.
+    Users who hold the dataset load their own lengths with :func:`lengths_from_csv`.
+    """
+    return LogNormalLengths(max_prompt=max_prompt, max_output=max_output, **datasets.LMSYS_SAMPLE)
+
+
+def lengths_from_csv(path: str | os.PathLike[str], *, prompt_len: str = "prompt_len",
+                     output_len: str = "output_len") -> EmpiricalLengths:
+    """An empirical length distribution from your own CSV (e.g. LMSYS-Chat-1M word counts).
+
+    Errors name the column and the row (the header is row 1).
+    """
+    tr = Trace.from_csv(path, arrival=prompt_len, prompt_len=prompt_len, output_len=output_len)
+    pairs, counts = np.unique(np.stack([tr.prompt_len, tr.output_len], axis=1), axis=0, return_counts=True)
+    return EmpiricalLengths(pairs.tolist(), counts.tolist())

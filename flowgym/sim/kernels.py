@@ -12,7 +12,7 @@ kernels replace them:
 * :func:`histogram_into`: the generated-tokens histogram of the observation;
 * :func:`projected_demand`: the known-length projection ``D_{t+h}``.
 
-For the batched engine (:mod:`flowgym.batched`) and its vector environment:
+For the batched engine (:mod:`flowgym.sim.batched`) and its vector environment:
 
 * :func:`batched_step`: a whole slot (admission, eviction, decode, the next
   slot's arrivals) of every environment; :func:`batched_projection` its
@@ -29,9 +29,9 @@ For the batched engine (:mod:`flowgym.batched`) and its vector environment:
 They compute exactly what the numpy code does (same integers; the sampler
 consumes the generator's uniforms exactly as ``MultiClassPoisson.sample``
 does), so results do not depend on whether numba is present
-(``tests/test_jit.py`` runs both paths side by side). Set the environment
+(``tests/test_kernels.py`` runs both paths side by side). Set the environment
 variable ``FLOWGYM_JIT=0`` to use the numpy code even when numba is installed;
-:attr:`flowgym.engine.Engine.jit` switches one engine.
+:attr:`flowgym.sim.engine.Engine.jit` switches one engine.
 
 Kernels are compiled on first use and cached next to this file
 (``cache=True``), so only the first process after an install pays the
@@ -49,7 +49,7 @@ import numpy as np
 __all__ = ["AVAILABLE", "ENABLED", "load", "admit_lane", "count_classes", "fill_range", "histogram_into",
            "projected_demand", "batched_step", "batched_projection", "poisson_chunk", "poisson_chunks",
            "poisson_counts", "poisson_counts2", "poisson_place", "pcg_fill", "pcg_fill2",
-           "vector_observe", "check_kernels"]
+           "vector_observe"]
 
 #: numba is installed (it is imported only when the kernels are used).
 AVAILABLE: bool = importlib.util.find_spec("numba") is not None
@@ -135,7 +135,7 @@ def _projected_demand(held, act, t, mask, cal_n, cal_tok, offsets, out):  # prag
                 out[j] = d
 
 
-# --------------------------------------------------------------------------- batched engine (flowgym.batched)
+# --------------------------------------------------------------------------- batched engine (flowgym.sim.batched)
 
 
 def _make_pcg_step(intrinsic: Any, types: Any, ir: Any) -> Any:
@@ -392,7 +392,7 @@ def _poisson_place(u, q, end, lk, m_track, n_slots, base, cls, bnd, tokc, clsc, 
 
 def _poisson_chunk(u, pos, end, nz, enl, lk, m_track, n_slots, base, cls, bnd, tokc,
                    clsc):  # pragma: no cover - compiled
-    """One workload chunk of :class:`~flowgym.workloads.MultiClassPoisson` (every rate below 10) for one environment.
+    """One workload chunk of :class:`~flowgym.sim.workloads.MultiClassPoisson` (every rate below 10) for one environment.
 
     :func:`poisson_counts` then :func:`poisson_place` on ``u[pos:end]``: the
     uniforms are consumed as ``Generator.poisson`` and then ``Generator.random``
@@ -419,7 +419,7 @@ def _poisson_chunks(U, want, envs, pcg, left, left_n, nz, enl, lk, m_track, n_sl
     row ``r`` of ``U``. Environments are drawn and sampled two at a time
     (:func:`pcg_fill2`, :func:`poisson_counts2`). Each chunk
     starts at the environment's clock ``gen_t`` and next id ``n_req`` (rows of
-    ``st``, ``flowgym.batched.STATE_ROWS``), which are advanced on success, and
+    ``st``, ``flowgym.sim.batched.STATE_ROWS``), which are advanced on success, and
     what the chunk leaves of the uniforms is held over in ``left`` (which must be
     at least ``want`` wide). ``res[r]`` gets :func:`poisson_chunk`'s result; on a failure
     the environment is left as it was, holding all ``want`` uniforms, for the
@@ -481,7 +481,7 @@ def _request_lengths(i, rid, by_class, cls, lk, ok, prompt, output):  # pragma: 
 def _batched_step(G, M, evict_all, m_track, horizon, max_budget, budget, skip, st, H, class_queue, by_class, lk, ok,
                   output, prompt, finish, evictions, cls, abnd, tokc, clsc, a_id, a_fin, rs, cal_n, cal_tok, dH,
                   bin_last, bin_j, edges, out, need, xcnt):  # pragma: no cover - compiled
-    """Slot ``t`` of every environment of a :class:`~flowgym.batched.BatchedEngine` (phases 2-5, then 1).
+    """Slot ``t`` of every environment of a :class:`~flowgym.sim.batched.BatchedEngine` (phases 2-5, then 1).
 
     The same integers as ``BatchedEngine.serve`` followed by ``arrive`` for the
     environments not in ``skip`` whose clock is below ``horizon``. Writes the slot's
@@ -496,7 +496,7 @@ def _batched_step(G, M, evict_all, m_track, horizon, max_budget, budget, skip, s
     checked before any slot is served (only dead entries of active sets may
     have been dropped), so the caller grows the arrays and calls again.
     """
-    # the rows of st (flowgym.batched.STATE_ROWS)
+    # the rows of st (flowgym.sim.batched.STATE_ROWS)
     t, n_arrived, p, rs_n, n_active, held = st[0], st[1], st[2], st[3], st[4], st[5]
     qpt, tail, last_arr, gen_t, chunk_t0 = st[6], st[7], st[8], st[9], st[10]
     N = t.size
@@ -782,32 +782,3 @@ def load() -> None:
 
 if ENABLED:
     load()
-
-
-def check_kernels() -> None:
-    """Run each kernel once on tiny inputs (compiles them; raises if numba cannot)."""
-    if not AVAILABLE:
-        return
-    load()
-    z = np.zeros(8, np.int64)
-    e = np.array([0, 2], np.int64)
-    f32 = np.zeros(4, np.float32)
-    fill_range(z, 0, 0, 0)
-    admit_lane(z, 0, 0, z, z, z, 0, 0, z, z, z, z, z)
-    count_classes(z, 0, 0, z, z)
-    histogram_into(z, z, 0, 0, 0, e, f32, 0)
-    projected_demand(0, 0, 0, 7, z, z, e, z)
-    # the batched kernels, through a small batched engine (every one of them runs)
-    from flowgym.batched import BatchedEngine
-
-    eng = BatchedEngine(2, 400, {"kind": "poisson", "classes": [[2, 3], [4, 5]], "rates": 1.0},
-                        projection_offsets=[0, 2])
-    eng.jit = True
-    eng.reset(np.arange(2), [np.random.default_rng(0), np.random.default_rng(1)])
-    eng.advance(np.full(2, 2, np.int64), max_budget=4)
-    eng.projected_usage()
-    out = eng.advance(np.ones(2, np.int64))
-    st, H = eng.counters, eng.H
-    v = np.zeros((2, 4 + H.shape[1] + 1), np.float32)
-    vector_observe(st, H, eng.class_queue, 0, np.zeros(2, bool), 10, True, np.zeros(2), 0.5, 400, 9.0, 1.0, 4,
-                   4 + H.shape[1], 0, v, out, np.ones(4), np.zeros(2), np.zeros(2), np.zeros((3, 2), bool))

@@ -14,7 +14,7 @@ from typing import NamedTuple
 
 import numpy as np
 
-from flowgym.engine import Engine
+from flowgym.sim.engine import Engine
 
 __all__ = ["QueueSnapshot", "ActiveSnapshot", "SystemView"]
 

@@ -1,6 +1,6 @@
 """The engine's pluggable pieces: queue orders, queue lanes and eviction rules.
 
-Each is a small documented class; the slot loop in :mod:`flowgym.engine` only
+Each is a small documented class; the slot loop in :mod:`flowgym.sim.engine` only
 calls them (``QueueOrder.keys``, ``EvictionRule.select``), so adding a
 baseline's rule never adds a special case to the loop.
 
@@ -31,14 +31,11 @@ evicted, ``e_i`` is raised to that value.
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, NamedTuple
+from typing import NamedTuple, Protocol
 
 import numpy as np
 
-from flowgym import _jit
-
-if TYPE_CHECKING:
-    from flowgym.engine import Engine
+from flowgym.sim import kernels
 
 __all__ = [
     "QueueOrder",
@@ -64,6 +61,15 @@ _ID_BITS = 32  # keys are (primary << 32) | id: ids below 2**32, primaries below
 # --------------------------------------------------------------------------- queue orders
 
 
+class RequestColumns(Protocol):
+    """The per-request columns a queue order may read (the engine has them, indexed by request id)."""
+
+    #: true output lengths ``o_i`` (read only when they are known)
+    output: np.ndarray
+    #: current output estimates (A_min)
+    estimate: np.ndarray
+
+
 class QueueOrder:
     """Orders the waiting queue by an int64 key per request (smaller is admitted first)."""
 
@@ -75,7 +81,7 @@ class QueueOrder:
     #: keys are the request ids themselves (FIFO): lanes may skip storing keys
     keys_are_ids = False
 
-    def keys(self, eng: Engine, ids: np.ndarray) -> np.ndarray:
+    def keys(self, eng: RequestColumns, ids: np.ndarray) -> np.ndarray:
         raise NotImplementedError
 
 
@@ -85,7 +91,7 @@ class FIFO(QueueOrder):
     name = "fifo"
     keys_are_ids = True
 
-    def keys(self, eng: Engine, ids: np.ndarray) -> np.ndarray:
+    def keys(self, eng: RequestColumns, ids: np.ndarray) -> np.ndarray:
         return ids
 
 
@@ -95,7 +101,7 @@ class ShortestOutputFirst(QueueOrder):
     name = "sjf"
     needs_known_lengths = True
 
-    def keys(self, eng: Engine, ids: np.ndarray) -> np.ndarray:
+    def keys(self, eng: RequestColumns, ids: np.ndarray) -> np.ndarray:
         return (eng.output[ids] << _ID_BITS) | ids
 
 
@@ -105,7 +111,7 @@ class ShortestEstimateFirst(QueueOrder):
     name = "estimate"
     needs_estimates = True
 
-    def keys(self, eng: Engine, ids: np.ndarray) -> np.ndarray:
+    def keys(self, eng: RequestColumns, ids: np.ndarray) -> np.ndarray:
         return (eng.estimate[ids] << _ID_BITS) | ids
 
 
@@ -125,7 +131,7 @@ class PlannedOrder(QueueOrder):
         p = np.asarray(plan, dtype=_I64)
         self.plan = np.where(p < 0, np.iinfo(np.int32).max, p)
 
-    def keys(self, eng: Engine, ids: np.ndarray) -> np.ndarray:
+    def keys(self, eng: RequestColumns, ids: np.ndarray) -> np.ndarray:
         return (self.plan[ids] << _ID_BITS) | ids
 
 
@@ -157,7 +163,7 @@ class Lane:
 
     def __init__(self, keyed: bool, capacity: int = 256, jit: bool = False) -> None:
         self.keyed = keyed
-        self.jit = jit  # append ranges with the compiled kernel (flowgym._jit)
+        self.jit = jit  # append ranges with the compiled kernel (flowgym.sim.kernels)
         self.buf = np.empty(capacity, dtype=_I64)
         self.kbuf = np.empty(capacity, dtype=_I64) if keyed else self.buf
         self.head = 0
@@ -203,7 +209,7 @@ class Lane:
         if self.tail + k > self.buf.size:
             self._reserve(k)
         if self.jit:
-            _jit.fill_range(self.buf, self.tail, lo, hi)
+            kernels.fill_range(self.buf, self.tail, lo, hi)
         else:
             self.buf[self.tail : self.tail + k] = np.arange(lo, hi, dtype=_I64)
         self.tail += k

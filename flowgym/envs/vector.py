@@ -2,9 +2,9 @@
 
 ``gym.make_vec("FlowControl-v0", num_envs=N, ...)`` calls :func:`make_vector_env`
 (the registered ``vector_entry_point``). For the configurations the batched
-engine supports (:func:`flowgym.batched.unsupported`; the defaults among them)
+engine supports (:func:`flowgym.sim.batched.unsupported`; the defaults among them)
 it returns a :class:`FlowControlVectorEnv`: ``N`` environments in one set of
-numpy arrays (:class:`~flowgym.batched.BatchedEngine`), one pass per slot for
+numpy arrays (:class:`~flowgym.sim.batched.BatchedEngine`), one pass per slot for
 all of them. For any other configuration it returns a
 :class:`FlowControlSyncVectorEnv` (Gymnasium's ``SyncVectorEnv`` over single
 ``FlowControl-v0`` environments) whose ``fallback_reason`` names the argument
@@ -26,10 +26,10 @@ from gymnasium.utils import seeding
 from gymnasium.vector import AutoresetMode, SyncVectorEnv, VectorEnv
 from gymnasium.vector.utils import batch_space
 
-from flowgym import _jit
-from flowgym._seeding import reseed
-from flowgym.batched import BatchedEngine, BudgetError, unsupported
-from flowgym.env import DEFAULT_REWARD_WEIGHTS, FlowControlConfig, FlowControlEnv
+from flowgym.sim import kernels
+from flowgym.sim._seeding import reseed
+from flowgym.sim.batched import BatchedEngine, BudgetError, unsupported
+from flowgym.envs.flow_control import DEFAULT_REWARD_WEIGHTS, FlowControlConfig, FlowControlEnv
 
 __all__ = ["FlowControlVectorEnv", "FlowControlSyncVectorEnv", "make_vector_env", "batched_unsupported"]
 
@@ -52,7 +52,7 @@ def batched_unsupported(config: FlowControlConfig, render_mode: str | None = Non
         return f"render_mode={render_mode!r} (the batched environment does not render)"
     if config.time_model != "slot":
         return f"time_model={config.time_model!r} (the batched engine runs unit slots only)"
-    from flowgym.workloads import make_workload
+    from flowgym.sim.workloads import make_workload
 
     try:
         wl = make_workload(config.workload)
@@ -114,7 +114,7 @@ class FlowControlVectorEnv(VectorEnv):
 
     Args:
         num_envs: number of environments.
-        config: a :class:`~flowgym.env.FlowControlConfig` or a mapping; keyword
+        config: a :class:`~flowgym.envs.flow_control.FlowControlConfig` or a mapping; keyword
             arguments (those of ``gym.make("FlowControl-v0", ...)``) override it.
     """
 
@@ -137,7 +137,7 @@ class FlowControlVectorEnv(VectorEnv):
         if why is not None:
             raise ValueError(
                 f"FlowControlVectorEnv does not support {why}; gym.make_vec('FlowControl-v0', ...) falls back "
-                "to single environments for it (flowgym.vector.make_vector_env)"
+                "to single environments for it (flowgym.envs.vector.make_vector_env)"
             )
         proto = FlowControlEnv(cfg)  # the single env: spaces, features, reward weights, load
         self.config = cfg
@@ -172,7 +172,7 @@ class FlowControlVectorEnv(VectorEnv):
         self._max_budget = int(cfg.max_budget)
         self._rho = proto.workload.load(cfg.M)
         self._np_randoms: list[np.random.Generator | None] = [None] * N
-        # each environment's workload generator, re-seeded at every reset (flowgym._seeding.reseed)
+        # each environment's workload generator, re-seeded at every reset (flowgym.sim._seeding.reseed)
         self._wl_rngs: list[np.random.Generator | None] = [None] * N
         self._rate = np.zeros(N)
         self._autoreset = np.zeros(N, dtype=bool)
@@ -301,7 +301,7 @@ class FlowControlVectorEnv(VectorEnv):
         v = np.empty((N, f.size), dtype=np.float32)
         update = out is not None
         c_cls = self._s_cls.start if self._s_cls is not None else 0
-        n_truncated = _jit.vector_observe(
+        n_truncated = kernels.vector_observe(
             eng.counters, eng.H, eng.class_queue, f.m if self._s_cls is not None else 0,
             self._no_skip if skip is None else skip, self._horizon, update, self._rate, self._alpha, f.M,
             f.queue_cap, f.queue_token_cap, self._s_hist.start, self._i_rate, c_cls, v,

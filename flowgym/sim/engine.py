@@ -35,8 +35,8 @@ from typing import Any, NamedTuple
 
 import numpy as np
 
-from flowgym import _jit
-from flowgym.rules import (
+from flowgym.sim import kernels
+from flowgym.sim.rules import (
     EVICTION_RULES,
     QUEUE_ORDERS,
     ActiveSet,
@@ -46,8 +46,8 @@ from flowgym.rules import (
     make_eviction_rule,
     make_queue_order,
 )
-from flowgym.latency import make_latency_model
-from flowgym.workloads import Trace, Workload, make_workload
+from flowgym.sim.latency import make_latency_model
+from flowgym.sim.workloads import Trace, Workload, make_workload
 
 __all__ = ["Engine", "SlotStats", "EVICTION_RULES", "QUEUE_ORDERS", "replay"]
 
@@ -75,15 +75,15 @@ class Engine:
 
     Args:
         M: KV-cache budget in tokens.
-        workload: a :class:`~flowgym.workloads.Workload` or its mapping form.
+        workload: a :class:`~flowgym.sim.workloads.Workload` or its mapping form.
         eviction: eviction rule by name (``"lifo"``, default; ``"all"``;
-            ``"estimate"``) or an :class:`~flowgym.rules.EvictionRule`.
+            ``"estimate"``) or an :class:`~flowgym.sim.rules.EvictionRule`.
         queue_order: queue order by name (``"fifo"``, default; ``"sjf"``;
-            ``"estimate"``) or a :class:`~flowgym.rules.QueueOrder`.
+            ``"estimate"``) or a :class:`~flowgym.sim.rules.QueueOrder`.
         estimate_floor: initial output estimate of every request, when an
             order or rule uses estimates (default 1: the shortest possible output).
         time_model: ``None`` for unit slots (default), or a
-            :class:`~flowgym.latency.LatencyModel` (or its name/mapping form):
+            :class:`~flowgym.sim.latency.LatencyModel` (or its name/mapping form):
             continuous time, where a step is one batch iteration lasting what the
             model says and arrivals are timestamps in seconds.
         per_class: admit with per-class budgets (Algorithm 1): one FIFO lane per
@@ -94,10 +94,10 @@ class Engine:
     alternate :meth:`arrive` and :meth:`serve`.
 
     Attributes:
-        jit: use the compiled kernels of :mod:`flowgym._jit` (numba) for
+        jit: use the compiled kernels of :mod:`flowgym.sim.kernels` (numba) for
             admission, the FIFO append of arrivals, the histogram and the
             projection; defaults to
-            ``flowgym._jit.ENABLED`` (numba installed, ``FLOWGYM_JIT`` not ``0``).
+            ``flowgym.sim.kernels.ENABLED`` (numba installed, ``FLOWGYM_JIT`` not ``0``).
             Read at :meth:`reset`; results are the same either way.
     """
 
@@ -137,7 +137,7 @@ class Engine:
         self.per_class = bool(per_class)
         self.track_class_queue = bool(track_class_queue) and self.m > 0
         self._rng: np.random.Generator | None = None
-        self.jit: bool = _jit.ENABLED
+        self.jit: bool = kernels.ENABLED
         self._use_jit = False
         self.t = 0
 
@@ -146,9 +146,9 @@ class Engine:
     def reset(self, rng: np.random.Generator) -> None:
         """Empty the system and start a new run at slot 0, drawing requests from ``rng``."""
         if self.jit:
-            if not _jit.AVAILABLE:
+            if not kernels.AVAILABLE:
                 raise RuntimeError("Engine.jit=True needs numba: pip install 'flowgym[fast]'")
-            _jit.load()
+            kernels.load()
         self._use_jit = bool(self.jit)
         self._rng = rng
         self.t = 0
@@ -419,10 +419,10 @@ class Engine:
         tail, p = self._tail, 0
         for lane, kk in zip(self.lanes, ks):
             if kk:
-                p += _jit.admit_lane(lane.buf, lane.head, kk, self._a_id, self._a_start, self._a_fin, tail, self.t,
+                p += kernels.admit_lane(lane.buf, lane.head, kk, self._a_id, self._a_start, self._a_fin, tail, self.t,
                                      self.output, self.prompt, self.finish, self._cal_n, self._cal_tok)
                 if self.track_class_queue:
-                    _jit.count_classes(lane.buf, lane.head, kk, self.cls, self.class_queue)
+                    kernels.count_classes(lane.buf, lane.head, kk, self.cls, self.class_queue)
                 lane.drop(kk)
                 tail += kk
         self._admitted(k, p)
@@ -612,7 +612,7 @@ class Engine:
         if self._use_jit:
             if out is None:
                 out, offset = np.empty(edges.size, _I64), 0
-            _jit.histogram_into(self._a_start, self._a_fin, h, tail, self.t, edges, out, offset)
+            kernels.histogram_into(self._a_start, self._a_fin, h, tail, self.t, edges, out, offset)
             return out
         starts = self._a_start[h:tail]  # a view: searchsorted only reads it
         if tail - h != self.n_active:
@@ -642,7 +642,7 @@ class Engine:
         if act == 0:
             return out
         if self._use_jit:
-            _jit.projected_demand(self.held, act, self.t, self._cal_mask, self._cal_n, self._cal_tok,
+            kernels.projected_demand(self.held, act, self.t, self._cal_mask, self._cal_n, self._cal_tok,
                                   np.asarray(offsets, _I64), out)
             return out
         held = self.held

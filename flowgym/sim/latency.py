@@ -22,7 +22,7 @@ import math
 from collections.abc import Callable, Mapping
 from typing import Any
 
-from flowgym._checks import non_negative
+from flowgym.sim._checks import non_negative
 
 __all__ = [
     "LatencyModel",

@@ -1,15 +1,15 @@
-"""A batched engine: ``N`` independent copies of :class:`~flowgym.engine.Engine` in one set of arrays.
+"""A batched engine: ``N`` independent copies of :class:`~flowgym.sim.engine.Engine` in one set of arrays.
 
 :class:`BatchedEngine` runs the slot semantics of ``docs/model.md`` for ``N``
 environments at once. Two paths compute the same integers:
 
 * compiled (numba, ``flowgym[fast]``; :attr:`BatchedEngine.jit`, the default
   when numba is installed): one kernel call per slot for all environments
-  (:func:`flowgym._jit.batched_step`: admission, eviction, decode and the next
-  slot's arrivals), and, for :class:`~flowgym.workloads.MultiClassPoisson`
+  (:func:`flowgym.sim.kernels.batched_step`: admission, eviction, decode and the next
+  slot's arrivals), and, for :class:`~flowgym.sim.workloads.MultiClassPoisson`
   workloads with every rate below 10, a compiled sampler that turns the
   generator's own uniforms into the requests ``MultiClassPoisson.sample``
-  draws (:func:`flowgym._jit.poisson_chunk`);
+  draws (:func:`flowgym.sim.kernels.poisson_chunk`);
 * numpy: a fixed number of numpy operations per slot whatever ``N`` (no Python
   loop over environments in the slot).
 
@@ -19,14 +19,14 @@ those the single engine draws from the same generator.
 
 Supported: the discrete-time model (unit slots) with
 
-* a :class:`~flowgym.workloads.MultiClassPoisson` or an endless
-  :class:`~flowgym.workloads.IIDPoisson` workload whose requests always fit
+* a :class:`~flowgym.sim.workloads.MultiClassPoisson` or an endless
+  :class:`~flowgym.sim.workloads.IIDPoisson` workload whose requests always fit
   (``l + o <= M`` for every possible request, so nothing is ever rejected),
 * the ``fifo`` queue order and a global budget ``B_t``,
 * ``lifo`` or ``all`` eviction.
 
 :func:`unsupported` names the first argument outside this set; the vector
-environment (:mod:`flowgym.vector`) then falls back to single engines.
+environment (:mod:`flowgym.envs.vector`) then falls back to single engines.
 
 Why these rules batch well. With FIFO admission and ``lifo``/``all`` eviction
 every active request has a smaller id than every queued one (admission takes
@@ -66,10 +66,10 @@ import math
 
 import numpy as np
 
-from flowgym import _jit
-from flowgym.workloads import CHUNK_SLOTS, IIDPoisson, MultiClassPoisson, Workload, make_workload
+from flowgym.sim import kernels
+from flowgym.sim.workloads import CHUNK_SLOTS, IIDPoisson, MultiClassPoisson, Workload, make_workload
 
-__all__ = ["BatchedEngine", "BudgetError", "unsupported", "SUPPORTED_EVICTIONS"]
+__all__ = ["BatchedEngine", "BudgetError", "unsupported", "SUPPORTED_EVICTIONS", "check_kernels"]
 
 _I64 = np.int64
 _I32 = np.int32
@@ -233,10 +233,10 @@ class BatchedEngine:
         self._tokc = np.zeros((N, CH + 1), _I64)  # prompt tokens arrived before each slot of the chunk
         self._clsc = np.zeros((N, CH + 1, max(self.m, 1)), _I64) if self.track_class_queue else None
         self._rngs: list[np.random.Generator | None] = [None] * N
-        #: use the compiled kernels of :mod:`flowgym._jit` (numba) for the slot and, for
-        #: :class:`~flowgym.workloads.MultiClassPoisson` workloads with every rate below 10,
-        #: the workload chunks (default: ``flowgym._jit.ENABLED``). Same results either way.
-        self.jit: bool = _jit.ENABLED
+        #: use the compiled kernels of :mod:`flowgym.sim.kernels` (numba) for the slot and, for
+        #: :class:`~flowgym.sim.workloads.MultiClassPoisson` workloads with every rate below 10,
+        #: the workload chunks (default: ``flowgym.sim.kernels.ENABLED``). Same results either way.
+        self.jit: bool = kernels.ENABLED
         # compiled chunk sampler, chosen per environment at its reset (its uniforms: _left, _pcg below)
         self._fast_ok = self._by_class and bool(np.all(self.workload.rates < 10))  # type: ignore[attr-defined]
         self._fast = np.zeros(N, bool)
@@ -367,7 +367,7 @@ class BatchedEngine:
         """Empty environments ``envs`` and start them at slot 0 with slot 0's arrivals queued.
 
         ``rngs[i]`` draws the workload of ``envs[i]`` (as :meth:`Engine.reset`'s generator):
-        the same requests as :class:`~flowgym.engine.Engine` draws from it. The engine owns
+        the same requests as :class:`~flowgym.sim.engine.Engine` draws from it. The engine owns
         it for the episode and leaves it in a state that depends on the path: do not share
         one generator between environments, draw from it elsewhere during the episode, or
         reuse it after the episode without re-seeding it (the vector environment re-seeds
@@ -393,7 +393,7 @@ class BatchedEngine:
         self._cal_tok.reshape(self.R, self.N)[:, idx] = 0
         fast = bool(self.jit) and self._fast_ok
         if fast:
-            _jit.load()
+            kernels.load()
         for i, rng in zip(idx.tolist(), rngs):
             self._rngs[i] = rng
             # the compiled sampler continues the generator's PCG64 stream from a copy of its state
@@ -431,7 +431,7 @@ class BatchedEngine:
             if U.shape[1] < want:
                 U = self._ugroup = np.empty((16, want))
             self._hold(want)
-            _jit.poisson_chunks(U, want, grp, self._pcg, self._left, self._left_n, self._nz, self._enlam, self._lk,
+            kernels.poisson_chunks(U, want, grp, self._pcg, self._left, self._left_n, self._nz, self._enlam, self._lk,
                                 m_track, CHUNK_SLOTS, self.counters, self._cls, self._abnd, self._tokc, clsc, res)
             for r in np.flatnonzero(res[: grp.size] < 0).tolist():
                 self._generate(int(grp[r]))  # rare: alone, from the same uniforms (held over: none is lost)
@@ -477,13 +477,13 @@ class BatchedEngine:
         self.gen_t[i] = t1
 
     def _generate_fast(self, i: int, t0: int) -> None:
-        """:meth:`_generate` with the compiled sampler (:func:`flowgym._jit.poisson_chunk`).
+        """:meth:`_generate` with the compiled sampler (:func:`flowgym.sim.kernels.poisson_chunk`).
 
         ``MultiClassPoisson.sample`` draws, for rates below 10, only doubles of
         ``rng`` (Poisson by the multiplication method, then the shuffle's uniforms),
         one ``next_double`` each, the same as ``rng.random``. So the uniforms are
         drawn in blocks, as ``rng.random`` would draw them (its PCG64 stream,
-        continued from the copy of its state taken at reset: :func:`flowgym._jit.pcg_fill`),
+        continued from the copy of its state taken at reset: :func:`flowgym.sim.kernels.pcg_fill`),
         and the kernel uses them in that order: the requests are those the numpy
         sampler draws from the same generator. The block is drawn into one scratch
         buffer shared by all environments (still in the CPU cache), after the
@@ -499,10 +499,10 @@ class BatchedEngine:
         buf = self._uscratch
         buf[:n_held] = self._left[i, :n_held]
         end = want
-        _jit.pcg_fill(self._pcg, i, buf, n_held, end)  # the generator's stream, after the uniforms held
+        kernels.pcg_fill(self._pcg, i, buf, n_held, end)  # the generator's stream, after the uniforms held
         while True:
             clsc = self._clsc[i] if self._clsc is not None else self._dummy_clsc[0]
-            res = _jit.poisson_chunk(
+            res = kernels.poisson_chunk(
                 buf, 0, end, self._nz, self._enlam, self._lk, self.m if self.track_class_queue else 0, CHUNK_SLOTS,
                 base, self._cls[i], self._abnd[i, t0 : t1 + 1], self._tokc[i], clsc)
             if res >= 0:
@@ -510,7 +510,7 @@ class BatchedEngine:
             if res == -1:  # out of uniforms: draw more after those held and start the chunk again
                 grown = np.empty(2 * end)
                 grown[:end] = buf[:end]
-                _jit.pcg_fill(self._pcg, i, grown, end, grown.size)
+                kernels.pcg_fill(self._pcg, i, grown, end, grown.size)
                 self._uscratch = buf = grown
                 end = grown.size
             else:
@@ -565,7 +565,7 @@ class BatchedEngine:
 
         Returns per-environment arrays ``t`` (the slot served), ``usage``,
         ``admitted``, ``evicted``, ``wasted_tokens``, ``completed``, ``queue_len``
-        and ``active`` (the fields of :class:`~flowgym.engine.SlotStats`).
+        and ``active`` (the fields of :class:`~flowgym.sim.engine.SlotStats`).
         """
         N, K, G, mask = self.N, self.K, self.G, self._mask
         t = self.t
@@ -689,7 +689,7 @@ class BatchedEngine:
         ``(len(OUT_ROWS), N)``: the fields of :meth:`serve`, plus ``arrived`` (the
         arrivals slot ``t`` had) and ``in_system`` (waiting + active at the
         decision point). With :attr:`jit` this is one compiled pass
-        (:func:`flowgym._jit.batched_step`); the numpy path gives the same integers.
+        (:func:`flowgym.sim.kernels.batched_step`); the numpy path gives the same integers.
 
         A negative budget, or with ``max_budget`` one above it, raises
         :class:`BudgetError` (naming the environment and the value) before anything changes.
@@ -715,7 +715,7 @@ class BatchedEngine:
             elif go.any():
                 self.arrive(np.flatnonzero(go))
             return out
-        _jit.load()
+        kernels.load()
         skip_a = self._no_skip if skip is None else skip
         mb = -1 if max_budget is None else int(max_budget)
         while True:
@@ -727,7 +727,7 @@ class BatchedEngine:
                     self._prompt, self._finish, self._evictions, self._cls, self._abnd, self._tokc, clsc, self._a_id,
                     self._a_fin, self._rs, self._cal_n, self._cal_tok, self._dH, self._bin_last, self._bin_j,
                     self.edges)
-            res = _jit.batched_step(self.G, self.M, self.evict_all, self.m if self.track_class_queue else 0, hz, mb,
+            res = kernels.batched_step(self.G, self.M, self.evict_all, self.m if self.track_class_queue else 0, hz, mb,
                                     budget, skip_a, *kargs, out, self._need, self._xcnt)
             if res >= 0:
                 break
@@ -831,9 +831,9 @@ class BatchedEngine:
         N, mask = self.N, self._mask
         hw = int(min(int(self.offsets.max()), self.max_o))
         if self.jit:
-            _jit.load()
+            kernels.load()
             out = np.empty((N, self.offsets.size), _I64)
-            _jit.batched_projection(self.counters, self.G, self._cal_n, self._cal_tok,
+            kernels.batched_projection(self.counters, self.G, self._cal_n, self._cal_tok,
                                     np.minimum(self.offsets, hw), hw, out)
             return out
         if hw == 0:
@@ -870,3 +870,36 @@ class BatchedEngine:
             "evictions": self._evictions[i, :n].astype(_I64),
             "rejected": np.zeros(n, bool),
         }
+
+
+def check_kernels() -> None:
+    """Run every compiled kernel once on tiny inputs (compiles them; raises if numba cannot).
+
+    The single-environment kernels directly, the batched ones and the compiled
+    sampler through a small :class:`BatchedEngine` (kernels that only other kernels
+    call are compiled inside their callers); does nothing without numba.
+    """
+    if not kernels.AVAILABLE:
+        return
+    kernels.load()
+    z = np.zeros(8, np.int64)
+    e = np.array([0, 2], np.int64)
+    f32 = np.zeros(4, np.float32)
+    kernels.fill_range(z, 0, 0, 0)
+    kernels.admit_lane(z, 0, 0, z, z, z, 0, 0, z, z, z, z, z)
+    kernels.count_classes(z, 0, 0, z, z)
+    kernels.histogram_into(z, z, 0, 0, 0, e, f32, 0)
+    kernels.projected_demand(0, 0, 0, 7, z, z, e, z)
+    # the batched kernels, through a small batched engine (every one of them runs)
+    eng = BatchedEngine(2, 400, {"kind": "poisson", "classes": [[2, 3], [4, 5]], "rates": 1.0},
+                        projection_offsets=[0, 2])
+    eng.jit = True
+    eng.reset(np.arange(2), [np.random.default_rng(0), np.random.default_rng(1)])
+    eng.advance(np.full(2, 2, np.int64), max_budget=4)
+    eng.projected_usage()
+    out = eng.advance(np.ones(2, np.int64))
+    eng._generate(0)  # one environment's chunk alone (the single-stream sampler of retries)
+    st, H = eng.counters, eng.H
+    v = np.zeros((2, 4 + H.shape[1] + 1), np.float32)
+    kernels.vector_observe(st, H, eng.class_queue, 0, np.zeros(2, bool), 10, True, np.zeros(2), 0.5, 400, 9.0, 1.0,
+                           4, 4 + H.shape[1], 0, v, out, np.ones(4), np.zeros(2), np.zeros(2), np.zeros((3, 2), bool))

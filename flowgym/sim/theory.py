@@ -21,7 +21,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from flowgym.workloads import request_work
+from flowgym.sim.workloads import request_work
 
 __all__ = [
     "work",
