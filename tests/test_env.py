@@ -16,6 +16,8 @@ from gymnasium.utils.env_checker import check_env
 import flowgym
 from flowgym import FlowControlEnv
 
+from _requires import needs_matplotlib, needs_sb3  # noqa: E402
+
 CONFIGS = {
     "default": {},
     "known": {"output_length_known": True},
@@ -71,6 +73,7 @@ def test_gymnasium_check_env_no_warnings(name):
     assert [str(w.message) for w in caught] == []
 
 
+@needs_sb3
 @pytest.mark.parametrize("name", ["default", "per_class", "unknown_flat", "known"])
 def test_sb3_check_env(name):
     from stable_baselines3.common.env_checker import check_env as sb3_check
@@ -340,3 +343,90 @@ def test_render_ansi():
     env.reset(seed=0)
     env.step(3)
     assert "queue=" in env.render()
+
+
+def _frames(seed, steps, **kw):
+    env = gym.make("FlowControl-v0", render_mode="rgb_array", **kw)
+    env.reset(seed=seed)
+    out = [env.render()]
+    for _ in range(steps):
+        env.step(12)
+        out.append(env.render())
+    return env, out
+
+
+def test_render_rgb_array_frames():
+    from flowgym.envs.rendering import FRAME_SHAPE
+
+    env, frames = _frames(0, 60)
+    assert all(f.shape == FRAME_SHAPE and f.dtype == np.uint8 for f in frames)
+    assert not np.array_equal(frames[1], frames[-1])  # the picture follows the state
+    _, again = _frames(0, 60)
+    assert all(np.array_equal(a, b) for a, b in zip(frames, again))  # same seed, same frames
+    # the KV bar (rows 57..78, x 17..583) is filled in proportion to U/M, to the pixel
+    e = env.unwrapped.engine
+    bar = frames[-1][60, 17:583]
+    filled = int((bar != 255).any(axis=1).sum())
+    assert abs(filled - round(e.held / e.M * 568)) <= 2 and 0 < filled < 566
+    plain = gym.make("FlowControl-v0")
+    plain.reset(seed=0)
+    assert plain.render() is None  # no render mode: nothing
+
+
+def test_render_hides_unknown_output_lengths():
+    """With unknown lengths the frame does not depend on output lengths (it is never revealed)."""
+    rows = [(0, 5, 30), (0, 8, 50), (1, 3, 40), (2, 6, 45)]
+    frames = []
+    for extra in (0, 7):  # the same requests, longer outputs; none finishes in 20 slots
+        tr = flowgym.Trace([r[0] for r in rows], [r[1] for r in rows], [r[2] + extra for r in rows])
+        _, f = _frames(0, 20, M=400, workload=tr, horizon=100)
+        frames.append(f)
+    assert all(np.array_equal(a, b) for a, b in zip(*frames))
+    known = []
+    for extra in (0, 7):
+        tr = flowgym.Trace([r[0] for r in rows], [r[1] for r in rows], [r[2] + extra for r in rows])
+        _, f = _frames(0, 20, M=400, workload=tr, horizon=100, output_length_known=True)
+        known.append(f[-1])
+    assert not np.array_equal(*known)  # with known lengths the panel shows tokens to go
+
+
+@needs_matplotlib
+def test_render_human_draws_a_window(monkeypatch):
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    monkeypatch.setattr(plt, "pause", lambda s: None)
+    env = gym.make("FlowControl-v0", render_mode="human")
+    env.reset(seed=0)
+    env.step(12)
+    assert env.render() is None
+    fig = plt.figure("FlowControl-v0")
+    shown = fig.axes[0].images[0].get_array()
+    _, frames = _frames(0, 1)
+    np.testing.assert_array_equal(np.asarray(shown), frames[-1])
+    env.close()
+    assert not plt.fignum_exists("FlowControl-v0")
+
+
+def test_render_human_without_matplotlib_names_the_extra(monkeypatch):
+    import sys
+
+    monkeypatch.setitem(sys.modules, "matplotlib", None)
+    monkeypatch.setitem(sys.modules, "matplotlib.pyplot", None)
+    with pytest.raises(ImportError, match=r"flowgym\[plot\]"):
+        gym.make("FlowControl-v0", render_mode="human")
+
+
+@needs_sb3
+def test_sb3_make_vec_env_out_of_the_box():
+    """SB3's make_vec_env asks for render_mode='rgb_array' by default."""
+    from stable_baselines3.common.env_util import make_vec_env
+
+    venv = make_vec_env("FlowControl-v0", n_envs=2, seed=0)
+    obs = venv.reset()
+    assert obs["kv_usage"].shape == (2, 1)
+    venv.step(np.array([3, 3]))
+    frames = venv.get_images()
+    assert len(frames) == 2 and frames[0].shape == (400, 600, 3)

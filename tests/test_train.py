@@ -16,6 +16,8 @@ from flowgym.lab.evaluation import env_for, evaluate, run_episode
 from flowgym.lab.scenarios import ADAPTIVE_SCENARIOS, AZURE_REPORT_WINDOW, AZURE_TRAIN_WINDOW, get_scenario
 from flowgym.lab.train import TrainConfig, read_curves, require_sb3, train
 
+from _requires import needs_sb3  # noqa: E402
+
 TINY = dict(total_timesteps=1024, action_repeat=2, n_envs=2, n_steps=256, batch_size=128, n_epochs=2, eval_freq=512,
             eval_episodes=1, checkpoint_freq=512, final_eval_seeds=0, progress=False, plot=False,
             env_overrides={"horizon": 400})
@@ -42,6 +44,7 @@ def tiny_model(tmp_path_factory):
     return out, res
 
 
+@needs_sb3
 def test_training_writes_a_model_directory(tiny_model):
     out, res = tiny_model
     for f in ("model.zip", "vecnormalize.pkl", "flowgym_agent.json", "curves.csv", "last_model.zip"):
@@ -62,6 +65,7 @@ def test_training_writes_a_model_directory(tiny_model):
     assert meta["best_eval_time_in_system"] == pytest.approx(min(r["mean_time_in_system"] for r in evals))
 
 
+@needs_sb3
 def test_reload_acts_identically_and_matches_sb3(tiny_model, tmp_path):
     from stable_baselines3 import PPO
     from stable_baselines3.common.vec_env import DummyVecEnv, VecNormalize
@@ -105,6 +109,7 @@ def test_reload_acts_identically_and_matches_sb3(tiny_model, tmp_path):
         obs, *_ = env.step(mine)
 
 
+@needs_sb3
 def test_same_seed_same_model(tiny_model, tmp_path):
     out, _ = tiny_model
     again = str(tmp_path / "again")
@@ -119,6 +124,7 @@ def test_same_seed_same_model(tiny_model, tmp_path):
                           _actions(LearnedBudget(last), sc.env_kwargs(), 1, 800))
 
 
+@needs_sb3
 def test_learned_agent_runs_through_the_evaluation_path(tiny_model):
     out, _ = tiny_model
     agent = make_agent("learned", path=out)
@@ -136,6 +142,7 @@ def test_learned_agent_runs_through_the_evaluation_path(tiny_model):
     assert np.array_equal(e1.series["admitted"], e2.series["admitted"])
 
 
+@needs_sb3
 def test_compare_cli_accepts_the_learned_agent(tiny_model, tmp_path, capsys):
     out, _ = tiny_model
     rc = main(["compare", "--scenario", "adaptive-switch", "--agents", f"learned:path={out};flow-control:b=12",
@@ -145,6 +152,7 @@ def test_compare_cli_accepts_the_learned_agent(tiny_model, tmp_path, capsys):
     assert "learned (model)" in text and "flow-control b=12" in text
 
 
+@needs_sb3
 def test_learned_agent_refuses_mismatched_environments(tiny_model, tmp_path):
     out, _ = tiny_model
     agent = LearnedBudget(out)
@@ -171,6 +179,7 @@ def test_learned_agent_refuses_mismatched_environments(tiny_model, tmp_path):
         make_agent("learned")  # no path
 
 
+@needs_sb3
 def test_max_budget_defaults_to_the_scenarios(tmp_path):
     out = str(tmp_path / "mix")
     train(TrainConfig(scenario="adaptive-mix", out=out, **{**TINY, "total_timesteps": 256, "eval_freq": 0,
@@ -188,6 +197,7 @@ def test_max_budget_defaults_to_the_scenarios(tmp_path):
     assert meta2["budget_levels"] is None and meta2["action_n"] == 21
 
 
+@needs_sb3
 def test_train_cli_end_to_end(tmp_path, capsys):
     out = str(tmp_path / "cli")
     rc = main(["train", "--scenario", "adaptive-low", "--total-timesteps", "512", "--n-envs", "2", "--n-steps", "128",
@@ -230,6 +240,7 @@ def test_train_config_errors_name_the_field(bad, match):
         TrainConfig(**bad).validate()
 
 
+@needs_sb3
 def test_budget_levels_train_reload_and_act_within_the_levels(tmp_path):
     out = str(tmp_path / "levels")
     levels = [1, 3, 7, 40]  # no index equals its level, so an unmapped index would show
@@ -264,6 +275,7 @@ def test_train_cli_bad_input(capsys):
         main(["train", "--budget-levels", "0,x,4"])
 
 
+@needs_sb3
 def test_another_sb3_algorithm_plugs_in(tmp_path):
     out = str(tmp_path / "a2c")
     res = train(TrainConfig(out=out, **{**TINY, "algo": "a2c", "total_timesteps": 256, "n_steps": 16,
@@ -276,6 +288,7 @@ def test_another_sb3_algorithm_plugs_in(tmp_path):
     assert ep.metrics()["completed"] > 0
 
 
+@needs_sb3
 def test_off_policy_algorithms_do_not_get_the_rollout_length():
     from stable_baselines3 import DQN, PPO
 
@@ -320,6 +333,7 @@ def test_adaptive_scenarios():
 SHIPPED = os.path.join(os.path.dirname(__file__), os.pardir, "examples", "ppo_default")
 
 
+@needs_sb3
 def test_shipped_model_loads_and_acts():
     assert os.path.exists(os.path.join(SHIPPED, "model.zip"))
     size = sum(os.path.getsize(os.path.join(SHIPPED, f)) for f in os.listdir(SHIPPED))

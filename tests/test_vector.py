@@ -350,7 +350,7 @@ def test_import_flowgym_does_not_import_sb3():
 
 @pytest.mark.parametrize("observation", ["dict", "flat"])
 def test_sb3_adapter_equals_dummy_vec_env(observation):
-    pytest.importorskip("stable_baselines3")
+    pytest.importorskip("stable_baselines3", reason="needs Stable-Baselines3: pip install 'flowgym[train]'")
     from stable_baselines3.common.vec_env import DummyVecEnv
 
     from flowgym.envs.sb3 import FlowControlSB3VecEnv
@@ -381,7 +381,7 @@ def test_sb3_adapter_equals_dummy_vec_env(observation):
 
 
 def test_sb3_adapter_api_and_errors():
-    pytest.importorskip("stable_baselines3")
+    pytest.importorskip("stable_baselines3", reason="needs Stable-Baselines3: pip install 'flowgym[train]'")
     from flowgym.envs.sb3 import FlowControlSB3VecEnv
 
     venv = FlowControlSB3VecEnv(2, horizon=10, step_info=True)
@@ -403,7 +403,7 @@ def test_sb3_adapter_api_and_errors():
 
 @pytest.mark.parametrize("observation,policy", [("flat", "MlpPolicy"), ("dict", "MultiInputPolicy")])
 def test_sb3_ppo_trains_on_the_adapter(observation, policy):
-    pytest.importorskip("stable_baselines3")
+    pytest.importorskip("stable_baselines3", reason="needs Stable-Baselines3: pip install 'flowgym[train]'")
     from stable_baselines3 import PPO
 
     from flowgym.envs.sb3 import FlowControlSB3VecEnv

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import collections
 import dataclasses
 import math
 from collections.abc import Mapping
@@ -13,6 +14,7 @@ import numpy as np
 
 from flowgym.sim.engine import EVICTION_RULES, QUEUE_ORDERS, Engine
 from flowgym.sim.metrics import compute_metrics
+from flowgym.envs import rendering
 from flowgym.envs.spaces import DictObservation, Features, FlatObservation, GlobalBudget, PerClassBudget
 from flowgym.envs.view import SystemView
 from flowgym.sim.workloads import Workload, make_workload
@@ -267,6 +269,15 @@ class FlowControlEnv(gym.Env[Any, Any]):
     of the queue and the active set that scripted agents read (without output
     lengths unless they are known).
 
+    ## Rendering
+
+    ``render_mode`` (constructor or ``gym.make``): ``"ansi"`` (one line of text),
+    ``"rgb_array"`` (a ``(400, 600, 3)`` uint8 frame drawn with numpy alone: KV usage
+    against ``M``, the queue, the active set by tokens generated and, with known
+    lengths only, still to generate, and recent KV usage; for ``RecordVideo`` and
+    notebooks) or ``"human"`` (that frame in a matplotlib window, ``flowgym[plot]``,
+    redrawn at every ``reset`` and ``step``). See :meth:`render`.
+
     ## Queue order and eviction
 
     ``queue_order`` (``fifo``; ``sjf``, shortest known output first;
@@ -291,7 +302,7 @@ class FlowControlEnv(gym.Env[Any, Any]):
     * v0: initial version.
     """
 
-    metadata = {"render_modes": ["ansi"], "render_fps": 4}
+    metadata = {"render_modes": ["ansi", "rgb_array", "human"], "render_fps": 4}
 
     def __init__(
         self,
@@ -303,6 +314,10 @@ class FlowControlEnv(gym.Env[Any, Any]):
         if render_mode is not None and render_mode not in self.metadata["render_modes"]:
             raise ValueError(f"render_mode must be one of {self.metadata['render_modes']}, got {render_mode!r}")
         self.render_mode = render_mode
+        self._window = rendering.HumanWindow(self.metadata["render_fps"]) if render_mode == "human" else None
+        #: KV tokens held at the end of recent slots, for the frames' history panel
+        self._usage_recent: collections.deque[int] = collections.deque(maxlen=rendering.FRAME_SHAPE[1])
+        self._last_evicted = 0
         self.workload: Workload = make_workload(cfg.workload)
         if cfg.horizon is None and not self.workload.finite:
             raise ValueError("horizon=None needs a finite workload (a Trace); this workload never ends")
@@ -363,6 +378,10 @@ class FlowControlEnv(gym.Env[Any, Any]):
         info = {"t": 0, "arrived": arrived, "rho": None if self._timed else self.workload.load(self.config.M)}
         if self._timed:
             info["time"] = self.engine.now
+        self._usage_recent.clear()
+        self._last_evicted = 0
+        if self.render_mode == "human":
+            self.render()
         return self._observe(), info
 
     def step(self, action: Any) -> tuple[Any, float, bool, bool, dict[str, Any]]:
@@ -407,19 +426,64 @@ class FlowControlEnv(gym.Env[Any, Any]):
             else:
                 k = eng.arrive()
                 self._rate += (k - self._rate) * self._alpha
+        if self.render_mode is not None:
+            self._usage_recent.append(st.usage)
+            self._last_evicted = st.evicted
+            if self.render_mode == "human":
+                self.render()
         return self._observe(), float(reward), terminated, truncated, info
 
     def _observe(self) -> Any:
         return self._obs_type.observe(self.features.compute(self.engine, self._rate))
 
-    def render(self) -> str | None:
-        if self.render_mode != "ansi":
+    def render(self) -> str | np.ndarray | None:
+        """The system at the decision point, in the ``render_mode`` given at construction.
+
+        * ``"ansi"``: one line of text (slot, KV usage, queue, active, completed, evictions).
+        * ``"rgb_array"``: a ``(400, 600, 3)`` uint8 frame drawn with numpy alone
+          (:mod:`flowgym.envs.rendering`): KV usage against ``M``, the queue, the active set
+          by tokens generated and (known lengths only) still to generate, recent KV usage.
+        * ``"human"``: the same frame in a matplotlib window (``flowgym[plot]``), updated
+          at every ``reset`` and ``step``; returns ``None``.
+        * ``None``: nothing (returns ``None``).
+        """
+        if self.render_mode is None:
             return None
         e = self.engine
-        return (
-            f"t={e.t} U={e.held}/{e.M} ({e.held / e.M:.1%}) queue={e.n_queued} active={e.n_active} "
-            f"completed={e.total_completed} evictions={e.total_evictions}"
+        if self.render_mode == "ansi":
+            return (
+                f"t={e.t} U={e.held}/{e.M} ({e.held / e.M:.1%}) queue={e.n_queued} active={e.n_active} "
+                f"completed={e.total_completed} evictions={e.total_evictions}"
+            )
+        view = self.view()
+        act = view.active()
+        frame = rendering.draw_frame(
+            t=e.t,
+            clock=e.now if self._timed else None,
+            M=e.M,
+            held=e.held,
+            overflowed=self._last_evicted > 0,
+            completed=e.total_completed,
+            evictions=e.total_evictions,
+            n_queued=e.n_queued,
+            queued_prompt_tokens=e.queued_prompt_tokens,
+            queue_cap=self.config.queue_cap,
+            generated=np.asarray(act.generated),
+            remaining=None if act.output_len is None else np.asarray(act.output_len) - np.asarray(act.generated),
+            max_output_len=view.max_output_len,
+            usage_history=np.fromiter(self._usage_recent, np.int64, len(self._usage_recent)),
         )
+        if self.render_mode == "human":
+            assert self._window is not None
+            self._window.show(frame)
+            return None
+        return frame
+
+    def close(self) -> None:
+        """Close the ``human`` window, if any."""
+        if self._window is not None:
+            self._window.close()
+        super().close()
 
     # ------------------------------------------------------------------ results
 

@@ -242,11 +242,6 @@ def _train(args: argparse.Namespace) -> int:
     from flowgym.agents.learned import require_sb3
     from flowgym.lab.train import TrainConfig, train
 
-    try:
-        require_sb3()
-    except ImportError as e:
-        print(f"error: {e}", file=sys.stderr)
-        return 2
     fields = {f for f in TrainConfig.__dataclass_fields__}
     kw = {k: v for k, v in vars(args).items() if k in fields and v is not None}
     kw["progress"] = not args.quiet
@@ -254,7 +249,12 @@ def _train(args: argparse.Namespace) -> int:
     if kw.get("out") is None:
         kw["out"] = f"runs/{args.algo}-{args.scenario}"
     cfg = TrainConfig(**kw)
-    cfg.validate()
+    cfg.validate()  # bad settings are named first, with or without the training extra
+    try:
+        require_sb3()
+    except ImportError as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
     import os
 
     print(f"training {cfg.algo} on {cfg.scenario} for {cfg.total_timesteps} decisions of {cfg.action_repeat} slots "
