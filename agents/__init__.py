@@ -65,6 +65,14 @@ def make_agent(name: str, **params: Any) -> Agent:
         cls = AGENTS[name]
     except KeyError:
         raise ValueError(f"unknown agent {name!r}; known: {sorted(AGENTS)}") from None
+    import inspect
+
+    accepted = [n for n, p in inspect.signature(cls).parameters.items()
+                if p.kind in (p.POSITIONAL_OR_KEYWORD, p.KEYWORD_ONLY)]
+    unknown = sorted(set(params) - set(accepted))
+    if unknown:
+        raise ValueError(f"agent {name!r} has no parameter {', '.join(map(repr, unknown))}; "
+                         f"its parameters: {', '.join(accepted) or 'none'}")
     try:
         return cls(**params)
     except TypeError as e:

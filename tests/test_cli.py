@@ -65,3 +65,95 @@ def test_console_script_runs():
 def test_quickstart_example_runs(capsys):
     runpy.run_path(str(ROOT / "examples" / "quickstart.py"), run_name="__main__")
     assert "Theorem 2" in capsys.readouterr().out
+
+
+# --------------------------------------------------------------------------- details a new user meets
+
+
+def _help(argv, capsys):
+    with pytest.raises(SystemExit):
+        main(argv + ["--help"])
+    return capsys.readouterr().out
+
+
+def test_help_texts(capsys):
+    from flowgym.lab.scenarios import SCENARIOS
+    from flowgym.lab.train import DEFAULT_TRAIN_MINUTES
+
+    top = _help([], capsys)
+    assert "``" not in top and "flowgym compare" in top
+    compare = _help(["compare"], capsys)
+    assert "95%%" not in compare and "95%" in compare
+    import re
+
+    def once_each(section):
+        return {n: len(re.findall(r"(?<![\w-])" + re.escape(n) + r"(?![\w-])", section)) for n in SCENARIOS}
+
+    flat = " ".join(compare.split())
+    section = flat.rsplit("--scenario SCENARIO", 1)[1].split("--rate RATE", 1)[0]
+    assert set(once_each(section).values()) == {1}  # every scenario, once
+    assert "--wide" in compare
+    train = " ".join(_help(["train"], capsys).split())
+    assert f"about {DEFAULT_TRAIN_MINUTES} minutes" in train
+    section = train.rsplit("--scenario SCENARIO", 1)[1].split("--rate RATE", 1)[0]
+    assert set(once_each(section).values()) == {1}
+    readme = (ROOT / "README.md").read_text()
+    assert f"about {DEFAULT_TRAIN_MINUTES} minutes" in " ".join(readme.split())
+    run = _help(["run"], capsys)
+    for flag in ("--eviction", "--seed"):
+        line = next(ln for ln in run.splitlines() if ln.strip().startswith(flag))
+        assert len(line.split()) > 2 or "default" in run.split(flag, 1)[1][:200]
+
+
+def test_run_json_ends_with_a_newline(capsys):
+    assert main(["run", "--horizon", "20", "--json"]) == 0
+    assert capsys.readouterr().out.endswith("}\n")
+
+
+def test_bad_input_named_in_user_terms(capsys, tmp_path):
+    assert main(["run", "--budget", "-3", "--horizon", "10"]) == 2
+    err = capsys.readouterr().err
+    assert "--budget" in err and "action space" not in err
+    with pytest.raises(SystemExit):
+        main(["compare", "--rate", "-1"])
+    out = capsys.readouterr()
+    assert "--rate must be a positive number" in out.err and "Dong & Cao" not in out.out
+    assert main(["compare", "--agents", "mc:foo=1", "--quiet", "--no-plots", "--out", str(tmp_path)]) == 2
+    out = capsys.readouterr()
+    assert "has no parameter 'foo'" in out.err and "max_budget" in out.err and "unexpected keyword" not in out.err
+    assert out.out == ""  # nothing printed before the error
+    empty = tmp_path / "empty.csv"
+    empty.write_text("arrival,prompt_len,output_len\n")
+    assert main(["run", "--trace", str(empty)]) == 2
+    assert "empty trace" in capsys.readouterr().err
+    secs = tmp_path / "secs.csv"
+    secs.write_text("arrival,prompt_len,output_len\n0.5,3,4\n")
+    assert main(["run", "--trace", str(secs)]) == 2
+    assert "timed=True" in capsys.readouterr().err
+
+
+def test_progress_counts_work_and_prints_lines_off_a_terminal():
+    import io
+
+    from flowgym.lab.evaluation import Progress
+
+    log = io.StringIO()  # not a terminal
+    bar = Progress(10.0, stream=log, interval=0.0)
+    bar.update("short", 1.0)
+    bar.update("long", 9.0)
+    lines = log.getvalue().splitlines()
+    assert "\r" not in log.getvalue() and len(lines) == 2
+    assert lines[0].startswith("progress:  10% of the work, 1 done") and lines[0].endswith(": short")
+    assert lines[1].startswith("progress: 100% of the work, 2 done")
+    quiet = io.StringIO()
+    bar = Progress(3.0, stream=quiet, interval=3600.0)
+    for _ in range(3):
+        bar.update("x")
+    assert len(quiet.getvalue().splitlines()) == 1  # only the last line within the interval
+
+
+def test_make_agent_lists_valid_parameters():
+    from flowgym.agents import make_agent
+
+    with pytest.raises(ValueError, match=r"has no parameter 'bb'; its parameters: b, cap"):
+        make_agent("flow-control", bb=3)

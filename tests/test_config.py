@@ -113,7 +113,7 @@ def test_bad_config_type():
 
 def test_bad_render_mode():
     with pytest.raises(ValueError, match="render_mode"):
-        FlowControlEnv(render_mode="human")
+        FlowControlEnv(render_mode="rgb")
 
 
 @pytest.mark.parametrize("M", [0, -5, 1.5, True, np.float64(100.0)])

@@ -1,4 +1,4 @@
-"""Command line.
+"""The ``flowgym`` command.
 
 * ``flowgym compare``: every agent of a scenario on the same arrivals, tuned on
   separate seeds, reported per horizon with 95% confidence intervals, written
@@ -9,6 +9,8 @@
   scenario and evaluate it against the baselines; ``compare --agents
   "learned:path=DIR"`` then includes it.
 """
+
+
 
 from __future__ import annotations
 
@@ -21,8 +23,21 @@ from typing import Any
 
 
 from flowgym.envs.flow_control import FlowControlEnv
+from flowgym.lab.train import DEFAULT_TRAIN_MINUTES
 from flowgym.sim.metrics import METRIC_NAMES
 from flowgym.sim.theory import max_global_budget
+
+DESCRIPTION = """\
+LLM serving under a KV-cache limit as a Gymnasium environment (FlowControl-v0).
+
+  flowgym compare    every agent of a scenario on the same arrivals, tuned on separate
+                     seeds, per horizon with 95% confidence intervals (CSV, JSON, plots)
+  flowgym run        one scenario under a fixed activation budget, metrics printed
+  flowgym hindsight  the hindsight optimum of a small trace against the agents
+  flowgym train      train a learned budget (Stable-Baselines3) and compare it with the
+                     baselines; then: flowgym compare --agents "learned:path=DIR"
+
+'flowgym COMMAND --help' tells each command's options."""
 
 
 def _run(args: argparse.Namespace) -> int:
@@ -32,7 +47,13 @@ def _run(args: argparse.Namespace) -> int:
     if args.trace is not None:
         kwargs["workload"] = {"kind": "trace", "path": args.trace}
         kwargs["horizon"] = args.horizon if args.horizon_given else None
+    if args.budget is not None and args.budget < 0:
+        print(f"error: --budget must be a non-negative number of requests per slot, got {args.budget}", file=sys.stderr)
+        return 2
     env = FlowControlEnv(**kwargs)
+    if args.trace is not None and len(env.workload) == 0:  # type: ignore[arg-type]
+        print(f"error: trace {args.trace!r} is an empty trace (a header row and no requests)", file=sys.stderr)
+        return 2
     mean_work = env.workload.mean_work()
     budget = args.budget
     if budget is None:
@@ -84,12 +105,15 @@ def _horizons(text: str) -> list[int]:
 def _compare(args: argparse.Namespace) -> int:
     import os
 
-    from flowgym.lab.evaluation import Progress, evaluate, tune
+    from flowgym.lab.evaluation import Progress, build_agent, episode_work, evaluate, tune
     from flowgym.lab.scenarios import AgentSpec, get_scenario
 
     sc = get_scenario(args.scenario, rate=args.rate)
     env_kwargs = sc.env_kwargs()
     specs = [AgentSpec.parse(a) for a in args.agents.split(";")] if args.agents else list(sc.agents)
+    FlowControlEnv(**env_kwargs)  # bad scenario arguments (e.g. a negative --rate) fail here, before any output
+    for spec in specs:
+        build_agent(spec)  # an unknown agent or parameter too
     if sc.finite:
         if args.horizons is not None:
             print(f"error: scenario {sc.name} runs to the end of its workload; drop --horizons", file=sys.stderr)
@@ -103,14 +127,15 @@ def _compare(args: argparse.Namespace) -> int:
     seeds = list(range(args.seeds))
     tune_seeds = [1000 + i for i in range(args.tune_seeds)]
     n_tune = sum(len(s.tune[1]) * len(tune_seeds) for s in specs if s.tune and not args.no_tune)
-    bar = Progress(n_tune + len(specs) * len(seeds), enabled=not args.quiet)
+    w_tune, w_run = episode_work(tune_kwargs, tune_h), episode_work(env_kwargs, None if horizons is None else horizons[-1])
+    bar = Progress(n_tune * w_tune + len(specs) * len(seeds) * w_run, enabled=not args.quiet)
     print(sc.description)
     tuned: dict[str, object] = {}
     final = []
     for spec in specs:
         if spec.tune and not args.no_tune:
             param = spec.tune[0]
-            best, _ = tune(spec, tune_kwargs, tune_seeds, tune_h, progress=bar.update)
+            best, _ = tune(spec, tune_kwargs, tune_seeds, tune_h, progress=lambda what: bar.update(what, w_tune))
             base = spec.label or spec.name
             label = f"{base} {param}={best}"
             tuned[label] = {param: best}
@@ -118,7 +143,7 @@ def _compare(args: argparse.Namespace) -> int:
         final.append(spec)
     table = evaluate(final, env_kwargs, seeds, horizons, progress=bar)
     table.tuned = tuned
-    print(table.format())
+    print(table.format(wide=args.wide))
     if tuned:
         where = f"T={tune_h}" if tune_h else ("the end of " + json.dumps(sc.tune_env.get("workload", {})) if sc.tune_env else "the end")
         print(f"tuned on seeds {tune_seeds} at {where} (lowest mean time in system): "
@@ -213,6 +238,21 @@ def _hindsight(args: argparse.Namespace) -> int:
     return 0
 
 
+def _positive_float(flag: str) -> Any:
+    """An argparse type: a positive finite number (errors name ``flag``)."""
+
+    def parse(text: str) -> float:
+        try:
+            v = float(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"{flag} takes a number, got {text!r}") from None
+        if not (v > 0 and v < float("inf")):
+            raise argparse.ArgumentTypeError(f"{flag} must be a positive number, got {text!r}")
+        return v
+
+    return parse
+
+
 def _json_arg(text: str) -> Any:
     try:
         return json.loads(text)
@@ -278,20 +318,20 @@ def _train(args: argparse.Namespace) -> int:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="flowgym", description=__doc__)
+    p = argparse.ArgumentParser(prog="flowgym", description=DESCRIPTION,
+                                formatter_class=argparse.RawDescriptionHelpFormatter)
     sub = p.add_subparsers(dest="command", required=True)
     c = sub.add_parser(
-        "compare",
+        "compare", formatter_class=_HelpFormatter,
         help="compare every agent of a scenario on the same arrivals (CSV, JSON, plots)",
         description="Run the scenario's agents (tuning flow control's b and the alpha-greedy's alpha by "
         "grid search on separate seeds) over seeds 0..N-1, report avg/p95 latency, throughputs, "
-        "evictions and KV usage at each horizon with 95%% confidence intervals.",
+        "evictions and KV usage at each horizon with 95% confidence intervals.",
     )
     c.add_argument("--scenario", default="paper-synthetic-known",
-                   help="paper-synthetic-known (default), paper-synthetic-unknown, paper-realdata-low, "
-                   "paper-realdata-high, azure-conv, azure-code, adaptive-low, adaptive-high, adaptive-switch, "
-                   "adaptive-diurnal, adaptive-mix, adaptive-azure-conv")
-    c.add_argument("--rate", type=float, default=None,
+                   help="one of (with the wall time of its default compare on 2 cores, tuning included): "
+                   + _scenario_list("paper-synthetic-known"))
+    c.add_argument("--rate", type=_positive_float("--rate"), default=None,
                    help="arrival rate: per class per slot for paper-synthetic (default 5, the paper's), "
                    "requests/s for paper-realdata (10, 50), timestamp speed-up for azure (0.25, 0.4)")
     c.add_argument("--horizons", type=_horizons, default=None,
@@ -308,10 +348,12 @@ def build_parser() -> argparse.ArgumentParser:
                    "a trained model: 'learned:path=examples/ppo_default'")
     c.add_argument("--out", default="results", help="output folder (default results/)")
     c.add_argument("--no-plots", action="store_true", help="skip the PNG plots")
+    c.add_argument("--wide", action="store_true",
+                   help="print every metric column (default: the six that fit 120 columns; the CSV has all)")
     c.add_argument("--quiet", action="store_true", help="no progress bar")
     c.set_defaults(func=_compare)
     r = sub.add_parser(
-        "run",
+        "run", formatter_class=_HelpFormatter,
         help="simulate a scenario under a fixed activation budget and print the metrics",
         description="Simulate FlowControl-v0 (default: the paper's three classes at lambda = 3.5 per class, "
         "M = 16492, 1000 slots) under a fixed budget B_t = b (Algorithm 2; default: the largest b "
@@ -319,15 +361,16 @@ def build_parser() -> argparse.ArgumentParser:
     )
     r.add_argument("--budget", type=int, default=None, help="fixed activation budget b (default: Theorem 2's largest)")
     r.add_argument("--horizon", type=int, default=None, help="slots to simulate (default 1000)")
-    r.add_argument("--rate", type=float, default=None, help="arrival rate per class per slot (default 3.5)")
+    r.add_argument("--rate", type=_positive_float("--rate"), default=None, help="arrival rate per class per slot (default 3.5)")
     r.add_argument("--M", type=int, default=16492, help="KV-cache budget in tokens (default 16492)")
-    r.add_argument("--eviction", choices=["lifo", "all"], default="lifo")
+    r.add_argument("--eviction", choices=["lifo", "all"], default="lifo",
+                   help="who leaves on overflow: lifo (the newest first, Algorithm 2; default) or all")
     r.add_argument("--trace", default=None, help="replay a CSV trace (columns arrival,prompt_len,output_len)")
-    r.add_argument("--seed", type=int, default=0)
+    r.add_argument("--seed", type=int, default=0, help="seed of the arrivals (default 0)")
     r.add_argument("--json", action="store_true", help="print the metrics as JSON")
     r.set_defaults(func=_run)
     h = sub.add_parser(
-        "hindsight",
+        "hindsight", formatter_class=_HelpFormatter,
         help="the hindsight optimum of a small trace (integer program, HiGHS) against the agents",
         description="Solve the offline schedule of a finite trace as an integer program with SciPy's HiGHS "
         "(minimum total latency, minimum maximum latency, or maximum completions by T), check it by replaying "
@@ -354,19 +397,18 @@ def build_parser() -> argparse.ArgumentParser:
     h.add_argument("--json", default=None, help="also write the instance, schedules and rows as JSON")
     h.set_defaults(func=_hindsight)
     t = sub.add_parser(
-        "train",
+        "train", formatter_class=_HelpFormatter,
         help="train a learned activation budget (Stable-Baselines3; needs pip install 'flowgym[train]')",
         description="Train an SB3 agent (PPO by default) on a scenario with vectorised environments, "
         "VecNormalize (saved with the model), evaluation on separate seeds during training, checkpoints "
         "and a progress bar; then evaluate it against the scenario's baselines (fixed budget tuned by grid "
         "search) on seeds 0..N-1. Writes a model directory that 'flowgym compare --agents "
-        "\"learned:path=DIR\"' and flowgym.agents.LearnedBudget load. Defaults: about 10 minutes on 2 CPU cores. "
-        "See docs/training.md.",
+        "\"learned:path=DIR\"' and flowgym.agents.LearnedBudget load. Defaults: about "
+        f"{DEFAULT_TRAIN_MINUTES} minutes on 2 CPU cores. See docs/training.md.",
     )
     d = _train_defaults()
     t.add_argument("--scenario", default=d.scenario,
-                   help=f"scenario to train on (default {d.scenario}; also adaptive-low, adaptive-high, "
-                   "adaptive-diurnal, adaptive-mix, adaptive-azure-conv or any flowgym compare scenario)")
+                   help="scenario to train on, one of: " + _scenario_list(d.scenario, times=False))
     t.add_argument("--rate", type=float, default=None, help="the scenario's rate argument (default: its own)")
     t.add_argument("--algo", default=d.algo, help="ppo (default), a2c, dqn, or package.module:Class")
     t.add_argument("--total-timesteps", type=int, default=d.total_timesteps,
@@ -427,6 +469,27 @@ def build_parser() -> argparse.ArgumentParser:
     t.add_argument("--quiet", action="store_true", help="no progress bar")
     t.set_defaults(func=_train)
     return p
+
+
+def _scenario_list(default: str, times: bool = True) -> str:
+    """Every named scenario once, the default marked (and the measured run time of its default compare)."""
+    from flowgym.lab.scenarios import SCENARIOS, get_scenario
+
+    out = []
+    for name in SCENARIOS:
+        notes = (["default"] if name == default else []) + ([get_scenario(name).run_time] if times else [])
+        notes = [n for n in notes if n]
+        out.append(f"{name} ({', '.join(notes)})" if notes else name)
+    return ", ".join(out)
+
+
+class _HelpFormatter(argparse.HelpFormatter):
+    """argparse's formatter without breaking lines at hyphens (scenario names stay whole)."""
+
+    def _split_lines(self, text: str, width: int) -> list[str]:
+        import textwrap
+
+        return textwrap.wrap(" ".join(text.split()), width, break_on_hyphens=False)
 
 
 def _train_defaults() -> Any:

@@ -18,6 +18,7 @@ import csv
 import json
 import math
 import sys
+import threading
 import time
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
@@ -39,16 +40,17 @@ __all__ = [
     "evaluate",
     "tune",
     "Progress",
+    "episode_work",
     "t_quantile_975",
 ]
 
 #: Metrics summarised per agent and horizon (all of the spec's scalar metrics).
 TABLE_METRICS = METRIC_NAMES
-#: Columns of the terminal table.
+#: Columns of the wide terminal table (``--wide``).
 DISPLAY_METRICS = (
+    "mean_time_in_system",
     "avg_latency",
     "p95_latency",
-    "mean_time_in_system",
     "request_throughput",
     "token_throughput",
     "evictions",
@@ -58,6 +60,28 @@ DISPLAY_METRICS = (
     "std_kv_usage",
     "max_kv_usage",
 )
+
+#: Columns of the terminal table by default (fits 120 columns): time in system first.
+COMPACT_METRICS = (
+    "mean_time_in_system",
+    "avg_latency",
+    "p95_latency",
+    "request_throughput",
+    "token_throughput",
+    "evictions",
+)
+
+
+def _cell(v: float, ci: float) -> str:
+    """``mean ± ci``, both to the decimal place of the CI's first significant digit (0..3 decimals)."""
+    if not np.isfinite(v):
+        return "nan" if np.isnan(v) else f"{v}"
+    if np.isfinite(ci) and ci > 0:
+        d = int(min(3, max(0, -math.floor(math.log10(ci)))))
+        return f"{v:.{d}f} ± {ci:.{d}f}"
+    d = 0 if abs(v) >= 100 or float(v).is_integer() else 3 if abs(v) < 1 else 2
+    return f"{v:.{d}f}" + ("" if not np.isfinite(ci) else f" ± {ci:.{d}f}")
+
 
 # two-sided 95% Student t quantiles t_{0.975, df}, df = 1..30 (standard table values)
 _T975 = [12.706, 4.303, 3.182, 2.776, 2.571, 2.447, 2.365, 2.306, 2.262, 2.228,
@@ -138,24 +162,84 @@ def run_episode(
 
 
 class Progress:
-    """A minimal progress bar on stderr (silent when ``enabled`` is false)."""
+    """Progress of a run of episodes on stderr, its ETA counted in work, not items.
 
-    def __init__(self, total: int, enabled: bool = True, width: int = 30) -> None:
-        self.total, self.n, self.enabled, self.width = max(total, 1), 0, enabled, width
+    ``total`` is the total work (e.g. slots to simulate: :func:`episode_work` of each
+    episode) and :meth:`update` adds an item's ``work`` when it finishes. On a terminal it
+    redraws one line (``\\r``), also every second while a long item runs, so the elapsed
+    time never freezes; elsewhere (a log file, CI) it prints a plain line at most every
+    ``interval`` seconds and at the end. Silent when ``enabled`` is false.
+    """
+
+    def __init__(self, total: float, enabled: bool = True, width: int = 30, *, stream: Any = None,
+                 interval: float = 10.0) -> None:
+        self.total, self.done, self.n, self.enabled, self.width = max(float(total), 1e-12), 0.0, 0, enabled, width
+        self.stream = sys.stderr if stream is None else stream
+        self.tty = bool(getattr(self.stream, "isatty", lambda: False)())
+        self.interval = float(interval)
+        self.what = ""
         self.t0 = time.perf_counter()
+        self._last_line = self.t0
+        self._lock = threading.Lock()
+        self._stop = threading.Event()
+        self._ticker: threading.Thread | None = None
+        if enabled and self.tty:
+            self._ticker = threading.Thread(target=self._tick, daemon=True)
+            self._ticker.start()
 
-    def update(self, what: str = "") -> None:
-        self.n += 1
-        if not self.enabled:
-            return
-        frac = self.n / self.total
-        bar = "#" * int(frac * self.width)
+    def _tick(self) -> None:
+        while not self._stop.wait(1.0):
+            with self._lock:
+                self._draw()
+
+    def _line(self) -> tuple[str, float]:
+        frac = min(self.done / self.total, 1.0)
         el = time.perf_counter() - self.t0
-        eta = el / frac - el if frac else 0.0
-        sys.stderr.write(f"\r[{bar:<{self.width}}] {self.n}/{self.total} {el:5.0f}s eta {eta:4.0f}s {what[:40]:<40}")
-        if self.n >= self.total:
-            sys.stderr.write("\n")
-        sys.stderr.flush()
+        eta = f"{el / frac - el:4.0f}s" if frac > 0 else "   ?"
+        return f"{frac:4.0%} of the work, {self.n} done, {el:5.0f}s elapsed, eta {eta}", frac
+
+    def _draw(self, final: bool = False) -> None:
+        text, frac = self._line()
+        if self.tty:
+            bar = "#" * int(frac * self.width)
+            self.stream.write(f"\r[{bar:<{self.width}}] {text} {self.what[:40]:<40}" + ("\n" if final else ""))
+        else:
+            self.stream.write(f"progress: {text}: {self.what}\n")
+            self._last_line = time.perf_counter()
+        self.stream.flush()
+
+    def update(self, what: str = "", work: float = 1.0) -> None:
+        """One item (``what``) finished, ``work`` of the total."""
+        with self._lock:
+            self.n += 1
+            self.done += float(work)
+            self.what = what
+            if not self.enabled:
+                return
+            final = self.done >= self.total * (1 - 1e-9)
+            if final:
+                self._stop.set()
+            if self.tty or final or time.perf_counter() - self._last_line >= self.interval:
+                self._draw(final)
+
+    def close(self) -> None:
+        """Stop redrawing (the last item's update does this by itself)."""
+        self._stop.set()
+
+
+def episode_work(env_kwargs: dict[str, Any], horizon: int | None) -> float:
+    """How long an episode runs, for :class:`Progress`: its horizon, else its finite workload's requests."""
+    if horizon is not None:
+        return float(horizon)
+    try:
+        from flowgym.sim.workloads import make_workload
+
+        wl = make_workload(env_kwargs.get("workload", {"kind": "poisson", "classes": [[10, 20]], "rates": 1.0}))
+        n = getattr(wl, "n_requests", None)
+        n = len(wl) if n is None and hasattr(wl, "__len__") else n
+        return float(n) if n else 1.0
+    except (ValueError, TypeError):
+        return 1.0
 
 
 @dataclass
@@ -191,28 +275,43 @@ class ResultTable:
                 out.append(row)
         return out
 
-    def format(self, horizon: int | None = None, metrics: Sequence[str] = DISPLAY_METRICS) -> str:
-        """A text table of the summary at ``horizon`` (the longest by default)."""
+    def format(self, horizon: int | None = None, metrics: Sequence[str] | None = None, *, wide: bool = False) -> str:
+        """A text table of the summary at ``horizon`` (the longest by default).
+
+        ``metrics`` (default :data:`COMPACT_METRICS`, which fits 120 columns; ``wide=True``:
+        every one of :data:`DISPLAY_METRICS`). Each cell is the mean over seeds and the 95% CI
+        half-width, both to the decimal place of the CI's first significant digit (at most 3
+        decimals). The header names each column's unit; latencies marked ``*`` are over
+        completed requests only (survivors), which rewards leaving long requests waiting: time
+        in system counts every request.
+        """
+        if metrics is None:
+            metrics = DISPLAY_METRICS if wide else COMPACT_METRICS
         T = self.horizons[-1] if horizon is None else horizon
         rows = [r for r in self.summary() if r["horizon"] == T]
-        short = {"avg_latency": "avg lat", "p95_latency": "p95 lat", "mean_time_in_system": "time in sys", "request_throughput": f"req/{self.time_unit}",
-                 "token_throughput": f"tok/{self.time_unit}", "evictions": "evictions", "overflow_events": "overflows",
-                 "wasted_tokens": "wasted", "mean_kv_usage": "mean U/M", "std_kv_usage": "std U/M",
-                 "max_kv_usage": "max U/M"}
-        w = max(len(r["agent"]) for r in rows) if rows else 5
-        head = f"{'agent':<{w}} " + " ".join(f"{short.get(m, m):>17}" for m in metrics)
-        when = "end of the workload" if T is None else str(T)
-        unit = "latencies in seconds, " if self.time_unit == "s" else ""
-        lines = [f"T = {when}, {len(self.seeds)} seeds, {unit}mean +/- 95% CI", head, "-" * len(head)]
-        for r in rows:
-            cells = []
-            for m in metrics:
-                v, ci = r[m], r[m + "_ci"]
-                big = abs(v) >= 1000 if np.isfinite(v) else False
-                fmt = "{:.0f}" if big else "{:.3g}" if m.endswith("usage") else "{:.2f}"
-                s = fmt.format(v) + ("" if not np.isfinite(ci) else " +/- " + (fmt.format(ci)))
-                cells.append(f"{s:>17}")
-            lines.append(f"{r['agent']:<{w}} " + " ".join(cells))
+        u = self.time_unit
+        names = {"avg_latency": ("avg lat*", u), "p95_latency": ("p95 lat*", u),
+                 "mean_time_in_system": ("time in sys", u), "request_throughput": ("requests", f"/{u}"),
+                 "token_throughput": ("tokens", f"/{u}"), "evictions": ("evictions", "count"),
+                 "overflow_events": ("overflows", "count"), "wasted_tokens": ("wasted", "tokens"),
+                 "mean_kv_usage": ("mean U/M", "share"), "std_kv_usage": ("std U/M", "share"),
+                 "max_kv_usage": ("max U/M", "share"), "completed": ("completed", "count"),
+                 "unfinished": ("unfinished", "count")}
+        cells = [[_cell(r[m], r[m + "_ci"]) for m in metrics] for r in rows]
+        widths = [max([len(names.get(m, (m, ""))[0]), len(names.get(m, (m, ""))[1]) + 2]
+                      + [len(c[i]) for c in cells]) for i, m in enumerate(metrics)]
+        w = max([len("agent")] + [len(r["agent"]) for r in rows])
+        head1 = f"{'agent':<{w}}  " + "  ".join(f"{names.get(m, (m, ''))[0]:>{k}}" for m, k in zip(metrics, widths))
+        head2 = f"{'':<{w}}  " + "  ".join(f"{'(' + names.get(m, (m, ''))[1] + ')':>{k}}" for m, k in zip(metrics, widths))
+        when = "the end of the workload" if T is None else f"T = {T}"
+        shown = [h for h in self.horizons if h is not None]
+        others = f" (of horizons {', '.join(map(str, shown))}; the CSV has all)" if len(shown) > 1 else ""
+        ns = len(self.seeds)
+        lines = [f"at {when}{others}, {ns} seed{'' if ns == 1 else 's'}, mean ± 95% CI", head1, head2, "-" * len(head1)]
+        for r, c in zip(rows, cells):
+            lines.append(f"{r['agent']:<{w}}  " + "  ".join(f"{s:>{k}}" for s, k in zip(c, widths)))
+        if any(m in ("avg_latency", "p95_latency") for m in metrics):
+            lines.append("* over completed requests only (survivors); time in system counts every request")
         return "\n".join(lines)
 
     def to_csv(self, path: str) -> None:
@@ -293,7 +392,8 @@ def evaluate(
             raise ValueError(f"horizons must be positive integers, got {list(horizons)}")
     if not seeds:
         raise ValueError("give at least one seed")
-    bar = progress if isinstance(progress, Progress) else Progress(len(pairs) * len(seeds), bool(progress))
+    work = episode_work(env_kwargs, hs[-1])
+    bar = progress if isinstance(progress, Progress) else Progress(len(pairs) * len(seeds) * work, bool(progress))
     table = ResultTable([], labels, hs, list(seeds))
     for agent, label in pairs:
         wall = 0.0
@@ -309,7 +409,7 @@ def evaluate(
                 table.rows.append({"agent": label, "seed": int(seed), "horizon": T, **m})
             if keep_kv_usage and label not in table.kv_usage:
                 table.kv_usage[label] = ep.series["usage"] / ep.config.M
-            bar.update(f"{label} seed {seed}")
+            bar.update(f"{label} seed {seed}", work)
         table.wall_seconds[label] = wall
     return table
 

@@ -10,12 +10,18 @@ from flowgym.lab.evaluation import ResultTable
 
 __all__ = ["plot_metrics_vs_horizon", "plot_metrics_bars", "plot_kv_usage"]
 
+#: Panels of the metric figures, time in system first: ``(metric, label, unit kind)``.
 PANELS = (
-    ("avg_latency", "average latency (slots)"),
-    ("p95_latency", "95% latency (slots)"),
-    ("request_throughput", "request throughput (per slot)"),
-    ("token_throughput", "token throughput (per slot)"),
+    ("mean_time_in_system", "time in system, all requests", "time"),
+    ("avg_latency", "average latency, completed only (survivors)", "time"),
+    ("p95_latency", "95% latency, completed only (survivors)", "time"),
+    ("evictions", "evictions (symlog scale)", "count"),
+    ("request_throughput", "request throughput", "rate"),
+    ("token_throughput", "token throughput", "rate"),
 )
+
+_MARKERS = ("o", "s", "^", "D", "v", "P", "X", "*", "<", ">")
+_DASHES = ("-", "--", "-.", ":")
 
 
 def _plt() -> Any:
@@ -29,53 +35,84 @@ def _plt() -> Any:
     return plt
 
 
+def _style(i: int) -> dict[str, Any]:
+    """Agent ``i``'s line style: colour, marker and dash all differ, so lines that coincide stay visible."""
+    return {"color": f"C{i % 10}", "marker": _MARKERS[i % len(_MARKERS)], "ls": _DASHES[i % len(_DASHES)]}
+
+
+def _label(kind: str, text: str, unit: str) -> str:
+    if kind == "time":
+        return f"{text} ({unit})"
+    if kind == "rate":
+        return f"{text} (per {unit})"
+    return text
+
+
+def _title(fig: Any, title: str) -> None:
+    if title:
+        import textwrap
+
+        fig.suptitle("\n".join(textwrap.wrap(title, 110)), fontsize=9)
+
+
 def plot_metrics_vs_horizon(table: ResultTable, path: str, title: str = "") -> None:
-    """The paper's Figure 1 layout: four metrics against the horizon, one line per agent (95% CI bands)."""
+    """Six metrics against the horizon (time in system first), one line per agent, 95% CI bands.
+
+    With a single horizon each agent is a point with a 95% CI error bar.
+    """
     plt = _plt()
     summ = table.summary()
-    fig, axes = plt.subplots(1, 4, figsize=(18, 4.2))
-    for ax, (metric, ylabel) in zip(axes, PANELS):
-        for agent in table.agents:
+    fig, axes = plt.subplots(2, 3, figsize=(16, 8))
+    single = len(table.horizons) == 1
+    for ax, (metric, text, kind) in zip(axes.flat, PANELS):
+        for i, agent in enumerate(table.agents):
             rows = [r for r in summ if r["agent"] == agent]
-            x = np.array([r["horizon"] for r in rows])
+            x = np.array([r["horizon"] for r in rows], dtype=np.float64)
             y = np.array([r[metric] for r in rows])
             ci = np.array([r[metric + "_ci"] for r in rows])
-            ax.plot(x, y, marker="o", ms=3, label=agent)
-            if np.isfinite(ci).all():
-                ax.fill_between(x, y - ci, y + ci, alpha=0.15)
+            st = _style(i)
+            if single:
+                # agents side by side around the one horizon, so their error bars do not overlap
+                xs = x + (i - (len(table.agents) - 1) / 2) * 0.04 * max(abs(x[0]), 1.0)
+                ax.errorbar(xs, y, yerr=np.where(np.isfinite(ci), ci, 0), fmt=st["marker"], color=st["color"],
+                            capsize=3, ms=6, label=agent)
+            else:
+                ax.plot(x, y, marker=st["marker"], ls=st["ls"], color=st["color"], ms=5, mfc="none", label=agent,
+                        markevery=1)
+                if np.isfinite(ci).all():
+                    ax.fill_between(x, y - ci, y + ci, alpha=0.12, color=st["color"])
         ax.set_xlabel("horizon T (slots)")
-        ax.set_ylabel(ylabel)
+        ax.set_ylabel(_label(kind, text, "slot"), fontsize=8)
+        if kind == "count":
+            ax.set_yscale("symlog", linthresh=1.0)  # zero and hundreds of thousands on one panel
         ax.grid(alpha=0.3)
-    axes[0].legend(fontsize=7)
-    if title:
-        fig.suptitle(title)
+    axes.flat[0].legend(fontsize=7)
+    _title(fig, title)
     fig.tight_layout()
     fig.savefig(path, dpi=110)
     plt.close(fig)
 
 
 def plot_metrics_bars(table: ResultTable, path: str, title: str = "", unit: str | None = None) -> None:
-    """The four metrics per agent as bars with 95% CI whiskers (runs to the end of a workload).
+    """Six metrics per agent as bars with 95% CI whiskers (time in system first; runs to the end of a workload).
 
     ``unit``: of latencies and throughputs (default: the table's ``time_unit``).
     """
     plt = _plt()
     unit = table.time_unit if unit is None else unit
     summ = table.summary()
-    fig, axes = plt.subplots(1, 4, figsize=(18, 4.2))
-    labels = {"avg_latency": f"average latency ({unit})", "p95_latency": f"95% latency ({unit})",
-              "request_throughput": f"request throughput (per {unit})",
-              "token_throughput": f"token throughput (per {unit})"}
+    fig, axes = plt.subplots(2, 3, figsize=(16, 8))
     x = np.arange(len(table.agents))
-    for ax, (metric, _) in zip(axes, PANELS):
+    for ax, (metric, text, kind) in zip(axes.flat, PANELS):
         y = [next(r[metric] for r in summ if r["agent"] == a) for a in table.agents]
         ci = [next(r[metric + "_ci"] for r in summ if r["agent"] == a) for a in table.agents]
-        ax.bar(x, y, yerr=[c if np.isfinite(c) else 0 for c in ci], color=[f"C{i}" for i in x], capsize=3)
+        ax.bar(x, y, yerr=[c if np.isfinite(c) else 0 for c in ci], color=[f"C{i % 10}" for i in x], capsize=3)
         ax.set_xticks(x, table.agents, rotation=30, ha="right", fontsize=7)
-        ax.set_ylabel(labels[metric])
+        ax.set_ylabel(_label(kind, text, unit), fontsize=8)
+        if kind == "count":
+            ax.set_yscale("symlog", linthresh=1.0)
         ax.grid(alpha=0.3, axis="y")
-    if title:
-        fig.suptitle(title, fontsize=9)
+    _title(fig, title)
     fig.tight_layout()
     fig.savefig(path, dpi=110)
     plt.close(fig)
@@ -130,8 +167,7 @@ def plot_kv_usage(table: ResultTable, path: str, title: str = "", window: int | 
         ax.set_title(label, fontsize=8, loc="left")
         ax.grid(alpha=0.3)
     axes[-1, 0].set_xlabel("slot" if table.time_unit == "slot" else "iteration (batch)")
-    if title:
-        fig.suptitle(title)
+    _title(fig, title)
     fig.tight_layout()
     fig.savefig(path, dpi=110)
     plt.close(fig)

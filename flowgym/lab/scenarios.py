@@ -104,6 +104,9 @@ class Scenario:
     #: Budget levels a learned policy chooses among by default (``None``: every budget
     #: ``0..learned_max_budget``); see :attr:`flowgym.lab.train.TrainConfig.budget_levels`.
     learned_budget_levels: tuple[int, ...] | None = None
+    #: Wall time of ``flowgym compare --scenario NAME`` with its defaults on 2 cores (measured,
+    #: tuning included; ``flowgym compare --help`` lists it), or ``None`` when not measured.
+    run_time: str | None = None
 
     def env_kwargs(self) -> dict[str, Any]:
         return copy.deepcopy(self.env)

@@ -72,9 +72,12 @@ __all__ = [
     "make_vec_env",
     "final_evaluation",
     "plot_curves",
+    "DEFAULT_TRAIN_MINUTES",
 ]
 
 CURVES_FILE = "curves.csv"
+#: Wall minutes of the default ``flowgym train`` on 2 CPU cores (measured; docs/training.md).
+DEFAULT_TRAIN_MINUTES = 7
 #: Environment arguments that shape the observation: a learned agent declares them as trained.
 OBSERVATION_OPTIONS = (
     "output_length_known",

@@ -680,7 +680,9 @@ def _trace_column(
     bad = f != np.floor(f)
     if bad.any():
         i = int(np.flatnonzero(bad)[0])
-        raise TraceError(f"column {name!r}, {where(i)}: {arr[i]!r} must be a whole number")
+        hint = (" (arrivals are slot numbers; for timestamps in seconds give timed=True and a time_model, "
+                "continuous time)") if name == "arrival" else ""
+        raise TraceError(f"column {name!r}, {where(i)}: {arr[i]!r} must be a whole number{hint}")
     return f.astype(np.int64)
 
 
