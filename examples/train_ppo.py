@@ -42,7 +42,8 @@ def main() -> None:
     # The learned agent is an ordinary agent: the same evaluation path as the scripted ones.
     # The scenario's own flow-control budget (12 on adaptive-switch, 40 on adaptive-mix) is the fixed reference.
     agent = LearnedBudget(model_dir)
-    sc = get_scenario(agent.meta["scenario"])
+    # the scenario it was trained on, stored in the model directory (older models: by name)
+    sc = get_scenario(agent.meta.get("scenario_data") or agent.meta["scenario"], rate=agent.meta.get("rate"))
     table = evaluate([agent, build_agent(sc.agents[0]), GreedyLIFO()], sc.env_kwargs(), seeds=[0, 1, 2],
                      horizons=[sc.env["horizon"]])
     print(sc.description)

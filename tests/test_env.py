@@ -430,3 +430,19 @@ def test_sb3_make_vec_env_out_of_the_box():
     venv.step(np.array([3, 3]))
     frames = venv.get_images()
     assert len(frames) == 2 and frames[0].shape == (400, 600, 3)
+
+
+def test_reset_info_names_long_run_episode_and_peak_loads():
+    """A non-periodic schedule: 12 requests/slot for 1000 slots, then 6 (the paper's classes, E[w] = 1353.33)."""
+    wl = {"kind": "iid", "rate": {"kind": "steps", "times": [0, 1000], "rates": [12.0, 6.0]},
+          "lengths": {"kind": "empirical", "pairs": [[10, 20], [10, 40], [10, 60]], "weights": [1, 1, 1]}}
+    env = gym.make("FlowControl-v0", horizon=3000, workload=wl)
+    _, info = env.reset(seed=0)
+    ew = (410 + 1220 + 2430) / 3  # E[w], w = l o + o (o + 1) / 2
+    M = 16492
+    assert info["rho"] == pytest.approx(6.0 * ew / M)  # long run: the last phase
+    assert info["rho_episode"] == pytest.approx((1000 * 12 + 2000 * 6) / 3000 * ew / M)
+    assert info["rho_peak"] == pytest.approx(12.0 * ew / M)
+    steady = gym.make("FlowControl-v0")
+    _, info = steady.reset(seed=0)
+    assert info["rho"] == pytest.approx(info["rho_episode"]) == pytest.approx(info["rho_peak"])

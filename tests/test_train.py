@@ -198,6 +198,32 @@ def test_max_budget_defaults_to_the_scenarios(tmp_path):
 
 
 @needs_sb3
+def test_scenario_file_train_then_evaluate_without_the_file(tmp_path):
+    """A model trained on a scenario file stores the scenario as data: the file can go."""
+    from flowgym.lab import _toml
+    from flowgym.lab.train import final_evaluation
+
+    d = get_scenario("adaptive-switch").to_dict()
+    d.update(name="my-switch", agents=[{"name": "flow-control", "params": {"b": 12},
+                                        "tune": {"param": "b", "grid": [8, 24]}}, {"name": "mc"}])
+    del d["train"]  # no action range given: derived from the line-up (the grid reaches 24), not capped at 16
+    d["env"]["horizon"] = 300
+    path = tmp_path / "my.toml"
+    path.write_text(_toml.dumps(d))
+    out = str(tmp_path / "model")
+    train(TrainConfig(scenario=str(path), out=out, **{**TINY, "total_timesteps": 256, "eval_freq": 0,
+                                                       "checkpoint_freq": 0}))
+    meta = json.load(open(os.path.join(out, "flowgym_agent.json")))
+    assert meta["scenario"] == "my-switch" and meta["scenario_data"]["name"] == "my-switch"
+    assert meta["action_n"] == 25 and "agents" in meta["action_range_from"]
+    path.unlink()
+    table = final_evaluation(out, seeds=[900], tune_seeds=[1000], write=False)
+    assert table.agents[0] == "learned (model)" and any(a.startswith("flow-control b=") for a in table.agents)
+    with pytest.raises(ValueError, match="unknown key 'colour'"):
+        TrainConfig(scenario={**d, "colour": 1}).validate()
+
+
+@needs_sb3
 def test_train_cli_end_to_end(tmp_path, capsys):
     out = str(tmp_path / "cli")
     rc = main(["train", "--scenario", "adaptive-low", "--total-timesteps", "512", "--n-envs", "2", "--n-steps", "128",

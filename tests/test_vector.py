@@ -268,7 +268,8 @@ def test_autoreset_next_step():
     assert (info["t"] == 2).all()
     obs, r, te, tr, info = env.step(np.full(3, 64))  # ignored: this step resets
     assert (r == 0).all() and not (te.any() or tr.any())
-    assert sorted(info) == ["_arrived", "_rho", "_t", "arrived", "rho", "t"]
+    assert sorted(info) == ["_arrived", "_rho", "_rho_episode", "_rho_peak", "_t", "arrived", "rho", "rho_episode",
+                            "rho_peak", "t"]
     assert (info["t"] == 0).all() and info["_t"].all()
     assert (obs["active"] == 0).all() and (obs["kv_usage"] == 0).all()
     # the episode after an autoreset continues each environment's generator: a fresh seeded reset differs

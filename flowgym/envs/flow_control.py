@@ -260,8 +260,12 @@ class FlowControlEnv(gym.Env[Any, Any]):
     ``l + o > M``), ``admitted``, ``evicted``, ``wasted_tokens``, ``overflow``,
     ``completed``, ``usage`` (``U_t``, tokens),
     ``kv_usage`` (``U_t / M``), ``queue_len`` and ``active`` (end of the slot).
-    ``reset`` returns ``t``, ``arrived`` and the load ``rho`` (Propositions 1
-    and 2; ``None`` when unknown).
+    ``reset`` returns ``t``, ``arrived`` and the load: ``rho``, the long-run load
+    ``lambda E[w] / M`` of Propositions 1 and 2 (for a rate schedule its long-run mean:
+    a periodic schedule's average, a non-periodic one's last phase); ``rho_episode``, the
+    load averaged over this episode's ``horizon`` slots; ``rho_peak``, the largest load
+    over the episode (its peak phase's). Each is ``None`` when unknown (continuous time,
+    traces, no horizon).
 
     ``env.unwrapped.request_log()`` gives per-request arrays and
     ``env.unwrapped.metrics()`` the metrics of ``docs/model.md`` so far.
@@ -375,7 +379,10 @@ class FlowControlEnv(gym.Env[Any, Any]):
         arrived = self.engine.arrive()
         self._rate = 0.0 if self._timed else arrived * self._alpha
         self._started = True
-        info = {"t": 0, "arrived": arrived, "rho": None if self._timed else self.workload.load(self.config.M)}
+        M, H = self.config.M, self.config.horizon
+        info = {"t": 0, "arrived": arrived, "rho": None if self._timed else self.workload.load(M),
+                "rho_episode": None if self._timed else self.workload.episode_load(M, H),
+                "rho_peak": None if self._timed else self.workload.peak_load(M, H)}
         if self._timed:
             info["time"] = self.engine.now
         self._usage_recent.clear()

@@ -96,7 +96,7 @@ class FlowControlSB3VecEnv(VecEnv):
         self._reset_options()
         self._ep_return[:] = 0.0
         self._ep_len[:] = 0
-        self.reset_infos = [{"t": 0, "arrived": a, "rho": self.venv._rho} for a in info["arrived"].tolist()]
+        self.reset_infos = [{"t": 0, "arrived": a, **self.venv._loads} for a in info["arrived"].tolist()]
         return obs
 
     def step_async(self, actions: np.ndarray) -> None:
@@ -131,7 +131,7 @@ class FlowControlSB3VecEnv(VecEnv):
             self._ep_len[idx] = 0
             arrived = venv._reset_envs(idx, [None] * idx.size)
             for i, a in zip(idx.tolist(), arrived.tolist()):
-                self.reset_infos[i] = {"t": 0, "arrived": a, "rho": venv._rho}
+                self.reset_infos[i] = {"t": 0, "arrived": a, **venv._loads}
         return venv._observe(), reward.astype(np.float32), dones, infos
 
     @staticmethod

@@ -170,7 +170,9 @@ class FlowControlVectorEnv(VectorEnv):
         self._alpha = 1.0 / float(cfg.rate_window)
         self._horizon = int(cfg.horizon)  # type: ignore[arg-type]  # endless workloads have one
         self._max_budget = int(cfg.max_budget)
-        self._rho = proto.workload.load(cfg.M)
+        # the loads of the reset info, as the single env's (slot model: the batched env has no continuous time)
+        self._loads = {"rho": proto.workload.load(cfg.M), "rho_episode": proto.workload.episode_load(cfg.M, cfg.horizon),
+                       "rho_peak": proto.workload.peak_load(cfg.M, cfg.horizon)}
         self._np_randoms: list[np.random.Generator | None] = [None] * N
         # each environment's workload generator, re-seeded at every reset (flowgym.sim._seeding.reseed)
         self._wl_rngs: list[np.random.Generator | None] = [None] * N
@@ -231,12 +233,13 @@ class FlowControlVectorEnv(VectorEnv):
                 info["_" + key] = np.zeros(N, bool)
             arr[idx] = vals
             info["_" + key][idx] = True
-        rho = np.full(N, None, dtype=object) if self._rho is None else np.zeros(N)
-        rho[idx] = self._rho
-        info["rho"] = rho
-        mask = np.zeros(N, bool)
-        mask[idx] = True
-        info["_rho"] = mask
+        for key, load in self._loads.items():
+            vals = np.full(N, None, dtype=object) if load is None else np.zeros(N)
+            vals[idx] = load
+            info[key] = vals
+            mask = np.zeros(N, bool)
+            mask[idx] = True
+            info["_" + key] = mask
         return info
 
     def _budgets(self, actions: Any, check_range: bool = True) -> np.ndarray:

@@ -34,6 +34,7 @@ LLM serving under a KV-cache limit as a Gymnasium environment (FlowControl-v0).
                      seeds, per horizon with 95% confidence intervals (CSV, JSON, plots)
   flowgym run        one scenario under a fixed activation budget, metrics printed
   flowgym hindsight  the hindsight optimum of a small trace against the agents
+  flowgym scenario   list the named scenarios, or print one as a file to start from
   flowgym train      train a learned budget (Stable-Baselines3) and compare it with the
                      baselines; then: flowgym compare --agents "learned:path=DIR"
 
@@ -41,12 +42,27 @@ LLM serving under a KV-cache limit as a Gymnasium environment (FlowControl-v0).
 
 
 def _run(args: argparse.Namespace) -> int:
-    kwargs: dict[str, Any] = {"horizon": args.horizon, "M": args.M, "eviction": args.eviction}
-    if args.rate is not None:
-        kwargs["workload"] = {"kind": "poisson", "classes": [[10, 20], [10, 40], [10, 60]], "rates": args.rate}
-    if args.trace is not None:
-        kwargs["workload"] = {"kind": "trace", "path": args.trace}
-        kwargs["horizon"] = args.horizon if args.horizon_given else None
+    if args.scenario is not None:
+        from flowgym.lab.scenarios import get_scenario
+
+        if args.trace is not None:
+            print("error: give --scenario or --trace, not both", file=sys.stderr)
+            return 2
+        sc = get_scenario(args.scenario, rate=args.rate)
+        kwargs: dict[str, Any] = sc.env_kwargs()
+        if args.horizon_given:
+            kwargs["horizon"] = args.horizon
+    else:
+        kwargs = {"horizon": args.horizon, "M": 16492}
+        if args.rate is not None:
+            kwargs["workload"] = {"kind": "poisson", "classes": [[10, 20], [10, 40], [10, 60]], "rates": args.rate}
+        if args.trace is not None:
+            kwargs["workload"] = {"kind": "trace", "path": args.trace}
+            kwargs["horizon"] = args.horizon if args.horizon_given else None
+    if args.M is not None:
+        kwargs["M"] = args.M
+    if args.eviction is not None:
+        kwargs["eviction"] = args.eviction
     if args.budget is not None and args.budget < 0:
         print(f"error: --budget must be a non-negative number of requests per slot, got {args.budget}", file=sys.stderr)
         return 2
@@ -60,7 +76,7 @@ def _run(args: argparse.Namespace) -> int:
         if mean_work is None:
             print("error: give --budget (this workload's mean work is unknown)", file=sys.stderr)
             return 2
-        budget = max(1, max_global_budget(args.M, mean_work))
+        budget = max(1, max_global_budget(env.config.M, mean_work))
     if budget > env.config.max_budget:  # the action space must hold the budget
         env = FlowControlEnv(**kwargs, max_budget=budget)
     t0 = time.perf_counter()
@@ -77,9 +93,10 @@ def _run(args: argparse.Namespace) -> int:
     if args.json:
         print(json.dumps(result, indent=2, default=float))
         return 0
-    print(f"FlowControl-v0  M={args.M}  load rho={rho:.3f}  fixed budget B_t={budget}  "
-          f"eviction={args.eviction}  seed={args.seed}")
-    print(f"{m['T']} slots in {wall:.2f} s")
+    load = "unknown" if rho is None else f"{rho:.3f}"
+    print(f"FlowControl-v0  M={env.config.M}  load rho={load}  fixed budget B_t={budget}  "
+          f"eviction={env.config.eviction}  seed={args.seed}")
+    print(f"{m['T']} {'slots' if env.config.time_model == 'slot' else 'iterations'} in {wall:.2f} s")
     for name in METRIC_NAMES:
         v = m[name]
         print(f"  {name:28s} {v:12.4f}" if isinstance(v, float) else f"  {name:28s} {v:12d}")
@@ -106,7 +123,7 @@ def _compare(args: argparse.Namespace) -> int:
     import os
 
     from flowgym.lab.evaluation import Progress, build_agent, episode_work, evaluate, tune
-    from flowgym.lab.scenarios import AgentSpec, get_scenario
+    from flowgym.lab.scenarios import AgentSpec, get_scenario, parse_seeds
 
     sc = get_scenario(args.scenario, rate=args.rate)
     env_kwargs = sc.env_kwargs()
@@ -121,11 +138,15 @@ def _compare(args: argparse.Namespace) -> int:
         horizons = None
         tune_h = args.tune_horizon  # None: the scenario's smaller tuning workload, run to its end
     else:
-        horizons = sorted(set(args.horizons or [1000, 2000, 3000, 4000, 5000]))
+        horizons = sorted(set(args.horizons or sc.report_horizons()))
         tune_h = args.tune_horizon or min(horizons[-1], 2000)
     tune_kwargs = sc.tune_env_kwargs()
-    seeds = list(range(args.seeds))
-    tune_seeds = [1000 + i for i in range(args.tune_seeds)]
+    seeds = parse_seeds(args.seeds)
+    tune_seeds = parse_seeds(args.tune_seeds, first=1000)
+    if set(seeds) & set(tune_seeds):
+        print(f"error: reporting seeds and tuning seeds overlap ({sorted(set(seeds) & set(tune_seeds))[:5]}); "
+              "report on seeds the tuning did not see", file=sys.stderr)
+        return 2
     n_tune = sum(len(s.tune[1]) * len(tune_seeds) for s in specs if s.tune and not args.no_tune)
     w_tune, w_run = episode_work(tune_kwargs, tune_h), episode_work(env_kwargs, None if horizons is None else horizons[-1])
     bar = Progress(n_tune * w_tune + len(specs) * len(seeds) * w_run, enabled=not args.quiet)
@@ -253,6 +274,20 @@ def _positive_float(flag: str) -> Any:
     return parse
 
 
+def _scenario(args: argparse.Namespace) -> int:
+    from flowgym.lab.scenarios import SCENARIOS, get_scenario, scenario_text
+
+    if args.action == "list":
+        for name in SCENARIOS:
+            print(f"{name:24s} {get_scenario(name).description}")
+        return 0
+    if args.name is None:
+        print("error: flowgym scenario show NAME (a named scenario or a file)", file=sys.stderr)
+        return 2
+    sys.stdout.write(scenario_text(args.name, args.format))
+    return 0
+
+
 def _json_arg(text: str) -> Any:
     try:
         return json.loads(text)
@@ -287,7 +322,9 @@ def _train(args: argparse.Namespace) -> int:
     kw["progress"] = not args.quiet
     kw["plot"] = not args.no_plots
     if kw.get("out") is None:
-        kw["out"] = f"runs/{args.algo}-{args.scenario}"
+        from flowgym.lab.scenarios import get_scenario
+
+        kw["out"] = f"runs/{args.algo}-{get_scenario(args.scenario, rate=args.rate).name}"
     cfg = TrainConfig(**kw)
     cfg.validate()  # bad settings are named first, with or without the training extra
     try:
@@ -313,7 +350,7 @@ def _train(args: argparse.Namespace) -> int:
     tuned_b = next((p["b"] for label, p in (res.table.tuned if res.table is not None else {}).items()
                     if label.startswith("flow-control") and "b" in p), None)
     fixed = f";flow-control:b={tuned_b}" if tuned_b is not None else ";flow-control"
-    print(f'use it: flowgym compare --scenario {cfg.scenario} --agents "learned:path={cfg.out}{fixed}"')
+    print(f'use it: flowgym compare --scenario {args.scenario} --seeds 900-919 --agents "learned:path={cfg.out}{fixed}"')
     return 0
 
 
@@ -329,16 +366,21 @@ def build_parser() -> argparse.ArgumentParser:
         "evictions and KV usage at each horizon with 95% confidence intervals.",
     )
     c.add_argument("--scenario", default="paper-synthetic-known",
-                   help="one of (with the wall time of its default compare on 2 cores, tuning included): "
+                   help="a scenario file (.toml or .json; 'flowgym scenario show NAME' prints one to start from) or "
+                   "one of (with the wall time of its default compare on 2 cores, tuning included): "
                    + _scenario_list("paper-synthetic-known"))
     c.add_argument("--rate", type=_positive_float("--rate"), default=None,
                    help="arrival rate: per class per slot for paper-synthetic (default 5, the paper's), "
                    "requests/s for paper-realdata (10, 50), timestamp speed-up for azure (0.25, 0.4)")
     c.add_argument("--horizons", type=_horizons, default=None,
-                   help="comma-separated horizons T (default 1000,2000,3000,4000,5000); the realdata and "
-                   "azure scenarios run to the end of their workload instead")
-    c.add_argument("--seeds", type=int, default=3, help="reporting seeds 0..N-1 (default 3)")
-    c.add_argument("--tune-seeds", type=int, default=2, help="tuning seeds 1000.. (default 2)")
+                   help="comma-separated horizons T (default: the scenario's, else 1000,2000,3000,4000,5000); "
+                   "finite scenarios (realdata, azure) run to the end of their workload instead")
+    c.add_argument("--seeds", default="3",
+                   help="reporting seeds: a count N (seeds 0..N-1; default 3), a range such as 900-919, or a list "
+                   "such as 1,2,7 (ranges and lists mix: 900-904,910)")
+    c.add_argument("--tune-seeds", default="2",
+                   help="tuning seeds: a count N (seeds 1000..1000+N-1; default 2), a range or a list as --seeds; "
+                   "they may not overlap the reporting seeds")
     c.add_argument("--tune-horizon", type=int, default=None,
                    help="horizon of tuning runs (default min(T, 2000); run-to-end scenarios tune on a smaller workload "
                    "run to its end: the first 5,000 requests, or the first 15 minutes of an Azure trace)")
@@ -362,9 +404,12 @@ def build_parser() -> argparse.ArgumentParser:
     r.add_argument("--budget", type=int, default=None, help="fixed activation budget b (default: Theorem 2's largest)")
     r.add_argument("--horizon", type=int, default=None, help="slots to simulate (default 1000)")
     r.add_argument("--rate", type=_positive_float("--rate"), default=None, help="arrival rate per class per slot (default 3.5)")
-    r.add_argument("--M", type=int, default=16492, help="KV-cache budget in tokens (default 16492)")
-    r.add_argument("--eviction", choices=["lifo", "all"], default="lifo",
-                   help="who leaves on overflow: lifo (the newest first, Algorithm 2; default) or all")
+    r.add_argument("--scenario", default=None,
+                   help="run a scenario's environment (a name or a .toml/.json file) instead of the paper's classes; "
+                   "--rate is then the scenario's rate, --horizon, --M and --eviction override it")
+    r.add_argument("--M", type=int, default=None, help="KV-cache budget in tokens (default 16492, or the scenario's)")
+    r.add_argument("--eviction", choices=["lifo", "all", "estimate"], default=None,
+                   help="who leaves on overflow: lifo (the newest first, Algorithm 2; default), all, or estimate")
     r.add_argument("--trace", default=None, help="replay a CSV trace (columns arrival,prompt_len,output_len)")
     r.add_argument("--seed", type=int, default=0, help="seed of the arrivals (default 0)")
     r.add_argument("--json", action="store_true", help="print the metrics as JSON")
@@ -396,6 +441,17 @@ def build_parser() -> argparse.ArgumentParser:
     h.add_argument("--time-limit", type=float, default=60.0, help="seconds per objective (default 60)")
     h.add_argument("--json", default=None, help="also write the instance, schedules and rows as JSON")
     h.set_defaults(func=_hindsight)
+    s = sub.add_parser(
+        "scenario", formatter_class=_HelpFormatter,
+        help="list the named scenarios, or print one as a file to start your own from",
+        description="'flowgym scenario list' lists the named scenarios; 'flowgym scenario show NAME' prints one "
+        "(or a scenario file, validated) as TOML or JSON: save it, edit it, and pass the file to compare, run "
+        "or train with --scenario. The format is docs/scenarios.md.",
+    )
+    s.add_argument("action", choices=["list", "show"])
+    s.add_argument("name", nargs="?", default=None, help="the scenario (show)")
+    s.add_argument("--format", choices=["toml", "json"], default="toml", help="(show) file format (default toml)")
+    s.set_defaults(func=_scenario)
     t = sub.add_parser(
         "train", formatter_class=_HelpFormatter,
         help="train a learned activation budget (Stable-Baselines3; needs pip install 'flowgym[train]')",
@@ -408,7 +464,8 @@ def build_parser() -> argparse.ArgumentParser:
     )
     d = _train_defaults()
     t.add_argument("--scenario", default=d.scenario,
-                   help="scenario to train on, one of: " + _scenario_list(d.scenario, times=False))
+                   help="scenario to train on: a scenario file (.toml or .json) or one of: "
+                   + _scenario_list(d.scenario, times=False))
     t.add_argument("--rate", type=float, default=None, help="the scenario's rate argument (default: its own)")
     t.add_argument("--algo", default=d.algo, help="ppo (default), a2c, dqn, or package.module:Class")
     t.add_argument("--total-timesteps", type=int, default=d.total_timesteps,
@@ -501,9 +558,6 @@ def _train_defaults() -> Any:
 def main(argv: Sequence[str] | None = None) -> int:
     """Entry point of the ``flowgym`` command."""
     args = build_parser().parse_args(argv)
-    if getattr(args, "seeds", 1) < 1:
-        print("error: --seeds must be at least 1", file=sys.stderr)
-        return 2
     if getattr(args, "horizon", None) is None:
         args.horizon_given = False
         args.horizon = 1000

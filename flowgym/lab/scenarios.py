@@ -1,16 +1,24 @@
-"""Named scenarios shared by the CLI, the examples and the tests.
+"""Scenarios: environment arguments, the agents a comparison runs, how ``--rate`` scales them.
 
-A :class:`Scenario` is the environment's arguments plus the agents a
-comparison runs by default (with the parameter each one tunes, if any). Build
-one with :func:`get_scenario`, optionally overriding the per-class arrival
-rate: ``get_scenario("paper-synthetic-known", rate=3.5)``.
+A scenario is data, kept in a TOML (or JSON) file; the named scenarios are such files
+shipped in ``flowgym/data/scenarios/`` (``flowgym scenario show NAME`` prints one to start
+from). The format, key by key, is ``docs/scenarios.md``. Load one with
+:func:`get_scenario` (a name or a path), optionally changing its rate:
+``get_scenario("paper-synthetic-known", rate=3.5)``, ``get_scenario("my.toml")``.
+Errors name the file, the key path and the allowed values.
 """
 
 from __future__ import annotations
 
 import copy
+import json
+import math
+import os
 from dataclasses import dataclass, field
+from importlib import resources
 from typing import Any
+
+from flowgym.lab import _toml
 
 __all__ = [
     "AgentSpec",
@@ -18,14 +26,60 @@ __all__ = [
     "SCENARIOS",
     "ADAPTIVE_SCENARIOS",
     "get_scenario",
+    "load_scenario",
+    "scenario_text",
+    "parse_seeds",
     "PAPER_CLASSES",
     "PAPER_M",
 ]
 
+#: The named scenarios, in the order the command line lists them (files in flowgym/data/scenarios/).
+SCENARIOS: tuple[str, ...] = (
+    "paper-synthetic-known",
+    "paper-synthetic-unknown",
+    "paper-realdata-low",
+    "paper-realdata-high",
+    "azure-conv",
+    "azure-code",
+    "adaptive-low",
+    "adaptive-high",
+    "adaptive-switch",
+    "adaptive-diurnal",
+    "adaptive-mix",
+    "adaptive-azure-conv",
+)
+#: The scenarios of ``flowgym train`` and ``benchmarks/bench_learned.py``.
+ADAPTIVE_SCENARIOS = ("adaptive-low", "adaptive-high", "adaptive-switch", "adaptive-diurnal", "adaptive-mix",
+                      "adaptive-azure-conv")
+
+# Facts of the named scenarios' files, for code and tests that refer to them.
 #: The paper's synthetic classes (l_k, o_k), Section 4.1.
 PAPER_CLASSES = [[10, 20], [10, 40], [10, 60]]
 #: KV budget of Llama-2-70B on two A100s, as in the paper.
 PAPER_M = 16492
+#: The alpha-protection greedy's tuning grid.
+ALPHA_GRID = [0.0, 0.1, 0.2, 0.3, 0.4, 0.5, 0.6, 0.7, 0.8, 0.9]
+#: Slots of an adaptive episode, and of one cycle of the switching and diurnal loads.
+ADAPTIVE_HORIZON, ADAPTIVE_PERIOD = 4000, 2000
+#: Original-time windows (seconds) of the Azure conv trace: the first half hour trains and tunes
+#: (``adaptive-azure-conv``'s ``tune_env``), the second half hour is held out for reports.
+AZURE_TRAIN_WINDOW, AZURE_REPORT_WINDOW = [0.0, 1800.0], [1800.0, 3600.0]
+#: Report horizons of a scenario that does not list its own.
+DEFAULT_HORIZONS = [1000, 2000, 3000, 4000, 5000]
+
+#: Keys of a scenario file and what each holds (docs/scenarios.md).
+FILE_KEYS = {
+    "name": "the scenario's name (a string)",
+    "description": "one line; {rate:g} stands for the rate",
+    "env": "FlowControl-v0 arguments, the workload included (a table)",
+    "agents": "the line-up of a comparison (an array of tables: name, label, params, tune)",
+    "rate": "what --rate does: default, meaning, set and/or scale (a table)",
+    "finite": "run to the end of the finite workload instead of reporting at horizons (true/false)",
+    "horizons": "report horizons in slots (an array of positive integers)",
+    "tune_env": "overrides of env for tuning runs; workload keys are merged (a table)",
+    "train": "learned-budget defaults: max_budget and/or budget_levels (a table)",
+    "run_time": "measured wall time of its default compare (a string)",
+}
 
 
 @dataclass
@@ -84,7 +138,11 @@ def _split_params(s: str) -> list[str]:
 
 @dataclass
 class Scenario:
-    """Environment arguments and the default line-up of a comparison."""
+    """Environment arguments, the default line-up of a comparison, and how ``rate`` changes them.
+
+    Build one with :func:`get_scenario` or :meth:`from_dict`; :meth:`to_dict` gives the
+    file's data back (at the default rate, ``{rate:g}`` kept in the description).
+    """
 
     name: str
     description: str
@@ -99,14 +157,23 @@ class Scenario:
     #: grid value is judged on the same arrivals over the same drain, not on a cut at an
     #: iteration count (which in continuous time covers a different span of seconds per policy).
     tune_env: dict[str, Any] = field(default_factory=dict)
-    #: Largest budget a learned policy gets by default on this scenario (``flowgym train``).
-    learned_max_budget: int = 16
+    #: Largest budget a learned policy gets by default on this scenario (``flowgym train``);
+    #: ``None``: derived (:meth:`learned_action_range`).
+    learned_max_budget: int | None = None
     #: Budget levels a learned policy chooses among by default (``None``: every budget
     #: ``0..learned_max_budget``); see :attr:`flowgym.lab.train.TrainConfig.budget_levels`.
     learned_budget_levels: tuple[int, ...] | None = None
     #: Wall time of ``flowgym compare --scenario NAME`` with its defaults on 2 cores (measured,
     #: tuning included; ``flowgym compare --help`` lists it), or ``None`` when not measured.
     run_time: str | None = None
+    #: Report horizons (``None``: :data:`DEFAULT_HORIZONS`; finite scenarios run to the end).
+    horizons: list[int] | None = None
+    #: The rate this scenario was built at (``None`` when it has no ``rate`` table).
+    rate: float | None = None
+    #: The file's data (at the default rate): what :meth:`to_dict` returns.
+    data: dict[str, Any] = field(default_factory=dict, repr=False)
+    #: Where it came from: a file path, or ``"named"`` for a shipped scenario.
+    source: str = ""
 
     def env_kwargs(self) -> dict[str, Any]:
         return copy.deepcopy(self.env)
@@ -121,287 +188,352 @@ class Scenario:
                 kw[k] = v
         return kw
 
+    def report_horizons(self) -> list[int] | None:
+        """The horizons a comparison reports at (``None``: run to the end of the workload)."""
+        return None if self.finite else list(self.horizons or DEFAULT_HORIZONS)
 
-B_GRID = [8, 10, 12, 14, 16, 20, 24, 32]
-ALPHA_GRID = [0.0, 0.1, 0.2, 0.3, 0.4, 0.5, 0.6, 0.7, 0.8, 0.9]
+    def learned_action_range(self) -> tuple[int, tuple[int, ...] | None, str]:
+        """``(max_budget, budget_levels, where from)`` of a learned policy on this scenario.
 
+        The ``train`` table's values when given; else the largest budget any agent of the
+        line-up may use (its parameters and tuning grids: the flow-control budget ``b``,
+        rate-switch's ``high``/``low``), at least 16; else the environment's ``max_budget``.
+        """
+        if self.learned_budget_levels is not None:
+            return int(self.learned_budget_levels[-1]), tuple(self.learned_budget_levels), "the scenario's train table"
+        if self.learned_max_budget is not None:
+            return int(self.learned_max_budget), None, "the scenario's train table"
+        seen: list[int] = []
+        for a in self.agents:
+            for k, v in a.params.items():
+                if k in ("b", "high", "low", "budget") and isinstance(v, int) and not isinstance(v, bool):
+                    seen.append(v)
+            if a.tune is not None and a.tune[0] in ("b", "high", "low", "budget"):
+                seen += [v for v in a.tune[1] if isinstance(v, int) and not isinstance(v, bool)]
+        if seen:
+            return max(16, max(seen)), None, "the largest budget of the scenario's agents and grids (at least 16)"
+        return int(self.env.get("max_budget", 64)), None, "the scenario's env max_budget"
 
-def _paper_synthetic(known: bool, rate: float) -> Scenario:
-    env = {
-        "M": PAPER_M,
-        "workload": {"kind": "poisson", "classes": copy.deepcopy(PAPER_CLASSES), "rates": float(rate)},
-        "output_length_known": known,
-        "max_budget": 1024,
-    }
-    agents = []
-    if known:
-        agents.append(AgentSpec("flow-control", {"b": [4, 4, 4]}, label="flow-control (Alg. 1) b=(4,4,4)"))
-    agents += [
-        AgentSpec("flow-control", {"b": 12}, tune=("b", B_GRID), label="flow-control (Alg. 2)"),
-        AgentSpec("alpha-greedy", {"alpha": 0.1}, tune=("alpha", ALPHA_GRID), label="alpha-greedy"),
-        AgentSpec("mc", label="MC"),
-    ]
-    agents.append(AgentSpec("mc-sf", label="MC-SF") if known else AgentSpec("a-min", label="A_min"))
-    agents.append(AgentSpec("greedy-lifo", label="greedy-LIFO (vLLM-like)"))
-    which = "known" if known else "unknown"
-    return Scenario(
-        name=f"paper-synthetic-{which}",
-        description=(
-            f"Dong & Cao Section 4.1 with {which} output lengths: classes (10,20), (10,40), (10,60), "
-            f"Poisson lambda={rate:g} per class per slot, M={PAPER_M}."
-        ),
-        env=env,
-        agents=agents,
-        default_rate=5.0,
-    )
+    def to_dict(self) -> dict[str, Any]:
+        """The scenario as file data (at the default rate; ``{rate:g}`` kept in the description)."""
+        return copy.deepcopy(self.data)
 
+    @classmethod
+    def from_dict(cls, data: Any, *, rate: float | None = None, where: str = "scenario") -> Scenario:
+        """Validate file data and build the scenario at ``rate`` (``None``: the file's default).
 
-B_GRID_TIMED = [1, 2, 3, 4, 6, 8, 12, 16, 24]
-
-
-def _unknown_length_agents(b: int, grid: list[Any], fc_label: str) -> list[AgentSpec]:
-    """The agents of the unknown-length scenarios: flow control (budget ``b``, tuned over ``grid``),
-    alpha-greedy (tuned), MC, A_min and greedy-LIFO."""
-    return [
-        AgentSpec("flow-control", {"b": b}, tune=("b", grid), label=fc_label),
-        AgentSpec("alpha-greedy", {"alpha": 0.1}, tune=("alpha", ALPHA_GRID), label="alpha-greedy"),
-        AgentSpec("mc", label="MC"),
-        AgentSpec("a-min", label="A_min"),
-        AgentSpec("greedy-lifo", label="greedy-LIFO (vLLM-like)"),
-    ]
-
-
-def _timed_agents() -> list[AgentSpec]:
-    return _unknown_length_agents(4, B_GRID_TIMED, "flow-control (Alg. 2)")
-
-
-#: Safety cap on the iterations of a run-to-the-end scenario: a policy that never drains the
-#: workload (e.g. a zero budget, or evict-all thrashing) is truncated there, its requests unfinished.
-MAX_ITERATIONS = 1_000_000
-
-#: KV budget of the Azure scenarios (tokens); see docs/reproduction.md for the reasoning.
-AZURE_M = 131_072
-
-
-#: Safety cap on the iterations of a tuning run (its workload is about a tenth of the full one).
-MAX_TUNE_ITERATIONS = 200_000
-
-
-def _timed(name: str, description: str, M: int, workload: dict[str, Any], rate: float,
-           tune_workload: dict[str, Any]) -> Scenario:
-    """A continuous-time scenario run to the end of its finite workload (Llama-2-70B latency).
-
-    Tuning runs use ``tune_workload`` (merged into ``workload``), run to its end.
-    """
-    env = {"M": M, "workload": workload, "time_model": "llama2-70b-tp2-a100", "max_budget": 1024,
-           "horizon": MAX_ITERATIONS}
-    tune_env = {"workload": tune_workload, "horizon": MAX_TUNE_ITERATIONS}
-    return Scenario(name, description, env, _timed_agents(), default_rate=rate, finite=True, tune_env=tune_env)
-
-
-def _paper_realdata(rate: float, which: str) -> Scenario:
-    return _timed(
-        f"paper-realdata-{which}",
-        f"Dong & Cao Section 4.2 stand-in: 50,000 requests with SYNTHETIC LMSYS-like lengths "
-        f"(log-normals from published medians/means), Poisson {rate:g} req/s, M={PAPER_M}, "
-        f"Llama-2-70B TP2 A100 batch latency, unknown output lengths.",
-        PAPER_M,
-        {"kind": "iid", "rate": float(rate), "lengths": {"kind": "lmsys-like"}, "n_requests": 50_000, "timed": True},
-        rate,
-        {"n_requests": 5_000},  # tuning: the first 5,000 requests of the tuning seeds, run to the end
-    )
-
-
-def _azure(trace: str, rate: float) -> Scenario:
-    return _timed(
-        f"azure-{trace}",
-        f"Azure LLM inference trace 2023 ({trace}) replayed with its real timestamps "
-        f"(rate multiplier {rate:g}), M={AZURE_M}, Llama-2-70B TP2 A100 batch latency, unknown lengths.",
-        AZURE_M,
-        {"kind": "azure", "trace": trace, "rate_multiplier": float(rate)},
-        rate,
-        {"window": [0.0, 900.0]},  # tuning: the trace's first 15 minutes (original time), run to the end
-    )
+        Errors are ``ValueError`` naming ``where`` (the file), the key path and what is allowed.
+        """
+        if not isinstance(data, dict):
+            raise ValueError(f"{where}: a scenario is a table of keys ({', '.join(FILE_KEYS)}), "
+                             f"got {type(data).__name__}")
+        unknown = sorted(set(data) - set(FILE_KEYS))
+        if unknown:
+            raise ValueError(f"{where}: unknown key {unknown[0]!r}; allowed keys: {', '.join(FILE_KEYS)}")
+        for key in ("name", "env", "agents"):
+            if key not in data:
+                raise ValueError(f"{where}: missing key {key!r} ({FILE_KEYS[key]})")
+        name = data["name"]
+        if not isinstance(name, str) or not name:
+            raise ValueError(f"{where}: name must be a non-empty string, got {name!r}")
+        desc = data.get("description", name)
+        if not isinstance(desc, str):
+            raise ValueError(f"{where}: description must be a string, got {desc!r}")
+        if not isinstance(data["env"], dict):
+            raise ValueError(f"{where}: env must be a table of FlowControl-v0 arguments, got {data['env']!r}")
+        finite = data.get("finite", False)
+        if not isinstance(finite, bool):
+            raise ValueError(f"{where}: finite must be true or false, got {finite!r}")
+        horizons = data.get("horizons")
+        if horizons is not None and (not isinstance(horizons, list) or not horizons or any(
+                isinstance(h, bool) or not isinstance(h, int) or h < 1 for h in horizons)):
+            raise ValueError(f"{where}: horizons must be a non-empty array of positive integers, got {horizons!r}")
+        tune_env = data.get("tune_env", {})
+        if not isinstance(tune_env, dict):
+            raise ValueError(f"{where}: tune_env must be a table, got {tune_env!r}")
+        run_time = data.get("run_time")
+        if run_time is not None and not isinstance(run_time, str):
+            raise ValueError(f"{where}: run_time must be a string, got {run_time!r}")
+        agents = [_agent_from(a, f"{where}: agents[{i}]") for i, a in enumerate(_table_list(data["agents"],
+                                                                                           f"{where}: agents"))]
+        max_budget, levels = _train_from(data.get("train", {}), f"{where}: train")
+        env = copy.deepcopy(data["env"])
+        _check_env(env, f"{where}: env")  # as written (at the default rate)
+        default_rate, value = None, None
+        if "rate" in data:
+            default_rate, value = _apply_rate(data["rate"], env, rate, f"{where}: rate")
+        elif rate is not None:
+            raise ValueError(f"{where}: this scenario has no rate table, so --rate/rate= cannot change it")
+        try:
+            desc = desc.format(rate=value if value is not None else float("nan"))
+        except (KeyError, IndexError, ValueError) as e:
+            raise ValueError(f"{where}: description: only {{rate}} / {{rate:g}} may stand in braces ({e})") from None
+        if rate is not None:
+            _check_env(env, f"{where}: env at rate {rate!r}")
+        if tune_env:
+            merged = copy.deepcopy(env)
+            for k, v in tune_env.items():
+                if k == "workload" and isinstance(merged.get("workload"), dict) and isinstance(v, dict):
+                    merged["workload"].update(v)
+                else:
+                    merged[k] = v
+            _check_env(merged, f"{where}: tune_env (merged into env)")
+        return cls(name=name, description=desc, env=env, agents=agents, default_rate=default_rate, finite=finite,
+                   tune_env=copy.deepcopy(tune_env), learned_max_budget=max_budget, learned_budget_levels=levels,
+                   run_time=run_time, horizons=horizons, rate=value, data=copy.deepcopy(data), source=where)
 
 
-# --------------------------------------------------------------------------- adaptivity
-
-#: Per-class arrival rates of the adaptive scenarios: a low load (rho = 0.49) and an overload
-#: (rho = 1.11, beyond Proposition 1's limit) of the paper's three classes at M = 16492.
-ADAPTIVE_LOW, ADAPTIVE_HIGH = 2.0, 4.5
-#: Slots of an adaptive episode (and of its reports): two full cycles of the switching and diurnal loads.
-ADAPTIVE_HORIZON = 4000
-#: Slots per cycle of the switching and diurnal loads (1000 slots low, 1000 high for the switch).
-ADAPTIVE_PERIOD = 2000
-#: Flow control's budget grid on the adaptive scenarios (finer around M / E[w] = 12.2).
-B_GRID_ADAPTIVE = [4, 6, 8, 10, 11, 12, 13, 14, 16, 20, 24, 32]
-#: Original-time windows (seconds) of the Azure conv trace: the first half hour trains and tunes,
-#: the second half hour is held out for reports (a trace replay is the same for every seed).
-AZURE_TRAIN_WINDOW, AZURE_REPORT_WINDOW = [0.0, 1800.0], [1800.0, 3600.0]
+def _table_list(v: Any, where: str) -> list[Any]:
+    if not isinstance(v, list) or not v:
+        raise ValueError(f"{where} must be a non-empty array of tables ([[agents]] in TOML)")
+    return v
 
 
-def _adaptive_agents(grid: list[Any]) -> list[AgentSpec]:
-    return _unknown_length_agents(12, grid, "flow-control (best fixed b)")
+def _agent_from(a: Any, where: str) -> AgentSpec:
+    from flowgym.agents import AGENTS
+
+    if not isinstance(a, dict):
+        raise ValueError(f"{where} must be a table with name, and optionally label, params, tune; got {a!r}")
+    unknown = sorted(set(a) - {"name", "label", "params", "tune"})
+    if unknown:
+        raise ValueError(f"{where}: unknown key {unknown[0]!r}; allowed: name, label, params, tune")
+    name = a.get("name")
+    if name not in AGENTS:
+        raise ValueError(f"{where}.name: {name!r} is not an agent; allowed: {', '.join(AGENTS)}")
+    params = a.get("params", {})
+    if not isinstance(params, dict):
+        raise ValueError(f"{where}.params must be a table, got {params!r}")
+    label = a.get("label")
+    if label is not None and not isinstance(label, str):
+        raise ValueError(f"{where}.label must be a string, got {label!r}")
+    tune = a.get("tune")
+    if tune is not None:
+        if not isinstance(tune, dict) or set(tune) != {"param", "grid"} or not isinstance(tune["param"], str) \
+                or not isinstance(tune["grid"], list) or not tune["grid"]:
+            raise ValueError(f"{where}.tune must be a table {{param = \"name\", grid = [values...]}}, got {tune!r}")
+        tune = (tune["param"], list(tune["grid"]))
+    spec = AgentSpec(name, copy.deepcopy(params), tune, label)
+    from flowgym.agents import make_agent
+
+    try:  # the parameters are the agent's (each grid value too)
+        make_agent(name, **params)
+        if tune is not None:
+            for v in tune[1]:
+                make_agent(name, **{**params, tune[0]: v})
+    except ValueError as e:
+        raise ValueError(f"{where}: {e}") from None
+    return spec
 
 
-def _adaptive(which: str, scale: float) -> Scenario:
-    """The paper's three classes with unknown output lengths under a (time-varying) load.
+def _train_from(t: Any, where: str) -> tuple[int | None, tuple[int, ...] | None]:
+    if not isinstance(t, dict):
+        raise ValueError(f"{where} must be a table (max_budget, budget_levels), got {t!r}")
+    unknown = sorted(set(t) - {"max_budget", "budget_levels"})
+    if unknown:
+        raise ValueError(f"{where}: unknown key {unknown[0]!r}; allowed: max_budget, budget_levels")
+    mb = t.get("max_budget")
+    if mb is not None and (isinstance(mb, bool) or not isinstance(mb, int) or mb < 1):
+        raise ValueError(f"{where}.max_budget must be a positive integer, got {mb!r}")
+    levels = t.get("budget_levels")
+    if levels is not None:
+        from flowgym.agents.learned import valid_levels
 
-    Arrivals are Poisson with total rate ``3 * lambda(t)`` and each request's class drawn
-    uniformly, which is the same as three independent per-class Poisson processes at
-    ``lambda(t)`` each. ``scale`` multiplies every rate.
-    """
-    s = _positive_scale(scale)
-    lo, hi = 3 * ADAPTIVE_LOW * s, 3 * ADAPTIVE_HIGH * s
-    if which == "low":
-        rate: Any = lo
-        what = f"stationary low load, lambda={ADAPTIVE_LOW * s:g} per class per slot"
-    elif which == "high":
-        rate = hi
-        what = f"stationary overload, lambda={ADAPTIVE_HIGH * s:g} per class per slot"
-    elif which == "switch":
-        half = ADAPTIVE_PERIOD // 2
-        rate = {"kind": "steps", "times": [0.0, float(half)], "rates": [lo, hi], "period": float(ADAPTIVE_PERIOD)}
-        what = (f"load switching every {half} slots between lambda={ADAPTIVE_LOW * s:g} and "
-                f"lambda={ADAPTIVE_HIGH * s:g} per class per slot (low first)")
-    elif which == "diurnal":
-        rate = {"kind": "sinusoid", "mean": (lo + hi) / 2, "amplitude": (hi - lo) / 2,
-                "period": float(ADAPTIVE_PERIOD), "phase": -0.25}
-        what = (f"diurnal sinusoid between lambda={ADAPTIVE_LOW * s:g} and {ADAPTIVE_HIGH * s:g} per class per "
-                f"slot, period {ADAPTIVE_PERIOD} slots (starts at the trough)")
-    else:  # pragma: no cover - internal
-        raise ValueError(which)
-    env = {
-        "M": PAPER_M,
-        "workload": {
-            "kind": "iid",
-            "rate": rate,
-            "lengths": {"kind": "empirical", "pairs": copy.deepcopy(PAPER_CLASSES), "weights": [1.0, 1.0, 1.0]},
-        },
-        "output_length_known": False,
-        "max_budget": 64,
-        "horizon": ADAPTIVE_HORIZON,
-    }
-    return Scenario(
-        name=f"adaptive-{which}",
-        description=(f"Adaptivity: {what}; the paper's classes (10,20), (10,40), (10,60), M={PAPER_M}, "
-                     f"unknown output lengths, {ADAPTIVE_HORIZON} slots."),
-        env=env,
-        agents=_adaptive_agents(B_GRID_ADAPTIVE),
-        default_rate=1.0,
-    )
+        if not valid_levels(levels):
+            raise ValueError(f"{where}.budget_levels must be at least two ascending distinct non-negative "
+                             f"integers, got {levels!r}")
+        if mb is not None and mb != levels[-1]:
+            raise ValueError(f"{where}: max_budget ({mb}) must be the largest of budget_levels ({levels[-1]})")
+        levels = tuple(levels)
+    return mb, levels
 
 
-#: The two request mixes of ``adaptive-mix``: short chat turns and long generations (uniform
-#: over each list of ``(l, o)``), and their rates per slot while active (rho 0.81 and 0.96).
-MIX_CHAT, MIX_LONG = [[10, 10], [10, 20], [10, 30]], [[10, 60], [10, 100], [10, 140]]
-MIX_CHAT_RATE, MIX_LONG_RATE = 30.0, 2.4
-#: Flow control's budget grid on ``adaptive-mix`` (the chat phase needs about 40, the long one 3-6).
-B_GRID_MIX = [2, 3, 4, 6, 8, 12, 16, 24, 32, 40, 48, 64]
-#: The learned budget's levels on ``adaptive-mix``: log-spaced, so that a new policy explores
-#: small budgets as much as large ones (with every budget 0..64 a near-uniform policy averages 32).
-MIX_LEVELS = (0, 1, 2, 3, 4, 6, 8, 12, 16, 24, 32, 40, 48, 64)
+def _check_env(env: dict[str, Any], where: str) -> None:
+    from flowgym.envs.flow_control import FlowControlConfig
+    from flowgym.sim.workloads import make_workload
 
-
-def _adaptive_mix(scale: float) -> Scenario:
-    """A request mix that shifts every 1000 slots: chat turns, then long generations.
-
-    Two independent Poisson streams (:class:`~flowgym.sim.workloads.Mixture`), each on for
-    half of a 2000-slot cycle. The chat phase brings 30 requests per slot of ``w`` about
-    400 token-slots (``rho = 0.81``); the long phase 2.4 per slot of ``w`` about 6,600
-    (``rho = 0.96``). A budget small enough for the long phase starves the chat phase, and
-    one large enough for the chat phase admits long requests greedily.
-    """
-    s = _positive_scale(scale)
-    half = ADAPTIVE_PERIOD // 2
-
-    def stream(rate: float, pairs: list[list[int]], first: bool) -> dict[str, Any]:
-        rates = [rate * s, 0.0] if first else [0.0, rate * s]
-        return {"kind": "iid", "rate": {"kind": "steps", "times": [0.0, float(half)], "rates": rates,
-                                        "period": float(ADAPTIVE_PERIOD)},
-                "lengths": {"kind": "empirical", "pairs": copy.deepcopy(pairs), "weights": [1.0] * len(pairs)}}
-
-    env = {
-        "M": PAPER_M,
-        "workload": {"kind": "mix", "streams": [stream(MIX_CHAT_RATE, MIX_CHAT, True),
-                                                stream(MIX_LONG_RATE, MIX_LONG, False)]},
-        "output_length_known": False,
-        "max_budget": 64,
-        "horizon": ADAPTIVE_HORIZON,
-    }
-    return Scenario(
-        name="adaptive-mix",
-        description=(f"Adaptivity: the request mix shifts every {half} slots between chat turns "
-                     f"(l,o) in {MIX_CHAT} at {MIX_CHAT_RATE * s:g}/slot and long generations in {MIX_LONG} at "
-                     f"{MIX_LONG_RATE * s:g}/slot (chat first); M={PAPER_M}, unknown output lengths, "
-                     f"{ADAPTIVE_HORIZON} slots."),
-        env=env,
-        agents=_unknown_length_agents(40, B_GRID_MIX, "flow-control (best fixed b)") + [
-            AgentSpec("rate-switch", {"high": 40, "low": 4, "threshold": 10.0}, tune=("low", [2, 3, 4, 6, 8, 12]),
-                      label="rate-switch (scripted, high=40)")],
-        default_rate=1.0,
-        learned_max_budget=64,
-        learned_budget_levels=MIX_LEVELS,
-    )
-
-
-def _positive_scale(scale: Any) -> float:
     try:
-        s = float(scale)
-    except (TypeError, ValueError):
-        raise ValueError(f"rate (a load multiplier for the adaptive scenarios) must be a number, got {scale!r}") from None
-    if not (s > 0 and s < float("inf")):
-        raise ValueError(f"rate (a load multiplier for the adaptive scenarios) must be positive, got {scale!r}")
-    return s
+        cfg = FlowControlConfig.from_any(env)
+        make_workload(cfg.workload)
+    except (ValueError, TypeError) as e:
+        raise ValueError(f"{where}: {e}") from None
 
 
-def _adaptive_azure(rate: float) -> Scenario:
-    sc = _timed(
-        "adaptive-azure-conv",
-        f"Adaptivity: the Azure conv trace 2023, second half hour (held out; the first half hour trains and "
-        f"tunes), real timestamps slowed by {rate:g}, M={AZURE_M}, Llama-2-70B TP2 A100 batch latency, "
-        f"unknown lengths, run to the end.",
-        AZURE_M,
-        {"kind": "azure", "trace": "conv", "rate_multiplier": float(rate), "window": list(AZURE_REPORT_WINDOW)},
-        rate,
-        {"window": list(AZURE_TRAIN_WINDOW)},
-    )
-    sc.env["max_budget"] = 64
-    sc.agents[0] = AgentSpec("flow-control", {"b": 4}, tune=("b", B_GRID_TIMED), label="flow-control (best fixed b)")
-    return sc
+def _walk(env_root: dict[str, Any], path: str, where: str) -> tuple[Any, Any]:
+    """The container and key of a dotted ``env.a.0.b`` path (``where`` names it in errors)."""
+    parts = path.split(".")
+    if parts[0] != "env" or len(parts) < 2:
+        raise ValueError(f"{where}: {path!r} must be a path into env, e.g. 'env.workload.rate'")
+    node: Any = env_root
+    for i, p in enumerate(parts[1:-1], start=1):
+        node = _step(node, p, ".".join(parts[: i + 1]), where)
+    last = parts[-1]
+    if isinstance(node, list):
+        if not last.isdigit() or int(last) >= len(node):
+            raise ValueError(f"{where}: {path!r}: no item {last!r} (the list has {len(node)})")
+        return node, int(last)
+    if not isinstance(node, dict) or last not in node:
+        raise ValueError(f"{where}: {path!r} names no value in env")
+    return node, last
 
 
-#: The scenarios of ``flowgym train`` and ``benchmarks/bench_learned.py``.
-ADAPTIVE_SCENARIOS = ("adaptive-low", "adaptive-high", "adaptive-switch", "adaptive-diurnal", "adaptive-mix",
-                      "adaptive-azure-conv")
+def _step(node: Any, p: str, sofar: str, where: str) -> Any:
+    if isinstance(node, list) and p.isdigit() and int(p) < len(node):
+        return node[int(p)]
+    if isinstance(node, dict) and p in node:
+        return node[p]
+    raise ValueError(f"{where}: {sofar!r} names no value in env")
 
 
-SCENARIOS = {
-    "paper-synthetic-known": lambda rate=5.0: _paper_synthetic(True, rate),
-    "paper-synthetic-unknown": lambda rate=5.0: _paper_synthetic(False, rate),
-    "paper-realdata-low": lambda rate=10.0: _paper_realdata(rate, "low"),
-    "paper-realdata-high": lambda rate=50.0: _paper_realdata(rate, "high"),
-    # The trace's own rates (conv ~5.5 req/s, code ~2.6 req/s) are far beyond what the
-    # Llama-2-70B TP2 latency preset can serve (prefill alone caps it near 2 req/s), so the
-    # timestamps are slowed down by default to put the load near capacity.
-    "azure-conv": lambda rate=0.25: _azure("conv", rate),
-    "azure-code": lambda rate=0.4: _azure("code", rate),
-    # ``rate`` of the adaptive synthetic scenarios multiplies every arrival rate (default 1).
-    "adaptive-low": lambda rate=1.0: _adaptive("low", rate),
-    "adaptive-high": lambda rate=1.0: _adaptive("high", rate),
-    "adaptive-switch": lambda rate=1.0: _adaptive("switch", rate),
-    "adaptive-diurnal": lambda rate=1.0: _adaptive("diurnal", rate),
-    "adaptive-mix": lambda rate=1.0: _adaptive_mix(rate),
-    "adaptive-azure-conv": lambda rate=0.25: _adaptive_azure(rate),
-}
+def _apply_rate(spec: Any, env: dict[str, Any], rate: Any, where: str) -> tuple[float, float]:
+    """Set and/or scale the env values the ``rate`` table names; returns (default, value used)."""
+    if not isinstance(spec, dict):
+        raise ValueError(f"{where} must be a table (default, meaning, set, scale), got {spec!r}")
+    unknown = sorted(set(spec) - {"default", "meaning", "set", "scale"})
+    if unknown:
+        raise ValueError(f"{where}: unknown key {unknown[0]!r}; allowed: default, meaning, set, scale")
+    default = spec.get("default")
+    if isinstance(default, bool) or not isinstance(default, (int, float)) or not (0 < default < math.inf):
+        raise ValueError(f"{where}.default must be a positive number, got {default!r}")
+    paths = {k: spec.get(k, []) for k in ("set", "scale")}
+    for k, v in paths.items():
+        if not isinstance(v, list) or any(not isinstance(p, str) for p in v):
+            raise ValueError(f"{where}.{k} must be an array of paths such as 'env.workload.rate', got {v!r}")
+    if not paths["set"] and not paths["scale"]:
+        raise ValueError(f"{where}: give set and/or scale (the env values the rate sets or multiplies)")
+    value = default if rate is None else rate
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not (0 < value < math.inf):
+        raise ValueError(f"rate must be a positive number ({spec.get('meaning', 'the scenario rate')}), got {rate!r}")
+    value = float(value)
+    root = {"env": env}
+    for p in paths["set"]:
+        node, key = _walk(root["env"], p, f"{where}.set")
+        node[key] = value
+    if rate is not None:  # the file holds the values at the default rate: scale by the ratio
+        factor = value / float(default)
+        for p in paths["scale"]:
+            node, key = _walk(root["env"], p, f"{where}.scale")
+            node[key] = _scaled(node[key], factor, f"{where}.scale: {p!r}")
+    else:
+        for p in paths["scale"]:
+            _walk(root["env"], p, f"{where}.scale")
+    return float(default), value
 
 
-def get_scenario(name: str, *, rate: float | None = None) -> Scenario:
-    """A named scenario; ``rate`` overrides its arrival rate (per class per slot for the
-    synthetic ones, requests per second for paper-realdata, a speed-up of the Azure timestamps,
-    a multiplier of every rate for the ``adaptive-*`` synthetic ones)."""
+def _scaled(v: Any, factor: float, where: str) -> Any:
+    if isinstance(v, bool):
+        raise ValueError(f"{where} is not a number ({v!r})")
+    if isinstance(v, (int, float)):
+        return v * factor
+    if isinstance(v, list):
+        return [_scaled(x, factor, where) for x in v]
+    raise ValueError(f"{where} is not a number or an array of numbers ({v!r})")
+
+
+# --------------------------------------------------------------------------- loading
+
+
+def _read(path: str) -> dict[str, Any]:
     try:
-        make = SCENARIOS[name]
-    except KeyError:
-        raise ValueError(f"unknown scenario {name!r}; known: {sorted(SCENARIOS)}") from None
-    return make() if rate is None else make(rate=rate)
+        with open(path, encoding="utf-8") as fh:
+            text = fh.read()
+    except OSError as e:
+        raise ValueError(f"{path}: {e.strerror}") from None
+    except UnicodeDecodeError as e:
+        raise ValueError(f"{path}: not UTF-8 text ({e.reason} at byte {e.start})") from None
+    if path.lower().endswith(".json"):
+        try:
+            return json.loads(text)
+        except json.JSONDecodeError as e:
+            raise ValueError(f"{path}: invalid JSON at line {e.lineno}, column {e.colno}: "
+                             f"{e.msg}") from None
+    try:
+        return _toml.loads(text)
+    except _toml.TOMLDecodeError as e:
+        raise ValueError(f"{path}: invalid TOML: {e}") from None
+
+
+def load_scenario(path: str | os.PathLike[str], *, rate: float | None = None) -> Scenario:
+    """The scenario of a TOML (``.toml``) or JSON (``.json``) file, at ``rate`` (default: the file's)."""
+    path = os.fspath(path)
+    return Scenario.from_dict(_read(path), rate=rate, where=path)
+
+
+def _named_text(name: str) -> str:
+    return resources.files("flowgym.data").joinpath("scenarios", f"{name}.toml").read_text(encoding="utf-8")
+
+
+def is_scenario_file(name: str) -> bool:
+    """``name`` is meant as a file: it ends in ``.toml`` or ``.json``, or names an existing file."""
+    return name.lower().endswith((".toml", ".json")) or os.path.isfile(name)
+
+
+def get_scenario(name: str | dict[str, Any], *, rate: float | None = None) -> Scenario:
+    """A named scenario, a scenario file (a path ending in ``.toml``/``.json``), or scenario data (a dict).
+
+    ``rate`` changes what the scenario's ``rate`` table says (per class per slot for the
+    synthetic ones, requests per second for paper-realdata, a speed-up of the Azure
+    timestamps, a multiplier of every rate for the ``adaptive-*`` synthetic ones).
+    """
+    if isinstance(name, dict):
+        return Scenario.from_dict(name, rate=rate, where="scenario data")
+    if not isinstance(name, str):
+        raise ValueError(f"a scenario is a name, a file path or a dict, got {type(name).__name__}")
+    if name in SCENARIOS:
+        sc = Scenario.from_dict(_toml.loads(_named_text(name)), rate=rate, where=f"scenario {name!r}")
+        sc.source = "named"
+        return sc
+    if is_scenario_file(name):
+        return load_scenario(name, rate=rate)
+    raise ValueError(f"unknown scenario {name!r}: not a file, and not one of {', '.join(SCENARIOS)} "
+                     "(files end in .toml or .json)")
+
+
+def scenario_text(name: str, fmt: str = "toml") -> str:
+    """A scenario as the text of a file to start from (``fmt``: ``"toml"`` or ``"json"``)."""
+    if fmt not in ("toml", "json"):
+        raise ValueError(f"format must be 'toml' or 'json', got {fmt!r}")
+    if fmt == "toml" and name in SCENARIOS:
+        return _named_text(name)
+    data = get_scenario(name).to_dict()
+    if fmt == "json":
+        return json.dumps(data, indent=2) + "\n"
+    return _toml.dumps(data, f"flowgym scenario {data['name']!r}; format: docs/scenarios.md")
+
+
+def parse_seeds(text: str | int | list[int], *, first: int = 0) -> list[int]:
+    """Seeds from ``"5"`` (five seeds ``first..first+4``), ``"900-919"`` (a range, both ends
+    included), ``"1,2,7"`` or ``"900-904,910"``; an int is a count, a list is taken as is."""
+    if isinstance(text, bool):
+        raise ValueError(f"seeds: got {text!r}")
+    if isinstance(text, int):
+        if text < 1:
+            raise ValueError(f"seeds: a count must be at least 1, got {text}")
+        return list(range(first, first + text))
+    if isinstance(text, list):
+        if not text or any(isinstance(s, bool) or not isinstance(s, int) or s < 0 for s in text):
+            raise ValueError(f"seeds: a list of non-negative integers, got {text!r}")
+        return list(text)
+    s = str(text).strip()
+    if s.isdigit():
+        return parse_seeds(int(s), first=first)
+    out: list[int] = []
+    for part in s.split(","):
+        part = part.strip()
+        lo, dash, hi = part.partition("-")
+        try:
+            if dash:
+                a, b = int(lo), int(hi)
+                if a < 0 or b < a:
+                    raise ValueError
+                out += list(range(a, b + 1))
+            else:
+                a = int(part)
+                if a < 0:
+                    raise ValueError
+                out.append(a)
+        except ValueError:
+            raise ValueError(f"seeds: {part!r} in {s!r} is not a seed or a range such as 900-919 "
+                             "(give a count, ranges and/or lists: 5, 900-919, 1,2,7)") from None
+    if len(set(out)) != len(out):
+        raise ValueError(f"seeds: {s!r} lists a seed twice")
+    return out

@@ -104,8 +104,9 @@ class TrainConfig:
     evaluation; see ``docs/training.md``).
     """
 
-    #: Scenario name (:data:`flowgym.lab.scenarios.SCENARIOS`).
-    scenario: str = "adaptive-mix"
+    #: A named scenario (:data:`flowgym.lab.scenarios.SCENARIOS`), a scenario file (``.toml`` or
+    #: ``.json``, docs/scenarios.md) or scenario data (a dict, as in such a file).
+    scenario: str | dict[str, Any] = "adaptive-mix"
     #: Its ``rate`` argument (``None``: the scenario's default).
     rate: float | None = None
     #: ``ppo``, ``a2c``, ``dqn`` or ``"package.module:Class"`` of any SB3-compatible algorithm.
@@ -197,10 +198,9 @@ class TrainConfig:
                     or v < 0 or (v == 0 and not zero):
                 raise ValueError(f"{name} must be a {'non-negative' if zero else 'positive'} number, got {v!r}")
 
-        from flowgym.lab.scenarios import SCENARIOS
+        from flowgym.lab.scenarios import get_scenario
 
-        if self.scenario not in SCENARIOS:
-            raise ValueError(f"unknown scenario {self.scenario!r}; known: {sorted(SCENARIOS)}")
+        get_scenario(self.scenario, rate=self.rate)  # raises naming the file, key and allowed values
         if self.algo not in ALGORITHMS and ":" not in self.algo:
             raise ValueError(f"algo must be one of {sorted(ALGORITHMS)} or 'package.module:Class', got {self.algo!r}")
         for name in ("total_timesteps", "n_envs", "n_steps", "batch_size", "n_epochs",
@@ -243,8 +243,10 @@ class TrainConfig:
             raise ValueError(f"env_overrides must be a mapping, got {self.env_overrides!r}")
         for bad in ("workload", "observation", "max_budget"):
             if bad in self.env_overrides:
-                raise ValueError(f"env_overrides may not set {bad!r} (the scenario gives the workload; "
-                                 f"observation is 'flat'; use max_budget= for the action range)")
+                raise ValueError(f"env_overrides may not set {bad!r}: the scenario gives the workload (write your "
+                                 "own in a scenario file: flowgym scenario show adaptive-mix > my.toml, edit it, then "
+                                 "--scenario my.toml; docs/scenarios.md), observation is 'flat', and max_budget= or "
+                                 "budget_levels= set the action range")
         if not self.out:
             raise ValueError("out (the output directory) must be given")
 
@@ -529,8 +531,10 @@ def train(cfg: TrainConfig | None = None, **overrides: Any) -> TrainResult:
     torch.set_num_threads(cfg.torch_threads)
     algo_cls = algorithm_class(cfg.algo)
     sc = get_scenario(cfg.scenario, rate=cfg.rate)
-    if cfg.budget_levels is None and cfg.max_budget is None:  # the scenario's defaults
-        cfg = dataclasses.replace(cfg, budget_levels=sc.learned_budget_levels, max_budget=sc.learned_max_budget)
+    range_from = "the training settings"
+    if cfg.budget_levels is None and cfg.max_budget is None:  # the scenario's defaults (derived when it has none)
+        max_budget, levels, range_from = sc.learned_action_range()
+        cfg = dataclasses.replace(cfg, budget_levels=levels, max_budget=max_budget)
     if cfg.budget_levels is not None:
         cfg = dataclasses.replace(cfg, budget_levels=tuple(cfg.budget_levels), max_budget=int(cfg.budget_levels[-1]))
     train_kw = learned_env_kwargs(sc.tune_env_kwargs(), cfg.max_budget, cfg.env_overrides)
@@ -577,8 +581,11 @@ def train(cfg: TrainConfig | None = None, **overrides: Any) -> TrainResult:
         "format": FORMAT_VERSION,
         "algo": cfg.algo,
         "algo_class": f"{algo_cls.__module__}:{algo_cls.__name__}",
-        "scenario": cfg.scenario,
+        "scenario": sc.name,
         "rate": cfg.rate,
+        # the whole scenario as data (at its default rate), so the model is evaluated in any process
+        "scenario_data": sc.to_dict(),
+        "action_range_from": range_from,
         "env_kwargs": train_kw,
         "agent_env_options": _agent_options(train_kw),
         "observation_shape": obs_shape,
@@ -609,7 +616,7 @@ def train(cfg: TrainConfig | None = None, **overrides: Any) -> TrainResult:
     _write_curves(rec.rows, os.path.join(out, CURVES_FILE))
     if cfg.plot:
         try:
-            plot_curves(rec.rows, os.path.join(out, "curves.png"), title=f"{cfg.algo.upper()} on {cfg.scenario}")
+            plot_curves(rec.rows, os.path.join(out, "curves.png"), title=f"{cfg.algo.upper()} on {sc.name}")
         except ImportError:
             print("note: matplotlib is not installed; curves.png skipped (pip install 'flowgym[plot]')",
                   file=sys.stderr)
@@ -766,7 +773,10 @@ def final_evaluation(model_dir: str, *, scenario: str | None = None, rate: float
     from flowgym.lab.scenarios import AgentSpec, get_scenario
 
     agent = LearnedBudget(model_dir)
-    sc = get_scenario(scenario or agent.meta["scenario"], rate=rate if scenario else agent.meta.get("rate"))
+    if scenario is not None:
+        sc = get_scenario(scenario, rate=rate)
+    else:  # the scenario it was trained on, as the model directory stores it (older models: by name)
+        sc = get_scenario(agent.meta.get("scenario_data") or agent.meta["scenario"], rate=agent.meta.get("rate"))
     env_kwargs = sc.env_kwargs()
     horizons = None if sc.finite else [int(env_kwargs.get("horizon") or 1000)]
     tune_h = None if sc.finite else horizons[0]  # type: ignore[index]

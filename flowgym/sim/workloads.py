@@ -152,6 +152,35 @@ class Workload(ABC):
             return None
         return lam * w / M
 
+    def work_rate(self, t: np.ndarray) -> np.ndarray | None:
+        """Expected work (token-slots, :func:`request_work`) arriving per unit of time at each ``t``, when known."""
+        lam, w = self.arrival_rate(), self.mean_work()
+        if lam is None or w is None:
+            return None
+        return np.full(np.shape(t), lam * w, dtype=np.float64)
+
+    def episode_load(self, M: int, horizon: int | None) -> float | None:
+        """The load averaged over an episode ``[0, horizon)``: ``(1/H) int lambda(t) E[w] dt / M``.
+
+        Equals :meth:`load` for a stationary workload; for a rate schedule it is what the
+        episode offers, where :meth:`load` is the long-run rate (for a non-periodic schedule,
+        its last phase's). ``None`` when unknown or without a horizon.
+        """
+        if horizon is None or horizon <= 0:
+            return None
+        t = (np.arange(min(int(horizon), 100_000)) + 0.5) * (horizon / min(int(horizon), 100_000))
+        r = self.work_rate(t)
+        return None if r is None else float(r.mean() / M)
+
+    def peak_load(self, M: int, horizon: int | None) -> float | None:
+        """The largest load over ``[0, horizon)`` (the peak phase's ``lambda(t) E[w] / M``), when known."""
+        if horizon is None or horizon <= 0:
+            return None
+        n = min(int(horizon), 100_000)
+        t = np.concatenate([np.arange(n) * (horizon / n), (np.arange(n) + 0.5) * (horizon / n)])
+        r = self.work_rate(t)
+        return None if r is None else float(r.max() / M)
+
     def max_request_tokens(self) -> int | None:
         """Largest ``l + o`` the workload can produce, when bounded."""
         return None
@@ -547,6 +576,9 @@ class IIDPoisson(Workload):
     def mean_work(self) -> float:
         return self.lengths.mean_work()
 
+    def work_rate(self, t: np.ndarray) -> np.ndarray:
+        return np.asarray(self.schedule.rate(np.asarray(t, dtype=np.float64)), dtype=np.float64) * self.mean_work()
+
     def max_request_tokens(self) -> int:
         return self.lengths.max_tokens()
 
@@ -623,6 +655,10 @@ class Mixture(Workload):
 
     def arrival_rate(self) -> float:
         return float(sum(w.arrival_rate() for w in self.streams))
+
+    def work_rate(self, t: np.ndarray) -> np.ndarray | None:
+        parts = [w.work_rate(t) for w in self.streams]
+        return None if any(p is None for p in parts) else np.sum(parts, axis=0)
 
     def mean_work(self) -> float | None:
         lam = self.arrival_rate()

@@ -1,0 +1,164 @@
+"""Scenario files: the named scenarios are files, round trips, the rate table, seeds, errors."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from flowgym.lab import _toml
+from flowgym.lab.evaluation import evaluate
+from flowgym.lab.scenarios import (
+    SCENARIOS,
+    AgentSpec,
+    get_scenario,
+    load_scenario,
+    parse_seeds,
+    scenario_text,
+)
+
+
+def _same(a, b):
+    assert a.name == b.name and a.env == b.env and a.tune_env == b.tune_env and a.finite == b.finite
+    assert [(s.name, s.params, s.tune, s.label) for s in a.agents] == [(s.name, s.params, s.tune, s.label)
+                                                                       for s in b.agents]
+    assert (a.learned_max_budget, a.learned_budget_levels, a.default_rate, a.description) == \
+        (b.learned_max_budget, b.learned_budget_levels, b.default_rate, b.description)
+
+
+@pytest.mark.parametrize("name", SCENARIOS)
+@pytest.mark.parametrize("fmt", ["toml", "json"])
+def test_named_scenario_to_file_and_back(name, fmt, tmp_path):
+    path = tmp_path / f"mine.{fmt}"
+    path.write_text(scenario_text(name, fmt))
+    _same(load_scenario(path), get_scenario(name))
+    sc = get_scenario(name)
+    rate = 2 * sc.default_rate
+    _same(load_scenario(path, rate=rate), get_scenario(name, rate=rate))
+    # the writer: data -> TOML -> data is the identity
+    assert _toml.loads(_toml.dumps(sc.to_dict())) == sc.to_dict()
+
+
+def test_every_named_scenario_is_a_shipped_file():
+    from importlib import resources
+
+    files = {p.name for p in resources.files("flowgym.data").joinpath("scenarios").iterdir() if p.name.endswith(".toml")}
+    assert files == {f"{n}.toml" for n in SCENARIOS}
+
+
+def test_file_scenario_gives_the_named_scenarios_results(tmp_path):
+    path = tmp_path / "switch.toml"
+    path.write_text(scenario_text("adaptive-switch"))
+    agents = [AgentSpec("flow-control", {"b": 12}), AgentSpec("mc")]
+    a = evaluate(agents, get_scenario("adaptive-switch").env_kwargs(), [900, 901], [300], keep_kv_usage=False)
+    b = evaluate(agents, load_scenario(path).env_kwargs(), [900, 901], [300], keep_kv_usage=False)
+    assert a.rows == b.rows and len(a.rows) == 4
+
+
+def test_rate_table_sets_and_scales():
+    assert get_scenario("paper-synthetic-known", rate=3.5).env["workload"]["rates"] == 3.5
+    assert get_scenario("paper-realdata-low", rate=7.0).env["workload"]["rate"] == 7.0
+    sw = get_scenario("adaptive-switch", rate=2.0).env["workload"]["rate"]
+    assert sw["rates"] == [12.0, 27.0] and sw["times"] == [0.0, 1000.0]  # rates doubled, times kept
+    mix = get_scenario("adaptive-mix", rate=0.5).env["workload"]["streams"]
+    assert [s["rate"]["rates"] for s in mix] == [[15.0, 0.0], [0.0, 1.2]]
+    d = get_scenario("adaptive-diurnal", rate=2.0).env["workload"]["rate"]
+    assert (d["mean"], d["amplitude"]) == (19.5, 7.5)
+    assert "lambda=3.5 per class" in get_scenario("paper-synthetic-known", rate=3.5).description
+    assert get_scenario("paper-synthetic-known").rate == 5.0
+    with pytest.raises(ValueError, match="rate must be a positive number"):
+        get_scenario("adaptive-mix", rate=-1.0)
+
+
+def _data(**changes):
+    d = get_scenario("adaptive-switch").to_dict()
+    d.update(changes)
+    return d
+
+
+@pytest.mark.parametrize("change, match", [
+    ({"colour": "red"}, r"mine.toml: unknown key 'colour'; allowed keys: name, description, env"),
+    ({"agents": [{"name": "oracle"}]}, r"agents\[0\].name: 'oracle' is not an agent; allowed: flow-control, "),
+    ({"agents": [{"name": "mc", "params": {"bb": 1}}]}, r"agents\[0\]: agent 'mc' has no parameter 'bb'; its parameters"),
+    ({"agents": [{"name": "flow-control", "tune": {"param": "b"}}]}, r"agents\[0\].tune must be a table"),
+    ({"env": {"M": -3}}, r"mine.toml: env: M must be a positive integer"),
+    ({"env": {"workload": {"kind": "poison"}}}, r"env: workload kind must be 'poisson', 'iid', 'mix'"),
+    ({"rate": {"default": 1.0, "scale": ["env.workload.rate.speed"]}},
+     r"rate.scale: 'env.workload.rate.speed' names no value in env"),
+    ({"rate": {"default": 0, "set": ["env.M"]}}, r"rate.default must be a positive number"),
+    ({"train": {"max_budget": 16, "budget_levels": [0, 4, 8]}}, r"train: max_budget \(16\) must be the largest"),
+    ({"horizons": [100, -1]}, r"horizons must be a non-empty array of positive integers"),
+    ({"description": "at {load}"}, r"description: only \{rate\}"),
+])
+def test_errors_name_the_file_the_key_and_the_allowed_values(tmp_path, change, match):
+    path = tmp_path / "mine.toml"
+    path.write_text(_toml.dumps(_data(**change)))
+    with pytest.raises(ValueError, match=match):
+        load_scenario(path)
+
+
+def test_unreadable_files_are_named(tmp_path):
+    bad = tmp_path / "bad.toml"
+    bad.write_text('name = "x"\nenv = {M = \n')
+    with pytest.raises(ValueError, match=r"bad.toml: invalid TOML: .*line 2"):
+        load_scenario(bad)
+    bad = tmp_path / "bad.json"
+    bad.write_text('{"name": "x",}')
+    with pytest.raises(ValueError, match=r"bad.json: invalid JSON at line 1, column 14"):
+        load_scenario(bad)
+    missing = tmp_path / "gone.toml"
+    with pytest.raises(ValueError, match=r"gone.toml: No such file"):
+        get_scenario(str(missing))
+    with pytest.raises(ValueError, match=r"unknown scenario 'nope': not a file, and not one of paper-synthetic-known"):
+        get_scenario("nope")
+    (tmp_path / "no-name.toml").write_text(_toml.dumps({k: v for k, v in _data().items() if k != "name"}))
+    with pytest.raises(ValueError, match=r"no-name.toml: missing key 'name'"):
+        load_scenario(tmp_path / "no-name.toml")
+
+
+def test_scenario_data_as_a_dict():
+    sc = get_scenario(_data(name="from-python"))
+    assert sc.name == "from-python" and sc.env == get_scenario("adaptive-switch").env
+    with pytest.raises(ValueError, match=r"scenario data: unknown key 'x'"):
+        get_scenario(_data(x=1))
+
+
+def test_seeds():
+    assert parse_seeds("3") == [0, 1, 2] and parse_seeds(2, first=1000) == [1000, 1001]
+    assert parse_seeds("900-903") == [900, 901, 902, 903]
+    assert parse_seeds("1,2,7") == [1, 2, 7] and parse_seeds("900-901,910") == [900, 901, 910]
+    for bad in ("0", "9-3", "a-b", "1,,2", "-1", "3,3"):
+        with pytest.raises(ValueError, match="seeds"):
+            parse_seeds(bad)
+
+
+def test_learned_action_range_derived_not_capped():
+    named = get_scenario("adaptive-mix")
+    assert named.learned_action_range()[:2] == (64, named.learned_budget_levels)
+    d = _data()
+    del d["train"]
+    d["agents"] = [{"name": "flow-control", "params": {"b": 20}, "tune": {"param": "b", "grid": [10, 20, 40]}}]
+    mb, levels, why = get_scenario(d).learned_action_range()
+    assert (mb, levels) == (40, None) and "agents" in why  # the grid reaches 40: no silent cap at 16
+    d["agents"] = [{"name": "mc"}]
+    assert get_scenario(d).learned_action_range()[0] == 64  # nothing to go by: the env's max_budget
+
+
+def test_cli_three_commands_from_files(tmp_path, capsys):
+    from flowgym.lab.cli import main
+
+    assert main(["scenario", "show", "adaptive-switch"]) == 0
+    text = capsys.readouterr().out
+    path = tmp_path / "mine.toml"
+    path.write_text(text.replace('name = "adaptive-switch"', 'name = "mine"').replace("M = 16492", "M = 12000"))
+    assert main(["run", "--scenario", str(path), "--horizon", "200", "--json"]) == 0
+    out = json.loads(capsys.readouterr().out)
+    assert out["T"] == 200
+    assert main(["compare", "--scenario", str(path), "--seeds", "900-901", "--tune-seeds", "1", "--horizons", "300",
+                 "--agents", "flow-control:b=8;mc", "--no-plots", "--quiet", "--out", str(tmp_path)]) == 0
+    res = json.loads((tmp_path / "mine.json").read_text())
+    assert res["seeds"] == [900, 901] and res["env"]["M"] == 12000
+    assert main(["compare", "--seeds", "1000-1001", "--quiet", "--no-plots", "--out", str(tmp_path)]) == 2
+    assert "overlap" in capsys.readouterr().err
+    assert main(["scenario", "show", str(path), "--format", "json"]) == 0
+    assert json.loads(capsys.readouterr().out)["name"] == "mine"
