@@ -206,6 +206,8 @@ def test_finite_iid_workload_stops_at_n_requests():
     Steps([0, 50], [1.0, 6.0], period=200),
     Sinusoid(5.0, 4.0, period=250.0, phase=0.1),
     Bursts(1.0, 20.0, every=100, duration=10, start=30),
+    Bursts(1.0, 20.0, every=100, duration=25, start=75),  # the burst ends with the period
+    Bursts(1.0, 20.0, every=100, duration=25, start=85),  # the burst wraps into the next period
 ])
 def test_rate_schedules_integral_and_sampling(sched):
     # integral against a fine Riemann sum
@@ -221,6 +223,14 @@ def test_rate_schedules_integral_and_sampling(sched):
     k = int(np.argmax(expect))
     assert got[k] == pytest.approx(expect[k], rel=0.2)
     assert make_rate(sched.to_spec()).to_spec() == sched.to_spec()
+
+
+@pytest.mark.parametrize("start", [0.0, 30.0, 75.0, 85.0])
+def test_bursts_rate_where_the_burst_is(start):
+    b = Bursts(1.0, 20.0, every=100, duration=25, start=start)
+    t = np.arange(0.0, 300.0, 0.5)
+    inside = ((t - start) % 100) < 25
+    np.testing.assert_array_equal(b.rate(t), np.where(inside, 20.0, 1.0))
 
 
 def test_discrete_time_varying_rates():

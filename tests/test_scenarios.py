@@ -162,3 +162,26 @@ def test_cli_three_commands_from_files(tmp_path, capsys):
     assert "overlap" in capsys.readouterr().err
     assert main(["scenario", "show", str(path), "--format", "json"]) == 0
     assert json.loads(capsys.readouterr().out)["name"] == "mine"
+
+
+def test_trace_path_relative_to_the_scenario_file(tmp_path):
+    (tmp_path / "data").mkdir()
+    (tmp_path / "data" / "t.csv").write_text("arrival,prompt_len,output_len\n0,3,4\n1,2,5\n")
+    d = {"name": "tr", "finite": True, "env": {"M": 100, "horizon": 1000, "workload": {"kind": "trace", "path": "data/t.csv"}},
+         "agents": [{"name": "flow-control", "params": {"b": 2}}]}
+    (tmp_path / "sub").mkdir()
+    f = tmp_path / "sub" / "s.toml"
+    f.write_text(_toml.dumps({**d, "env": {**d["env"], "workload": {"kind": "trace", "path": "../data/t.csv"}}}))
+    sc = load_scenario(f)
+    assert sc.env["workload"]["path"] == str(tmp_path / "sub" / "../data/t.csv")
+    table = evaluate([AgentSpec("flow-control", {"b": 2})], sc.env_kwargs(), [0], None)
+    assert table.rows[0]["completed"] == 2
+
+
+def test_compare_adds_agents_to_the_tuned_line_up(tmp_path, capsys):
+    from flowgym.lab.cli import main
+
+    assert main(["compare", "--scenario", "adaptive-switch", "--horizons", "200", "--seeds", "900-900", "--tune-seeds",
+                 "1", "--add-agents", "fixed:b=3", "--no-plots", "--quiet", "--out", str(tmp_path)]) == 0
+    res = json.loads((tmp_path / "adaptive-switch.json").read_text())
+    assert res["agents"][-1] == "fixed b=3" and res["agents"][0].startswith("flow-control (best fixed b) b=")

@@ -233,8 +233,8 @@ def test_train_cli_end_to_end(tmp_path, capsys):
     assert rc == 0
     printed = capsys.readouterr().out
     assert "learned (cli)" in printed and "flow-control (best fixed b) b=" in printed
-    tuned = printed.split("flow-control (best fixed b) b=")[1].split()[0]
-    assert f'learned:path={out};flow-control:b={tuned}"' in printed.split("use it:")[1]  # the hint names the tuned b
+    hint = printed.split("held-out seeds:")[1]  # the hint: the scenario's tuned line-up plus the model
+    assert f'flowgym compare --scenario adaptive-low --seeds 900-919 --add-agents "learned:path={out}"' in hint
     table = open(os.path.join(out, "eval.txt")).read()
     for label in ("learned (cli)", "greedy-LIFO", "MC", "A_min", "alpha-greedy alpha="):
         assert label in table

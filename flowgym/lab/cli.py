@@ -128,6 +128,8 @@ def _compare(args: argparse.Namespace) -> int:
     sc = get_scenario(args.scenario, rate=args.rate)
     env_kwargs = sc.env_kwargs()
     specs = [AgentSpec.parse(a) for a in args.agents.split(";")] if args.agents else list(sc.agents)
+    if args.add_agents:
+        specs += [AgentSpec.parse(a) for a in args.add_agents.split(";") if a.strip()]
     FlowControlEnv(**env_kwargs)  # bad scenario arguments (e.g. a negative --rate) fail here, before any output
     for spec in specs:
         build_agent(spec)  # an unknown agent or parameter too
@@ -139,7 +141,7 @@ def _compare(args: argparse.Namespace) -> int:
         tune_h = args.tune_horizon  # None: the scenario's smaller tuning workload, run to its end
     else:
         horizons = sorted(set(args.horizons or sc.report_horizons()))
-        tune_h = args.tune_horizon or min(horizons[-1], 2000)
+        tune_h = args.tune_horizon or sc.tune_horizon or min(horizons[-1], 2000)
     tune_kwargs = sc.tune_env_kwargs()
     seeds = parse_seeds(args.seeds)
     tune_seeds = parse_seeds(args.tune_seeds, first=1000)
@@ -347,10 +349,8 @@ def _train(args: argparse.Namespace) -> int:
             print("baselines tuned on seeds 1000.. (lowest mean time in system): " + ", ".join(res.table.tuned))
     print(f"wrote {cfg.out}/ (model.zip, vecnormalize.pkl, flowgym_agent.json, curves.csv"
           + ("" if args.no_plots else ", curves.png") + (", eval.*" if res.table is not None else "") + ")")
-    tuned_b = next((p["b"] for label, p in (res.table.tuned if res.table is not None else {}).items()
-                    if label.startswith("flow-control") and "b" in p), None)
-    fixed = f";flow-control:b={tuned_b}" if tuned_b is not None else ";flow-control"
-    print(f'use it: flowgym compare --scenario {args.scenario} --seeds 900-919 --agents "learned:path={cfg.out}{fixed}"')
+    print(f"compare it with the scenario's tuned line-up on held-out seeds: flowgym compare --scenario "
+          f'{args.scenario} --seeds 900-919 --add-agents "learned:path={cfg.out}"')
     return 0
 
 
@@ -376,18 +376,22 @@ def build_parser() -> argparse.ArgumentParser:
                    help="comma-separated horizons T (default: the scenario's, else 1000,2000,3000,4000,5000); "
                    "finite scenarios (realdata, azure) run to the end of their workload instead")
     c.add_argument("--seeds", default="3",
-                   help="reporting seeds: a count N (seeds 0..N-1; default 3), a range such as 900-919, or a list "
-                   "such as 1,2,7 (ranges and lists mix: 900-904,910)")
+                   help="reporting seeds: a count N (seeds 0..N-1; default 3), a range such as 900-919 (one seed: "
+                   "900-900), or a list such as 1,2,7 (ranges and lists mix: 900-904,910)")
     c.add_argument("--tune-seeds", default="2",
                    help="tuning seeds: a count N (seeds 1000..1000+N-1; default 2), a range or a list as --seeds; "
                    "they may not overlap the reporting seeds")
     c.add_argument("--tune-horizon", type=int, default=None,
-                   help="horizon of tuning runs (default min(T, 2000); run-to-end scenarios tune on a smaller workload "
+                   help="horizon of tuning runs (default: the scenario's tune_horizon, else min(T, 2000); run-to-end "
+                   "scenarios tune on a smaller workload "
                    "run to its end: the first 5,000 requests, or the first 15 minutes of an Azure trace)")
     c.add_argument("--no-tune", action="store_true", help="use the scenario's default parameters")
     c.add_argument("--agents", default=None,
                    help="semicolon-separated agents, e.g. 'flow-control:b=12;mc;alpha-greedy:alpha=0.2'; "
                    "a trained model: 'learned:path=examples/ppo_default'")
+    c.add_argument("--add-agents", default=None,
+                   help="agents to add to the line-up (the scenario's, tuned as usual, or --agents), e.g. "
+                   "'learned:path=runs/ppo-my'")
     c.add_argument("--out", default="results", help="output folder (default results/)")
     c.add_argument("--no-plots", action="store_true", help="skip the PNG plots")
     c.add_argument("--wide", action="store_true",

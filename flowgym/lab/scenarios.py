@@ -76,6 +76,7 @@ FILE_KEYS = {
     "rate": "what --rate does: default, meaning, set and/or scale (a table)",
     "finite": "run to the end of the finite workload instead of reporting at horizons (true/false)",
     "horizons": "report horizons in slots (an array of positive integers)",
+    "tune_horizon": "horizon of tuning runs (default: the last report horizon, at most 2000)",
     "tune_env": "overrides of env for tuning runs; workload keys are merged (a table)",
     "train": "learned-budget defaults: max_budget and/or budget_levels (a table)",
     "run_time": "measured wall time of its default compare (a string)",
@@ -168,6 +169,8 @@ class Scenario:
     run_time: str | None = None
     #: Report horizons (``None``: :data:`DEFAULT_HORIZONS`; finite scenarios run to the end).
     horizons: list[int] | None = None
+    #: Horizon of tuning runs (``None``: the last report horizon, at most 2000).
+    tune_horizon: int | None = None
     #: The rate this scenario was built at (``None`` when it has no ``rate`` table).
     rate: float | None = None
     #: The file's data (at the default rate): what :meth:`to_dict` returns.
@@ -248,6 +251,10 @@ class Scenario:
         if horizons is not None and (not isinstance(horizons, list) or not horizons or any(
                 isinstance(h, bool) or not isinstance(h, int) or h < 1 for h in horizons)):
             raise ValueError(f"{where}: horizons must be a non-empty array of positive integers, got {horizons!r}")
+        tune_horizon = data.get("tune_horizon")
+        if tune_horizon is not None and (isinstance(tune_horizon, bool) or not isinstance(tune_horizon, int)
+                                         or tune_horizon < 1):
+            raise ValueError(f"{where}: tune_horizon must be a positive integer, got {tune_horizon!r}")
         tune_env = data.get("tune_env", {})
         if not isinstance(tune_env, dict):
             raise ValueError(f"{where}: tune_env must be a table, got {tune_env!r}")
@@ -280,7 +287,7 @@ class Scenario:
             _check_env(merged, f"{where}: tune_env (merged into env)")
         return cls(name=name, description=desc, env=env, agents=agents, default_rate=default_rate, finite=finite,
                    tune_env=copy.deepcopy(tune_env), learned_max_budget=max_budget, learned_budget_levels=levels,
-                   run_time=run_time, horizons=horizons, rate=value, data=copy.deepcopy(data), source=where)
+                   run_time=run_time, horizons=horizons, tune_horizon=tune_horizon, rate=value, data=copy.deepcopy(data), source=where)
 
 
 def _table_list(v: Any, where: str) -> list[Any]:
@@ -453,9 +460,18 @@ def _read(path: str) -> dict[str, Any]:
 
 
 def load_scenario(path: str | os.PathLike[str], *, rate: float | None = None) -> Scenario:
-    """The scenario of a TOML (``.toml``) or JSON (``.json``) file, at ``rate`` (default: the file's)."""
+    """The scenario of a TOML (``.toml``) or JSON (``.json``) file, at ``rate`` (default: the file's).
+
+    A trace workload's relative ``path`` is taken relative to the file's folder.
+    """
     path = os.fspath(path)
-    return Scenario.from_dict(_read(path), rate=rate, where=path)
+    data = _read(path)
+    # a trace given by a relative path is relative to the scenario file's folder
+    for table in (data.get("env"), data.get("tune_env")) if isinstance(data, dict) else ():
+        wl = table.get("workload") if isinstance(table, dict) else None
+        if isinstance(wl, dict) and isinstance(wl.get("path"), str) and not os.path.isabs(wl["path"]):
+            wl["path"] = os.path.join(os.path.dirname(os.path.abspath(path)), wl["path"])
+    return Scenario.from_dict(data, rate=rate, where=path)
 
 
 def _named_text(name: str) -> str:

@@ -160,8 +160,12 @@ class TrainConfig:
     clip_obs: float = 10.0
     #: Evaluate every this many decisions (0: never; then the last model is kept).
     eval_freq: int = 50_000
-    #: Episodes per evaluation (one per evaluation environment).
-    eval_episodes: int = 2
+    #: Episodes per evaluation (one per evaluation environment; the same seeds every time, so
+    #: checkpoints are compared on common arrivals). 8: on adaptive-mix one episode's time in
+    #: system varies by 25-30% across seeds, and the paired difference of two close policies has
+    #: a standard error of 3.9% of their mean with 2 episodes, 2.0% with 8 (docs/training.md,
+    #: "Model selection"); 2 episodes kept policies no better than a fixed budget on fresh seeds.
+    eval_episodes: int = 8
     #: First seed of the evaluation episodes (the same seeds at every evaluation).
     eval_seed: int = 20_000
     #: Save a checkpoint every this many decisions (0: never).

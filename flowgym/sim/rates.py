@@ -189,8 +189,10 @@ class Bursts(Steps):
         start = _nonneg("start", start) % every
         if start == 0:
             super().__init__([0.0, duration], [burst, base], period=every)
-        elif start + duration <= every:
+        elif start + duration < every:
             super().__init__([0.0, start, start + duration], [base, burst, base], period=every)
+        elif start + duration == every:  # the burst ends with the period
+            super().__init__([0.0, start], [base, burst], period=every)
         else:
             over = start + duration - every
             super().__init__([0.0, over, start], [burst, base, burst], period=every)
