@@ -155,16 +155,20 @@ def _compare(args: argparse.Namespace) -> int:
     print(sc.description)
     tuned: dict[str, object] = {}
     final = []
-    for spec in specs:
-        if spec.tune and not args.no_tune:
-            param = spec.tune[0]
-            best, _ = tune(spec, tune_kwargs, tune_seeds, tune_h, progress=lambda what: bar.update(what, w_tune))
-            base = spec.label or spec.name
-            label = f"{base} {param}={best}"
-            tuned[label] = {param: best}
-            spec = AgentSpec(spec.name, {**spec.params, param: best}, None, label)
-        final.append(spec)
-    table = evaluate(final, env_kwargs, seeds, horizons, progress=bar)
+    from flowgym.lab.parallel import make_backend
+
+    with make_backend(args.backend, workers=args.workers, address=args.address) as backend:
+        for spec in specs:
+            if spec.tune and not args.no_tune:
+                param = spec.tune[0]
+                best, _ = tune(spec, tune_kwargs, tune_seeds, tune_h, progress=lambda what: bar.update(what, w_tune),
+                               backend=backend)
+                base = spec.label or spec.name
+                label = f"{base} {param}={best}"
+                tuned[label] = {param: best}
+                spec = AgentSpec(spec.name, {**spec.params, param: best}, None, label)
+            final.append(spec)
+        table = evaluate(final, env_kwargs, seeds, horizons, progress=bar, backend=backend)
     table.tuned = tuned
     print(table.format(wide=args.wide))
     if tuned:
@@ -392,6 +396,14 @@ def build_parser() -> argparse.ArgumentParser:
     c.add_argument("--add-agents", default=None,
                    help="agents to add to the line-up (the scenario's, tuned as usual, or --agents), e.g. "
                    "'learned:path=runs/ppo-my'")
+    c.add_argument("--backend", choices=["serial", "process", "ray"], default="serial",
+                   help="where the episodes run: serial (this process, default), process (--workers local "
+                   "processes), ray (a local Ray cluster, or the one at --address; pip install 'flowgym[ray]'); "
+                   "the results are the same on every backend (docs/scaling.md)")
+    c.add_argument("--workers", type=int, default=None,
+                   help="worker processes (process) or CPUs of the local Ray cluster (default: the cores)")
+    c.add_argument("--address", default=None,
+                   help="an existing Ray cluster (e.g. auto, ray://head:10001) for --backend ray")
     c.add_argument("--out", default="results", help="output folder (default results/)")
     c.add_argument("--no-plots", action="store_true", help="skip the PNG plots")
     c.add_argument("--wide", action="store_true",
@@ -567,9 +579,14 @@ def main(argv: Sequence[str] | None = None) -> int:
         args.horizon = 1000
     else:
         args.horizon_given = True
+    from flowgym.lab.parallel import CellError
+
     try:
         return int(args.func(args))
-    except ValueError as e:  # bad input: say what, not where in the engine
+    except (ValueError, CellError) as e:  # bad input, or a cell of a grid that failed: say which
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+    except (ConnectionError, ImportError) as e:  # a Ray cluster that cannot be reached, a missing extra
         print(f"error: {e}", file=sys.stderr)
         return 2
 

@@ -356,11 +356,36 @@ def build_agent(spec: AgentSpec, **override: Any) -> Any:
     return make_agent(spec.name, **{**spec.params, **override})
 
 
-def _as_agent(a: Any) -> tuple[Any, str]:
-    if isinstance(a, AgentSpec):
-        agent = build_agent(a)
-        return agent, a.label or agent.label()
-    return a, a.label()
+@dataclass
+class EpisodeCell:
+    """One (agent, seed) episode of :func:`evaluate`: what travels to a worker."""
+
+    #: an :class:`~flowgym.lab.scenarios.AgentSpec` (built in the worker) or an agent
+    agent: Any
+    label: str
+    env_kwargs: dict[str, Any]
+    seed: int
+    #: report horizons (``[None]``: run to the end of the workload)
+    horizons: list[Any]
+    keep_kv_usage: bool
+
+    def describe(self) -> str:
+        return f"(agent {self.label!r}, seed {self.seed}, horizon {self.horizons[-1]})"
+
+
+def run_episode_cell(cell: EpisodeCell) -> dict[str, Any]:
+    """Run one cell; return its rows (metrics at each horizon), KV usage if asked, wall time, unit."""
+    agent = build_agent(cell.agent) if isinstance(cell.agent, AgentSpec) else cell.agent
+    ep = run_episode(agent, cell.env_kwargs, int(cell.seed), cell.horizons[-1], cell.label)
+    rows = []
+    for T in cell.horizons:
+        if T is not None and T > ep.series["usage"].size:  # a finite trace ended earlier
+            continue
+        m = ep.metrics(T)
+        m.pop("kv_usage")
+        rows.append({"agent": cell.label, "seed": int(cell.seed), "horizon": T, **m})
+    return {"rows": rows, "wall": ep.wall_seconds, "time_unit": "slot" if ep.config.time_model == "slot" else "s",
+            "kv_usage": ep.series["usage"] / ep.config.M if cell.keep_kv_usage else None}
 
 
 def evaluate(
@@ -371,16 +396,22 @@ def evaluate(
     *,
     progress: bool | Progress = False,
     keep_kv_usage: bool = True,
+    backend: Any = "serial",
 ) -> ResultTable:
     """Run every agent (an ``Agent`` or an :class:`~flowgym.lab.scenarios.AgentSpec`) on every seed.
 
     Returns a :class:`ResultTable` with one row per (agent, seed, horizon).
     ``horizons=None`` runs every episode to the end of its finite workload
     (rows then have ``horizon`` ``None``). Agents with the same label are an
-    error (their rows would mix).
+    error (their rows would mix). ``backend`` (``"serial"``, ``"process"``, ``"ray"`` or a
+    :class:`flowgym.lab.parallel.Backend`) runs the (agent, seed) cells; the table is the
+    same on every backend.
     """
-    pairs = [_as_agent(a) for a in agents]
-    labels = [lab for _, lab in pairs]
+    from flowgym.lab.parallel import using
+
+    items = [(a, a.label or build_agent(a).label()) if isinstance(a, AgentSpec) else (a, a.label())
+             for a in agents]
+    labels = [lab for _, lab in items]
     dup = sorted({x for x in labels if labels.count(x) > 1})
     if dup:
         raise ValueError(f"agents with the same label: {dup}; give them distinct labels")
@@ -392,26 +423,44 @@ def evaluate(
             raise ValueError(f"horizons must be positive integers, got {list(horizons)}")
     if not seeds:
         raise ValueError("give at least one seed")
+    for agent, _ in items:  # bad input (an agent the scenario cannot host) fails here, before any run
+        env_for(build_agent(agent) if isinstance(agent, AgentSpec) else agent, env_kwargs, hs[-1])
     work = episode_work(env_kwargs, hs[-1])
-    bar = progress if isinstance(progress, Progress) else Progress(len(pairs) * len(seeds) * work, bool(progress))
+    bar = progress if isinstance(progress, Progress) else Progress(len(items) * len(seeds) * work, bool(progress))
+    cells = [EpisodeCell(agent, label, env_kwargs, int(seed), hs, keep_kv_usage and k == 0)
+             for agent, label in items for k, seed in enumerate(seeds)]
+    with using(backend) as be:
+        results = be.map(run_episode_cell, cells, done=lambda c: bar.update(f"{c.label} seed {c.seed}", work))
     table = ResultTable([], labels, hs, list(seeds))
-    for agent, label in pairs:
-        wall = 0.0
-        for seed in seeds:
-            ep = run_episode(agent, env_kwargs, int(seed), hs[-1], label)
-            table.time_unit = "slot" if ep.config.time_model == "slot" else "s"  # as the env built it
-            wall += ep.wall_seconds
-            for T in hs:
-                if T is not None and T > ep.series["usage"].size:  # a finite trace ended earlier
-                    continue
-                m = ep.metrics(T)
-                m.pop("kv_usage")
-                table.rows.append({"agent": label, "seed": int(seed), "horizon": T, **m})
-            if keep_kv_usage and label not in table.kv_usage:
-                table.kv_usage[label] = ep.series["usage"] / ep.config.M
-            bar.update(f"{label} seed {seed}", work)
-        table.wall_seconds[label] = wall
+    for cell, res in zip(cells, results):  # in the cells' order: agents, then seeds
+        table.time_unit = res["time_unit"]  # as the env built it
+        table.rows.extend(res["rows"])
+        table.wall_seconds[cell.label] = table.wall_seconds.get(cell.label, 0.0) + res["wall"]
+        if res["kv_usage"] is not None:
+            table.kv_usage[cell.label] = res["kv_usage"]
     return table
+
+
+@dataclass
+class TuneCell:
+    """One (grid value, seed) run of :func:`tune`."""
+
+    spec: AgentSpec
+    param: str
+    value: Any
+    env_kwargs: dict[str, Any]
+    seed: int
+    horizon: int | None
+    metric: str
+
+    def describe(self) -> str:
+        return f"(tuning {self.spec.name} {self.param}={self.value!r}, seed {self.seed})"
+
+
+def run_tune_cell(cell: TuneCell) -> float:
+    """The ``metric`` of one tuning run."""
+    agent = build_agent(cell.spec, **{cell.param: cell.value})
+    return run_episode(agent, cell.env_kwargs, int(cell.seed), cell.horizon).metrics()[cell.metric]
 
 
 def tune(
@@ -422,27 +471,31 @@ def tune(
     *,
     metric: str = "mean_time_in_system",
     progress: Callable[[str], None] | None = None,
+    backend: Any = "serial",
 ) -> tuple[Any, list[dict[str, Any]]]:
     """Grid-search ``spec.tune`` on ``seeds``; the value with the best (lowest) mean ``metric``.
 
     Ties keep the first value of the grid. Returns ``(best, rows)`` with one row
-    per grid value (its mean metric and how many runs completed a request).
+    per grid value (its mean metric and how many runs completed a request). ``backend``
+    runs the (value, seed) cells, as in :func:`evaluate`.
     """
     if spec.tune is None:
         raise ValueError(f"agent {spec.name!r} has nothing to tune")
     if metric not in METRIC_NAMES:
         raise ValueError(f"metric must be one of {METRIC_NAMES}, got {metric!r}")
     param, grid = spec.tune
+    for value in grid:  # every value must build and fit the scenario (a bad grid fails before any run)
+        env_for(build_agent(spec, **{param: value}), env_kwargs, horizon)
+    from flowgym.lab.parallel import using
+
+    cells = [TuneCell(spec, param, value, env_kwargs, int(seed), horizon, metric) for value in grid for seed in seeds]
+    with using(backend) as be:
+        got = be.map(run_tune_cell, cells,
+                     done=(lambda c: progress(f"tune {spec.name} {param}={c.value}")) if progress else None)
     rows = []
     best, best_v = None, math.inf
-    for value in grid:
-        agent = build_agent(spec, **{param: value})
-        vals = []
-        for seed in seeds:
-            m = run_episode(agent, env_kwargs, int(seed), horizon).metrics()
-            vals.append(m[metric])
-            if progress:
-                progress(f"tune {spec.name} {param}={value}")
+    for i, value in enumerate(grid):
+        vals = got[i * len(seeds):(i + 1) * len(seeds)]
         v = float(np.mean(vals)) if np.all(np.isfinite(vals)) else math.inf
         rows.append({"param": param, "value": value, metric: v})
         if v < best_v:

@@ -1,0 +1,119 @@
+"""One map for every grid: the same tables on every backend, failures named, bad addresses refused."""
+
+from __future__ import annotations
+
+import importlib.util
+import sys
+
+import numpy as np
+import pytest
+
+from flowgym.agents import FixedBudget
+from flowgym.lab.evaluation import evaluate, tune
+from flowgym.lab.parallel import CellError, make_backend
+from flowgym.lab.scenarios import AgentSpec, get_scenario
+
+needs_ray = pytest.mark.skipif(importlib.util.find_spec("ray") is None,
+                               reason="needs Ray: pip install 'flowgym[ray]'")
+
+ENV = get_scenario("adaptive-switch").env_kwargs()
+AGENTS = [AgentSpec("flow-control", {"b": 12}, label="fc"), AgentSpec("mc"), AgentSpec("random", {"low": 0, "high": 20})]
+
+
+class Exploding(FixedBudget):
+    """Raises at one slot of one seed (a bug in an agent, inside a worker)."""
+
+    def __init__(self) -> None:
+        super().__init__(b=4)
+
+    def reset(self, config, seed=None):
+        super().reset(config, seed)
+        self._seed, self._n = seed, 0
+
+    def act(self, observation, view):
+        self._n += 1
+        if self._seed == 901 and self._n == 50:
+            raise ArithmeticError("boom at slot 50")
+        return super().act(observation, view)
+
+    def label(self) -> str:
+        return "exploding"
+
+
+def _tables(backend):
+    table = evaluate(AGENTS, ENV, [900, 901, 902], [150, 300], backend=backend)
+    best, rows = tune(AgentSpec("flow-control", {"b": 12}, tune=("b", [4, 8, 12])), ENV, [1000, 1001], 300,
+                      backend=backend)
+    return table, best, rows
+
+
+def _assert_same(a, b):
+    (ta, ba, ra), (tb, bb, rb) = a, b
+    assert ta.rows == tb.rows and ta.agents == tb.agents and ta.time_unit == tb.time_unit
+    assert ta.kv_usage.keys() == tb.kv_usage.keys()
+    for k in ta.kv_usage:
+        np.testing.assert_array_equal(ta.kv_usage[k], tb.kv_usage[k])
+    assert ta.summary() == tb.summary()
+    assert (ba, ra) == (bb, rb)
+
+
+def test_process_backend_gives_the_serial_tables():
+    serial = _tables("serial")
+    with make_backend("process", workers=2) as be:
+        _assert_same(serial, _tables(be))
+    assert len(serial[0].rows) == 3 * 3 * 2
+
+
+def test_a_failing_cell_is_named_serial_and_process():
+    for backend in ("serial", make_backend("process", workers=2)):
+        with pytest.raises(CellError, match=r"agent 'exploding', seed 901.*ArithmeticError: boom at slot 50"):
+            evaluate([Exploding()], ENV, [900, 901, 902], [200], backend=backend)
+        if not isinstance(backend, str):
+            backend.close()
+
+
+def test_bad_backend_arguments():
+    with pytest.raises(ValueError, match="backend must be one of serial, process, ray"):
+        make_backend("threads")
+    with pytest.raises(ValueError, match="workers must be a positive integer"):
+        make_backend("process", workers=0)
+
+
+def test_compare_cli_backends_agree(tmp_path, capsys):
+    from flowgym.lab.cli import main
+
+    args = ["compare", "--scenario", "adaptive-switch", "--horizons", "200", "--seeds", "900-901", "--tune-seeds", "1",
+            "--agents", "flow-control:b=8;mc", "--no-plots", "--quiet"]
+    assert main(args + ["--out", str(tmp_path / "s")]) == 0
+    assert main(args + ["--backend", "process", "--workers", "2", "--out", str(tmp_path / "p")]) == 0
+    assert (tmp_path / "s" / "adaptive-switch.csv").read_text() == (tmp_path / "p" / "adaptive-switch.csv").read_text()
+
+
+@needs_ray
+def test_ray_backend_gives_the_serial_tables_and_names_failures():
+    import ray.cloudpickle
+
+    ray.cloudpickle.register_pickle_by_value(sys.modules[__name__])  # the test's agent travels by value
+    serial = _tables("serial")
+    with make_backend("ray", workers=2) as be:
+        _assert_same(serial, _tables(be))
+        with pytest.raises(CellError, match=r"agent 'exploding', seed 901.*boom at slot 50"):
+            evaluate([Exploding()], ENV, [900, 901], [200], backend=be)
+
+
+@needs_ray
+def test_ray_bad_address_fails_clearly():
+    with pytest.raises(ConnectionError, match=r"cannot reach a Ray cluster at '127.0.0.1:1'"):
+        make_backend("ray", address="127.0.0.1:1")
+    with pytest.raises(ConnectionError, match="is not host:port"):
+        make_backend("ray", address="nowhere")
+
+
+def test_a_fresh_process_makes_the_env_by_module_name():
+    """gym.make("flowgym:FlowControl-v0") imports flowgym first: it works in any fresh worker."""
+    import subprocess
+
+    code = ("import gymnasium as gym; env = gym.make('flowgym:FlowControl-v0', horizon=5); env.reset(seed=0); "
+            "print(env.step(3)[4]['t'])")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert out.stdout.strip() == "0"
