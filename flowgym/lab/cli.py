@@ -365,9 +365,9 @@ def build_parser() -> argparse.ArgumentParser:
     c = sub.add_parser(
         "compare", formatter_class=_HelpFormatter,
         help="compare every agent of a scenario on the same arrivals (CSV, JSON, plots)",
-        description="Run the scenario's agents (tuning flow control's b and the alpha-greedy's alpha by "
-        "grid search on separate seeds) over seeds 0..N-1, report avg/p95 latency, throughputs, "
-        "evictions and KV usage at each horizon with 95% confidence intervals.",
+        description="Run the scenario's agents (each tunable one grid-searched on separate seeds) over the "
+        "reporting seeds, report time in system, the latencies of completed requests, throughputs, evictions "
+        "and KV usage at each horizon with 95% confidence intervals, and write a CSV, a JSON and plots.",
     )
     c.add_argument("--scenario", default="paper-synthetic-known",
                    help="a scenario file (.toml or .json; 'flowgym scenario show NAME' prints one to start from) or "
