@@ -117,3 +117,30 @@ def test_a_fresh_process_makes_the_env_by_module_name():
             "print(env.step(3)[4]['t'])")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert out.stdout.strip() == "0"
+
+
+@needs_ray
+def test_training_search_on_ray_end_to_end(tmp_path):
+    from _requires import HAVE_SB3
+
+    if not HAVE_SB3:
+        pytest.skip("needs Stable-Baselines3 and torch: pip install 'flowgym[train]'")
+    import csv
+    import json
+
+    from flowgym.lab.train import TrainConfig, train_search
+
+    cfg = TrainConfig(scenario="adaptive-switch", total_timesteps=1024, n_envs=2, n_steps=256, batch_size=128,
+                      n_epochs=1, eval_freq=256, eval_episodes=1, checkpoint_freq=0, final_eval_seeds=1, tune_seeds=1,
+                      action_repeat=2, env_overrides={"horizon": 300}, progress=False, plot=False,
+                      out=str(tmp_path / "search"))
+    res = train_search(cfg, 1, workers=2, space={"seed": ("grid", [10_000, 10_001])})  # one sample of a 2-grid
+    rows = list(csv.DictReader(open(tmp_path / "search" / "search.csv")))
+    assert sorted(int(r["seed"]) for r in rows) == [10_000, 10_001] and all(r["evaluations"] == "4" for r in rows)
+    best = min(rows, key=lambda r: float(r["best_time_in_system"]))
+    assert res["best"]["model_dir"] == best["model_dir"]
+    meta = json.load(open(tmp_path / "search" / "best" / "flowgym_agent.json"))
+    assert meta["hyperparameters"]["seed"] == int(best["seed"])
+    assert res["table"].agents[0] == "learned (best)" and len(res["table"].agents) > 3
+    with pytest.raises(ValueError, match="not a TrainConfig field"):
+        train_search(cfg, 1, space={"colour": ("choice", [1])})

@@ -280,6 +280,27 @@ def _positive_float(flag: str) -> Any:
     return parse
 
 
+def _train_search(args: argparse.Namespace, cfg: Any) -> int:
+    from flowgym.lab.train import SEARCH_SPACE, train_search
+
+    trials = args.trials or 4
+    space = ", ".join(f"{k} ({kind} {vals})" for k, (kind, vals) in SEARCH_SPACE.items())
+    print(f"searching {trials} trials of {cfg.algo} on {cfg.scenario if isinstance(cfg.scenario, str) else 'data'} "
+          f"on Ray (ASHA early stopping) over {space}; writing {cfg.out}/")
+    res = train_search(cfg, trials, address=args.address, workers=args.workers)
+    for r in sorted(res["trials"], key=lambda r: (r["best_time_in_system"] is None, r["best_time_in_system"] or 0)):
+        settings = ", ".join(f"{k}={r[k]}" for k in SEARCH_SPACE if k in r)
+        tis = r["best_time_in_system"]
+        print(f"  {settings}: evaluations {r['evaluations']}, best time in system "
+              + ("-" if tis is None else f"{tis:.2f}") + (f" (error: {r['error'].splitlines()[0]})" if r["error"] else ""))
+    print(f"best trial: {res['best_dir']} (copied from {res['best']['model_dir']})")
+    if res["table"] is not None:
+        print(res["table"].format())
+    print(f"wrote {cfg.out}/search.csv and {cfg.out}/best/; compare it: flowgym compare --scenario {args.scenario} "
+          f'--seeds 900-919 --add-agents "learned:path={res["best_dir"]}"')
+    return 0
+
+
 def _scenario(args: argparse.Namespace) -> int:
     from flowgym.lab.scenarios import SCENARIOS, get_scenario, scenario_text
 
@@ -337,6 +358,11 @@ def _train(args: argparse.Namespace) -> int:
         require_sb3()
     except ImportError as e:
         print(f"error: {e}", file=sys.stderr)
+        return 2
+    if args.backend == "ray":
+        return _train_search(args, cfg)
+    if args.trials is not None:
+        print("error: --trials runs a search on Ray: add --backend ray", file=sys.stderr)
         return 2
     import os
 
@@ -537,6 +563,13 @@ def build_parser() -> argparse.ArgumentParser:
                    help="model.zip = the best evaluated policy (default) or the last")
     t.add_argument("--torch-threads", type=int, default=d.torch_threads, help=f"(default {d.torch_threads})")
     t.add_argument("--device", default=d.device, help=f"torch device (default {d.device})")
+    t.add_argument("--backend", choices=["serial", "ray"], default="serial",
+                   help="serial: one training run (default); ray: a Ray Tune search of --trials runs over seeds and "
+                   "the settings that matter (flowgym.lab.train.SEARCH_SPACE), the worst stopped early (ASHA), the "
+                   "best evaluated against the tuned baselines (pip install 'flowgym[ray]'; docs/scaling.md)")
+    t.add_argument("--trials", type=int, default=None, help="trials of a --backend ray search (default 4)")
+    t.add_argument("--workers", type=int, default=None, help="CPUs of the local Ray cluster (default: the cores)")
+    t.add_argument("--address", default=None, help="an existing Ray cluster (auto, ray://head:10001)")
     t.add_argument("--out", default=None, help="output directory (default runs/<algo>-<scenario>)")
     t.add_argument("--no-plots", action="store_true", help="skip curves.png")
     t.add_argument("--quiet", action="store_true", help="no progress bar")

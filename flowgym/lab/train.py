@@ -72,6 +72,8 @@ __all__ = [
     "make_vec_env",
     "final_evaluation",
     "plot_curves",
+    "train_search",
+    "SEARCH_SPACE",
     "DEFAULT_TRAIN_MINUTES",
 ]
 
@@ -407,7 +409,8 @@ def make_vec_env(env_kwargs: Mapping[str, Any], n_envs: int, seed: int, *, kind:
 # --------------------------------------------------------------------------- callbacks
 
 
-def _callbacks(cfg: TrainConfig, eval_venv: Any, n_eval: int, out: str, t_start: float) -> tuple[Any, Any]:
+def _callbacks(cfg: TrainConfig, eval_venv: Any, n_eval: int, out: str, t_start: float,
+               on_eval: Any = None) -> tuple[Any, Any]:
     """The callback list of a run and the recorder holding the curves."""
     from stable_baselines3.common.callbacks import BaseCallback, CallbackList, CheckpointCallback, EvalCallback
 
@@ -499,6 +502,8 @@ def _callbacks(cfg: TrainConfig, eval_venv: Any, n_eval: int, out: str, t_start:
                     venv = self.model.get_vec_normalize_env()
                     if venv is not None:
                         venv.save(os.path.join(out, "best_vecnormalize.pkl"))
+                if on_eval is not None:  # e.g. a Ray Tune trial's report (its scheduler may stop the trial)
+                    on_eval({**row, "best_time_in_system": self.best_time_in_system})
             return ok
 
     cbs: list[Any] = [rec]
@@ -518,11 +523,13 @@ def _callbacks(cfg: TrainConfig, eval_venv: Any, n_eval: int, out: str, t_start:
 # --------------------------------------------------------------------------- training
 
 
-def train(cfg: TrainConfig | None = None, **overrides: Any) -> TrainResult:
+def train(cfg: TrainConfig | None = None, *, on_eval: Any = None, **overrides: Any) -> TrainResult:
     """Train a learned budget; write the model directory ``cfg.out``; return a :class:`TrainResult`.
 
-    Keyword arguments override fields of ``cfg`` (or of the defaults).
-    Same configuration and seed, same model (single process, ``torch_threads=1``).
+    Keyword arguments override fields of ``cfg`` (or of the defaults). ``on_eval(row)`` is
+    called after each evaluation during training with its row of ``curves.csv`` (plus
+    ``best_time_in_system`` so far). Same configuration and seed, same model (single process,
+    ``torch_threads=1``).
     """
     cfg = dataclasses.replace(cfg or TrainConfig(), **overrides)
     cfg.validate()
@@ -560,7 +567,7 @@ def train(cfg: TrainConfig | None = None, **overrides: Any) -> TrainResult:
     kwargs = _algo_kwargs(cfg, algo_cls)
     model = algo_cls("MlpPolicy", venv, seed=cfg.seed, device=cfg.device, verbose=0, **kwargs)
     t0 = time.perf_counter()
-    callbacks, (rec, evaluator) = _callbacks(cfg, eval_venv, n_eval, out, t0)
+    callbacks, (rec, evaluator) = _callbacks(cfg, eval_venv, n_eval, out, t0, on_eval)
     model.learn(total_timesteps=cfg.total_timesteps, callback=callbacks, progress_bar=False)
     wall = time.perf_counter() - t0
     steps = int(model.num_timesteps)
@@ -804,3 +811,133 @@ def final_evaluation(model_dir: str, *, scenario: str | None = None, rate: float
         table.to_csv(os.path.join(model_dir, "eval.csv"))
         table.to_json(os.path.join(model_dir, "eval.json"), scenario=sc.name, tune_seeds=list(tune_seeds))
     return table
+
+
+# --------------------------------------------------------------------------- searches on Ray Tune
+
+#: What ``train_search`` varies by default: the seed and the settings that mattered most in
+#: docs/training.md (learning rate, entropy bonus, discount).
+SEARCH_SPACE = {
+    "seed": ("choice", [10_000, 11_000, 12_000, 13_000, 14_000, 15_000, 16_000, 17_000]),
+    "learning_rate": ("loguniform", [1e-4, 1e-3]),
+    "ent_coef": ("choice", [0.0, 0.003, 0.01]),
+    "gamma": ("choice", [0.99, 0.995, 0.998]),
+}
+
+
+def _tune_space(space: Mapping[str, Any]) -> dict[str, Any]:
+    from ray import tune
+
+    out: dict[str, Any] = {}
+    for key, (kind, args) in space.items():
+        if key not in TrainConfig.__dataclass_fields__:
+            raise ValueError(f"search space: {key!r} is not a TrainConfig field")
+        if kind == "choice":
+            out[key] = tune.choice(list(args))
+        elif kind == "grid":
+            out[key] = tune.grid_search(list(args))
+        elif kind == "uniform":
+            out[key] = tune.uniform(*args)
+        elif kind == "loguniform":
+            out[key] = tune.loguniform(*args)
+        else:
+            raise ValueError(f"search space: {key!r}: kind must be choice, grid, uniform or loguniform, got {kind!r}")
+    return out
+
+
+def _trial(config: dict[str, Any]) -> None:
+    """One Ray Tune trial: one SB3 training run reporting each evaluation's time in system."""
+    from ray import tune
+
+    base = dict(config.pop("__base__"))
+    out = os.path.join(base.pop("out"), "trials", tune.get_context().get_trial_id())
+    cfg = TrainConfig(**{**base, **config, "out": out, "progress": False, "plot": False, "final_eval_seeds": 0})
+
+    def report(row: Mapping[str, Any]) -> None:
+        tune.report({"time_in_system": row["mean_time_in_system"], "best_time_in_system": row["best_time_in_system"],
+                     "timesteps": row["timesteps"], "model_dir": out})
+
+    train(cfg, on_eval=report)
+
+
+def train_search(cfg: TrainConfig, trials: int, *, address: str | None = None, workers: int | None = None,
+                 space: Mapping[str, Any] | None = None, grace_period: int | None = None) -> dict[str, Any]:
+    """A Ray Tune search of ``trials`` training runs of ``cfg`` over ``space`` (:data:`SEARCH_SPACE`).
+
+    ``space`` maps TrainConfig fields to ``("choice" | "grid" | "uniform" | "loguniform", values)``;
+    as in Ray Tune, every sample runs the whole of a ``grid`` (``trials`` x its size runs).
+
+    Each trial is one :func:`train` (one CPU, written to ``<cfg.out>/trials/<trial id>``) that
+    reports the mean time in system of each evaluation; ASHA stops the worst trials after
+    ``grace_period`` evaluations (default 2). The best trial is the one with the lowest
+    evaluation time in system among those that ran to the end (its kept model); it is then
+    evaluated against the scenario's
+    tuned baselines through :func:`final_evaluation` (the one evaluation path) and copied to
+    ``<cfg.out>/best``. Returns the best trial's settings, model directory and table, and the
+    table of every trial (also ``<cfg.out>/search.csv``).
+    """
+    require_sb3()
+    try:
+        from ray import tune
+        from ray.tune.schedulers import ASHAScheduler
+    except ImportError:
+        raise ImportError("training on Ray needs Ray Tune: pip install 'flowgym[ray]'") from None
+    from flowgym.lab.parallel import make_backend
+    from flowgym.lab.scenarios import SCENARIOS, get_scenario
+
+    cfg.validate()
+    if isinstance(trials, bool) or not isinstance(trials, int) or trials < 1:
+        raise ValueError(f"trials must be a positive integer, got {trials!r}")
+    if cfg.eval_freq <= 0:
+        raise ValueError("a search ranks trials by their evaluations: eval_freq must be positive")
+    out = os.path.abspath(cfg.out)
+    os.makedirs(out, exist_ok=True)
+    n_evals = max(1, cfg.total_timesteps // cfg.eval_freq)
+    base = {**cfg.hyperparameters(), "out": out}
+    base["net_arch"] = tuple(base["net_arch"])
+    if isinstance(cfg.scenario, str) and cfg.scenario not in SCENARIOS:  # a file: trials get its data
+        base["scenario"] = get_scenario(cfg.scenario, rate=None).to_dict()  # (their working folder differs)
+    param_space = {**_tune_space(space or SEARCH_SPACE), "__base__": base}
+    backend = make_backend("ray", workers=workers, address=address)  # starts or reaches the cluster
+    try:
+        # max_t one past the last evaluation: a trial that reaches it finishes and writes its model directory
+        scheduler = ASHAScheduler(time_attr="training_iteration", max_t=n_evals + 1,
+                                  grace_period=min(n_evals, grace_period or 2), reduction_factor=2)
+        tuner = tune.Tuner(
+            tune.with_resources(_trial, {"cpu": 1}),
+            param_space=param_space,
+            tune_config=tune.TuneConfig(num_samples=trials, metric="best_time_in_system", mode="min",
+                                        scheduler=scheduler),
+            run_config=tune.RunConfig(name="search", storage_path=os.path.join(out, "ray_results"), verbose=0),
+        )
+        grid = tuner.fit()
+    finally:
+        backend.close()
+    rows = []
+    for r in grid:
+        m = r.metrics or {}
+        rows.append({**{k: v for k, v in (r.config or {}).items() if k != "__base__"},
+                     "best_time_in_system": m.get("best_time_in_system"), "evaluations": m.get("training_iteration"),
+                     "model_dir": m.get("model_dir"), "error": None if r.error is None else str(r.error)})
+    for r in rows:  # stopped early (ASHA) or failed: no model directory was written
+        r["complete"] = bool(r["model_dir"]) and os.path.exists(os.path.join(r["model_dir"], META_FILE))
+    ok = [r for r in rows if r["best_time_in_system"] is not None and r["complete"]]
+    if not ok:
+        raise RuntimeError(f"no trial of the search ran to its end; errors: {[r['error'] for r in rows]}")
+    best = min(ok, key=lambda r: r["best_time_in_system"])
+    keys = sorted({k for r in rows for k in r})
+    with open(os.path.join(out, "search.csv"), "w", newline="") as fh:
+        w = csv.DictWriter(fh, fieldnames=keys)
+        w.writeheader()
+        w.writerows(rows)
+    import shutil
+
+    best_dir = os.path.join(out, "best")
+    if os.path.exists(best_dir):
+        shutil.rmtree(best_dir)
+    shutil.copytree(best["model_dir"], best_dir)
+    table = None
+    if cfg.final_eval_seeds > 0:
+        table = final_evaluation(best_dir, seeds=list(range(cfg.final_eval_seeds)),
+                                 tune_seeds=[1000 + i for i in range(cfg.tune_seeds)], progress=cfg.progress)
+    return {"best": best, "best_dir": best_dir, "trials": rows, "table": table}
