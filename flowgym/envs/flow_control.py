@@ -367,6 +367,7 @@ class FlowControlEnv(gym.Env[Any, Any]):
         self._horizon = cfg.horizon
         self._rate = 0.0
         self._started = False
+        self._ended = False
         self._view: SystemView | None = None
 
     # ------------------------------------------------------------------ gym API
@@ -379,6 +380,7 @@ class FlowControlEnv(gym.Env[Any, Any]):
         arrived = self.engine.arrive()
         self._rate = 0.0 if self._timed else arrived * self._alpha
         self._started = True
+        self._ended = False
         M, H = self.config.M, self.config.horizon
         info = {"t": 0, "arrived": arrived, "rho": None if self._timed else self.workload.load(M),
                 "rho_episode": None if self._timed else self.workload.episode_load(M, H),
@@ -394,6 +396,8 @@ class FlowControlEnv(gym.Env[Any, Any]):
     def step(self, action: Any) -> tuple[Any, float, bool, bool, dict[str, Any]]:
         if not self._started:
             raise RuntimeError("call reset() before step()")
+        if self._ended:
+            raise RuntimeError("the episode has ended (terminated or truncated): call reset() before step()")
         budget = self._act_type.budget(action)
         eng = self.engine
         n_sys = eng.n_queued + eng.n_active
@@ -406,6 +410,7 @@ class FlowControlEnv(gym.Env[Any, Any]):
         )
         terminated = eng.exhausted and eng.n_queued + eng.n_active == 0
         truncated = not terminated and self._horizon is not None and eng.t >= self._horizon
+        self._ended = terminated or truncated
         info = {
             "t": st.t,
             "arrived": arrived,

@@ -156,7 +156,12 @@ class Sinusoid(RateSchedule):
         if self.a > self.m:
             raise ValueError(f"amplitude ({amplitude}) must not exceed mean ({mean}): rates must stay >= 0")
         self.period = _positive("period", period)
-        self.phase = float(phase)
+        try:
+            self.phase = float(phase)
+        except (TypeError, ValueError):
+            raise ValueError(f"phase must be a finite number (a fraction of the period), got {phase!r}") from None
+        if isinstance(phase, bool) or not np.isfinite(self.phase):
+            raise ValueError(f"phase must be a finite number (a fraction of the period), got {phase!r}")
 
     def rate(self, t: np.ndarray) -> np.ndarray:
         return self.m + self.a * np.sin(2 * np.pi * (np.asarray(t, dtype=np.float64) / self.period + self.phase))

@@ -59,6 +59,12 @@ __all__ = [
     "lengths_from_csv",
 ]
 
+#: Largest prompt or output length a trace may hold (2**40 tokens: ``l + o`` and the KV sums stay
+#: far inside int64, and no KV budget is that large).
+MAX_TOKENS = 2**40
+#: Largest arrival a trace may hold (slot numbers or seconds): within int64 and exactly a float.
+MAX_ARRIVAL = 2**53
+
 #: Slots generated per call to :meth:`Workload.sample`. Fixed so that the random
 #: stream, and hence the workload, depends on the seed only.
 CHUNK_SLOTS = 256
@@ -238,8 +244,8 @@ class MultiClassPoisson(Workload):
                 raise ValueError(f"classes[{k}] must be a (prompt_len, output_len) pair, got {pair!r}")
             pairs.append(
                 (
-                    _positive_int(f"classes[{k}] prompt_len", pair[0]),
-                    _positive_int(f"classes[{k}] output_len", pair[1]),
+                    _length(f"classes[{k}] prompt_len", pair[0]),
+                    _length(f"classes[{k}] output_len", pair[1]),
                 )
             )
         self.classes = np.asarray(pairs, dtype=np.int64)
@@ -330,12 +336,17 @@ class EmpiricalLengths(LengthDistribution):
     """
 
     def __init__(self, pairs: Sequence[Sequence[int]], weights: Sequence[float] | None = None) -> None:
+        if isinstance(pairs, (str, bytes)) or not isinstance(pairs, (Sequence, np.ndarray)):
+            raise ValueError(f"pairs must be a non-empty list of (prompt_len, output_len) pairs, got {pairs!r}")
+        for k, pair in enumerate(pairs):
+            if isinstance(pair, (str, bytes)) or not isinstance(pair, (Sequence, np.ndarray)) or len(pair) != 2:
+                raise ValueError(f"pairs[{k}] must be a (prompt_len, output_len) pair, got {pair!r}")
         arr = np.asarray(pairs)
         if arr.ndim != 2 or arr.shape[1] != 2 or arr.shape[0] == 0:
             raise ValueError("pairs must be a non-empty list of (prompt_len, output_len) pairs")
         for k, (l, o) in enumerate(arr.tolist()):
-            _positive_int(f"pairs[{k}] prompt_len", l)
-            _positive_int(f"pairs[{k}] output_len", o)
+            _length(f"pairs[{k}] prompt_len", l)
+            _length(f"pairs[{k}] output_len", o)
         self.pairs = arr.astype(np.int64)
         if weights is None:
             w = np.ones(len(arr))
@@ -682,6 +693,14 @@ class Mixture(Workload):
 # --------------------------------------------------------------------------- trace replay
 
 
+def _length(name: str, value: Any) -> int:
+    """A prompt or output length: a positive integer of at most :data:`MAX_TOKENS`."""
+    v = _positive_int(name, value)
+    if v > MAX_TOKENS:
+        raise ValueError(f"{name} {value!r} is too large for a length (at most {MAX_TOKENS})")
+    return v
+
+
 def _trace_column(
     name: str, values: Any, *, allow_zero: bool, rows: np.ndarray | None = None, whole: bool = True
 ) -> np.ndarray:
@@ -711,6 +730,12 @@ def _trace_column(
         i = int(np.flatnonzero(bad)[0])
         need = "non-negative" if allow_zero else "at least 1"
         raise TraceError(f"column {name!r}, {where(i)}: {arr[i]!r} must be {need}")
+    limit = float(MAX_ARRIVAL if name == "arrival" else MAX_TOKENS)
+    bad = f > limit
+    if bad.any():  # beyond what int64 arithmetic (l + o, usage sums, slot numbers) can hold
+        i = int(np.flatnonzero(bad)[0])
+        what = "an arrival" if name == "arrival" else "a length"
+        raise TraceError(f"column {name!r}, {where(i)}: {arr[i]!r} is too large for {what} (at most {int(limit)})")
     if not whole:
         return f
     bad = f != np.floor(f)
@@ -720,6 +745,44 @@ def _trace_column(
                 "continuous time)") if name == "arrival" else ""
         raise TraceError(f"column {name!r}, {where(i)}: {arr[i]!r} must be a whole number{hint}")
     return f.astype(np.int64)
+
+
+def _csv_columns(fh: Any, path: str, wanted: dict[str, str]) -> tuple[dict[str, list[str]], list[int]]:
+    """The wanted columns of a CSV (as strings) and the row number of each record (the header is row 1)."""
+    reader = csv.reader(fh)
+    header = next(reader, None)
+    if header is None:
+        raise TraceError(f"trace CSV {path!r} is empty (no header row)")
+    header = [h.strip() for h in header]
+    idx = {}
+    for field, col in wanted.items():
+        if col not in header:
+            raise TraceError(f"trace CSV {path!r} has no column {col!r} (for {field}); columns are {header}")
+        idx[field] = header.index(col)
+    cols: dict[str, list[str]] = {f: [] for f in wanted}
+    rows = []
+    for rown, rec in enumerate(reader, start=2):
+        if not rec or all(not x.strip() for x in rec):
+            continue
+        if len(rec) < len(header):
+            raise TraceError(f"trace CSV {path!r}, row {rown}: {len(rec)} fields, header has {len(header)}")
+        for f, j in idx.items():
+            cols[f].append(rec[j].strip())
+        rows.append(rown)
+    return cols, rows
+
+
+def _not_utf8(path: str) -> str:
+    """Where a CSV stops being UTF-8: the row and the byte (the error path only reads the file again)."""
+    with open(path, "rb") as fh:
+        data = fh.read()
+    try:
+        data.decode("utf-8-sig")
+        return f"trace CSV {path!r} is not UTF-8 text; save it as UTF-8"
+    except UnicodeDecodeError as e:
+        row = data[: e.start].count(b"\n") + 1
+        return (f"trace CSV {path!r}, row {row}: byte {data[e.start:e.start + 1]!r} is not UTF-8 text "
+                f"({e.reason}); save the file as UTF-8 (e.g. iconv -f latin1 -t utf-8)")
 
 
 class Trace(Workload):
@@ -829,36 +892,18 @@ class Trace(Workload):
                 the header as row 1, and its column).
         """
         path = os.fspath(path)
+        wanted = {"arrival": arrival, "prompt_len": prompt_len, "output_len": output_len}
+        if cls_column is not None:
+            wanted["cls"] = cls_column
         try:
-            fh = open(path, newline="", encoding="utf-8")
+            fh = open(path, newline="", encoding="utf-8-sig")  # a UTF-8 byte-order mark is dropped
         except OSError as e:
             raise TraceError(f"cannot read trace CSV {path!r}: {e.strerror}") from None
-        with fh:
-            reader = csv.reader(fh)
-            header = next(reader, None)
-            if header is None:
-                raise TraceError(f"trace CSV {path!r} is empty (no header row)")
-            header = [h.strip() for h in header]
-            wanted = {"arrival": arrival, "prompt_len": prompt_len, "output_len": output_len}
-            if cls_column is not None:
-                wanted["cls"] = cls_column
-            idx = {}
-            for field, col in wanted.items():
-                if col not in header:
-                    raise TraceError(
-                        f"trace CSV {path!r} has no column {col!r} (for {field}); columns are {header}"
-                    )
-                idx[field] = header.index(col)
-            cols: dict[str, list[str]] = {f: [] for f in wanted}
-            rows = []
-            for rown, rec in enumerate(reader, start=2):
-                if not rec or all(not x.strip() for x in rec):
-                    continue
-                if len(rec) < len(header):
-                    raise TraceError(f"trace CSV {path!r}, row {rown}: {len(rec)} fields, header has {len(header)}")
-                for f, j in idx.items():
-                    cols[f].append(rec[j].strip())
-                rows.append(rown)
+        try:
+            with fh:
+                cols, rows = _csv_columns(fh, path, wanted)
+        except UnicodeDecodeError:
+            raise TraceError(_not_utf8(path)) from None
         rows_a = np.asarray(rows, dtype=np.int64)
         try:
             return cls(

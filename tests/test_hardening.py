@@ -1,0 +1,87 @@
+"""Hostile inputs get named errors (issue: hardening); each case failed before its fix."""
+
+from __future__ import annotations
+
+import gymnasium as gym
+import numpy as np
+import pytest
+
+import flowgym
+from flowgym.sim.rates import make_rate
+from flowgym.sim.workloads import MAX_ARRIVAL, MAX_TOKENS, EmpiricalLengths, Trace, TraceError, make_workload
+
+
+@pytest.mark.parametrize("args, match", [
+    (([0], [5e18], [5e18]), r"column 'prompt_len', index 0: .* too large for a length \(at most 1099511627776\)"),
+    (([1e19], [5], [5]), r"column 'arrival', index 0: .* too large for an arrival"),
+    (([0], [2**70], [5]), r"column 'prompt_len', index 0: .* too large for a length"),
+    (([0], [5], [MAX_TOKENS + 1]), r"column 'output_len'.*too large"),
+])
+def test_values_beyond_int64_arithmetic_are_refused(args, match):
+    with pytest.raises(TraceError, match=match):
+        Trace(*args)
+
+
+def test_largest_allowed_values_still_load():
+    tr = Trace([MAX_ARRIVAL], [MAX_TOKENS], [MAX_TOKENS])
+    assert int(tr.prompt_len[0]) + int(tr.output_len[0]) == 2**41  # no overflow
+
+
+def test_class_and_pair_lengths_bounded():
+    with pytest.raises(ValueError, match=r"classes\[1\] output_len .* too large for a length"):
+        make_workload({"kind": "poisson", "classes": [[1, 2], [3, 2**50]], "rates": 1.0})
+    with pytest.raises(ValueError, match=r"pairs\[0\] prompt_len .* too large"):
+        EmpiricalLengths([[2**41, 1]])
+
+
+def test_ragged_pairs_named():
+    with pytest.raises(ValueError, match=r"pairs\[1\] must be a \(prompt_len, output_len\) pair, got \[3\]"):
+        EmpiricalLengths([[1, 2], [3]])
+    with pytest.raises(ValueError, match=r"pairs\[0\] must be a \(prompt_len, output_len\) pair"):
+        make_workload({"kind": "iid", "rate": 1.0, "lengths": {"kind": "empirical", "pairs": ["ab"]}})
+
+
+@pytest.mark.parametrize("phase", [float("nan"), float("inf"), "x", None, True])
+def test_sinusoid_phase_named(phase):
+    with pytest.raises(ValueError, match="phase must be a finite number"):
+        make_rate({"kind": "sinusoid", "mean": 2.0, "amplitude": 1.0, "period": 10.0, "phase": phase})
+
+
+def test_csv_encodings(tmp_path):
+    latin = tmp_path / "latin1.csv"
+    latin.write_bytes(b"arrival,prompt_len,output_len\n0,3,4\n1,2,5\n2,\xe9,4\n")
+    with pytest.raises(TraceError, match=r"latin1.csv', row 4: byte b'\\xe9' is not UTF-8 text"):
+        Trace.from_csv(latin)
+    bom = tmp_path / "bom.csv"
+    bom.write_bytes("\ufeffarrival,prompt_len,output_len\n0,3,4\n".encode())
+    assert len(Trace.from_csv(bom)) == 1  # the byte-order mark is not part of the first column's name
+
+
+def test_step_after_the_end_raises_until_reset():
+    env = gym.make("FlowControl-v0", horizon=3)
+    env.reset(seed=0)
+    for _ in range(3):
+        _, _, te, tr, _ = env.step(1)
+    assert tr and not te
+    T = env.unwrapped.metrics()["T"]
+    with pytest.raises(RuntimeError, match=r"episode has ended .* call reset\(\)"):
+        env.step(1)
+    assert env.unwrapped.metrics()["T"] == T  # nothing moved
+    env.reset(seed=1)
+    env.step(1)  # a new episode steps again
+    finite = flowgym.FlowControlEnv(workload=Trace([0], [2], [2]), horizon=None, M=100)
+    finite.reset(seed=0)
+    done = False
+    while not done:
+        _, _, te, tr, _ = finite.step(1)
+        done = te or tr
+    assert te
+    with pytest.raises(RuntimeError, match="episode has ended"):
+        finite.step(1)
+
+
+def test_vector_env_keeps_autoresetting():
+    envs = gym.make_vec("FlowControl-v0", num_envs=2, horizon=3)
+    envs.reset(seed=0)
+    for _ in range(8):  # past the end of the episode: autoreset, no error
+        envs.step(np.ones(2, np.int64))
