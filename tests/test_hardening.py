@@ -85,3 +85,41 @@ def test_vector_env_keeps_autoresetting():
     envs.reset(seed=0)
     for _ in range(8):  # past the end of the episode: autoreset, no error
         envs.step(np.ones(2, np.int64))
+
+
+def test_idle_gaps_cost_one_chunk_whatever_their_length():
+    """Unix-epoch timestamps and a 1e8 s gap: reset and the run return at once (chunk by chunk took minutes)."""
+    import time
+
+    tr = Trace([1.7e9, 1.7e9 + 1.0, 1.7e9 + 1e8], [5, 6, 7], [3, 4, 5], timed=True)
+    env = flowgym.FlowControlEnv(workload=tr, horizon=None, M=1000, time_model="llama2-70b-tp2-a100")
+    t0 = time.perf_counter()
+    env.reset(seed=0)
+    done = False
+    while not done:
+        _, _, te, tr_, _ = env.step(4)
+        done = te or tr_
+    assert time.perf_counter() - t0 < 5.0
+    log = env.request_log()
+    assert (log["finish"] >= 0).all() and log["finish_time"][2] > 1.7e9 + 1e8  # served when they came
+    # the same trace shifted to start at 0 gives the same latencies
+    shifted = Trace([0.0, 1.0, 1e8], [5, 6, 7], [3, 4, 5], timed=True)
+    ref = flowgym.FlowControlEnv(workload=shifted, horizon=None, M=1000, time_model="llama2-70b-tp2-a100")
+    ref.reset(seed=0)
+    done = False
+    while not done:
+        _, _, te, tr_, _ = ref.step(4)
+        done = te or tr_
+    a, b = env.request_log(), ref.request_log()
+    np.testing.assert_allclose(a["finish_time"] - a["arrival_time"], b["finish_time"] - b["arrival_time"], atol=1e-5)
+
+
+@pytest.mark.parametrize("coef", ["c0", "c_prefill", "c_decode", "c_kv"])
+def test_absurd_time_scales_named(coef):
+    spec = {"kind": "linear", "c0": 0.03, coef: 1e300}
+    with pytest.raises(ValueError, match=rf"latency coefficient {coef} = 1e\+300 seconds is beyond"):
+        flowgym.FlowControlEnv(time_model=spec, workload={"kind": "iid", "rate": 1.0, "timed": True,
+                                                           "lengths": {"kind": "lmsys-like"}})
+    with pytest.raises(ValueError, match="beyond any serving system"):
+        flowgym.FlowControlEnv(time_model={"kind": "linear", "c0": 1e6},
+                               workload={"kind": "iid", "rate": 1.0, "timed": True, "lengths": {"kind": "lmsys-like"}})

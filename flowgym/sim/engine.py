@@ -30,6 +30,8 @@ scalar bookkeeping (``held`` tokens, counts), never a Python object per request.
 
 from __future__ import annotations
 
+import math
+
 from collections.abc import Sequence
 from typing import Any, NamedTuple
 
@@ -303,18 +305,36 @@ class Engine:
         self._enqueue(ids)
         return k
 
+    def _skip_empty_chunks(self, until: float) -> None:
+        """Move the next chunk's start past chunks that hold no request, up to the one holding
+        ``until`` or the next arrival, whichever is first (deterministic workloads only, see
+        :meth:`Workload.next_arrival`; chunk windows stay the multiples of the chunk span, so what
+        is generated does not change). An idle gap then costs one chunk whatever its length."""
+        nxt = self.workload.next_arrival(self._gen_t)
+        if nxt is None:
+            return
+        span = self.workload.chunk_span
+        k = math.floor(min(nxt, until) / span)
+        if k * span > self._gen_t:
+            self._gen_t = k * span
+
+    def _generate_through(self, t: float) -> None:
+        """Generate chunks until they cover time ``t``."""
+        while self._gen_t <= t:
+            self._skip_empty_chunks(t)
+            self._generate()
+
     def _arrive_timed(self) -> int:
         """Continuous time: requests with arrival time <= now join; an idle server jumps ahead."""
-        while self._gen_t <= self.now:
-            self._generate()
+        self._generate_through(self.now)
         lo = self.n_arrived
         if self.n_queued == 0 and self.n_active == 0:  # idle: jump to the next arrival
             while lo >= self.n_req and not self._workload_done():
+                self._skip_empty_chunks(math.inf)
                 self._generate()
             if lo < self.n_req and self.arrival_time[lo] > self.now:
                 self.now = float(self.arrival_time[lo])
-                while self._gen_t <= self.now:
-                    self._generate()
+                self._generate_through(self.now)
         hi = lo + int(np.searchsorted(self.arrival_time[lo : self.n_req], self.now, side="right"))
         k = hi - lo
         self.n_arrived = hi

@@ -31,11 +31,21 @@ __all__ = [
     "CallableLatency",
     "PRESETS",
     "make_latency_model",
+    "MAX_ITERATION_SECONDS",
 ]
 
 
+#: The longest batch iteration a model may give (seconds): beyond it the time scale is not a
+#: serving system's (and an idle clock would have to cover it chunk by chunk).
+MAX_ITERATION_SECONDS = 3600.0
+
+
 def _coef(name: str, v: Any) -> float:
-    return non_negative(f"latency coefficient {name}", v)
+    x = non_negative(f"latency coefficient {name}", v)
+    if x > MAX_ITERATION_SECONDS:
+        raise ValueError(f"latency coefficient {name} = {v!r} seconds is beyond any serving system's time scale "
+                         f"(at most {MAX_ITERATION_SECONDS:g} s; coefficients are in seconds, not milliseconds)")
+    return x
 
 
 class LatencyModel:
@@ -117,8 +127,9 @@ class CallableLatency(LatencyModel):
 
     def duration(self, P: int, D: int, K: int, B: int) -> float:
         d = float(self.fn(P, D, K, B))
-        if not math.isfinite(d) or d <= 0:
-            raise ValueError(f"latency function returned {d!r} for P={P}, D={D}, K={K}, B={B}: need a positive duration")
+        if not math.isfinite(d) or d <= 0 or d > MAX_ITERATION_SECONDS:
+            raise ValueError(f"latency function returned {d!r} for P={P}, D={D}, K={K}, B={B}: need a positive "
+                             f"duration of at most {MAX_ITERATION_SECONDS:g} seconds")
         return d
 
 

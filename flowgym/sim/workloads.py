@@ -144,6 +144,12 @@ class Workload(ABC):
         """Mean arrivals per slot, when known."""
         return None
 
+    def next_arrival(self, t: float) -> float | None:
+        """For a deterministic workload (one that draws nothing from the generator), the first
+        arrival at or after ``t`` (``inf`` when none is left); ``None`` for a random one. The engine
+        skips the empty chunks before it, so an idle gap costs the same whatever its length."""
+        return None
+
     def mean_work(self) -> float | None:
         """``E[w]``, the mean of :func:`request_work` per request, when known."""
         return None
@@ -931,6 +937,10 @@ class Trace(Workload):
         lo, hi = np.searchsorted(self.arrival, [t0, t1], side="left")
         s = slice(int(lo), int(hi))
         return Requests(self.arrival[s], self.prompt_len[s], self.output_len[s], self.cls[s])
+
+    def next_arrival(self, t: float) -> float:
+        i = int(np.searchsorted(self.arrival, t, side="left"))
+        return float(self.arrival[i]) if i < len(self) else math.inf
 
     @property
     def last_arrival(self) -> Any:
