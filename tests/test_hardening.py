@@ -123,3 +123,17 @@ def test_absurd_time_scales_named(coef):
     with pytest.raises(ValueError, match="beyond any serving system"):
         flowgym.FlowControlEnv(time_model={"kind": "linear", "c0": 1e6},
                                workload={"kind": "iid", "rate": 1.0, "timed": True, "lengths": {"kind": "lmsys-like"}})
+
+
+def test_sync_fallback_vector_env_checks_every_action_first():
+    from flowgym.envs.vector import FlowControlSyncVectorEnv
+
+    envs = gym.make_vec("FlowControl-v0", num_envs=2, queue_order="estimate", eviction="estimate")
+    assert isinstance(envs, FlowControlSyncVectorEnv)
+    envs.reset(seed=0)
+    t_before = [e.unwrapped.engine.t for e in envs.envs]
+    with pytest.raises(ValueError, match=r"env 1: action np.int64\(-3\) is not in the action space"):
+        envs.step(np.array([2, -3]))
+    assert [e.unwrapped.engine.t for e in envs.envs] == t_before  # env 0 did not step
+    envs.step(np.array([2, 3]))
+    assert [e.unwrapped.engine.t for e in envs.envs] == [t + 1 for t in t_before]

@@ -445,6 +445,10 @@ class FlowControlEnv(gym.Env[Any, Any]):
                 self.render()
         return self._observe(), float(reward), terminated, truncated, info
 
+    def check_action(self, action: Any) -> Any:
+        """The budget(s) ``action`` stands for; ``ValueError`` naming it and the space when it is not in it."""
+        return self._act_type.budget(action)
+
     def _observe(self) -> Any:
         return self._obs_type.observe(self.features.compute(self.engine, self._rate))
 

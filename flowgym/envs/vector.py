@@ -440,6 +440,17 @@ class FlowControlSyncVectorEnv(SyncVectorEnv):
 
         super().__init__([make for _ in range(int(num_envs))])
 
+    def step(self, actions: Any) -> Any:
+        """Every environment's action is checked before any environment steps (a bad one changes nothing)."""
+        from gymnasium.vector.utils import iterate
+
+        for i, (env, a) in enumerate(zip(self.envs, iterate(self.action_space, actions))):
+            try:
+                env.unwrapped.check_action(a)
+            except ValueError as e:
+                raise ValueError(f"env {i}: {e}") from None
+        return super().step(actions)
+
 
 def make_vector_env(num_envs: int = 1, **kwargs: Any) -> VectorEnv:
     """The ``vector_entry_point`` of FlowControl-v0: batched when supported, else the sync fallback.
