@@ -144,3 +144,19 @@ def test_training_search_on_ray_end_to_end(tmp_path):
     assert res["table"].agents[0] == "learned (best)" and len(res["table"].agents) > 3
     with pytest.raises(ValueError, match="not a TrainConfig field"):
         train_search(cfg, 1, space={"colour": ("choice", [1])})
+
+
+def test_hindsight_comparison_on_a_backend():
+    pytest.importorskip("scipy", reason="needs SciPy: pip install 'flowgym[solve]'")
+    from flowgym.lab.hindsight import compare_to_hindsight
+
+    rng = np.random.default_rng(3)
+    a = np.sort(rng.integers(0, 6, 8))
+    l, o = rng.integers(1, 4, 8), rng.integers(1, 8, 8)
+    agents = ["mc-sf", "greedy-lifo", "flow-control:b=3"]
+    _, serial = compare_to_hindsight(a, l, o, 24, agents, time_limit=20)
+    with make_backend("process", workers=2) as be:
+        _, par = compare_to_hindsight(a, l, o, 24, agents, time_limit=20, backend=be)
+    strip = [{k: v for k, v in r.items() if k != "solve_seconds"} for r in serial]
+    assert strip == [{k: v for k, v in r.items() if k != "solve_seconds"} for r in par]
+    assert [r["name"] for r in serial][:2] == ["hindsight: total_latency", "hindsight: max_latency"]

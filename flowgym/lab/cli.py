@@ -246,7 +246,9 @@ def _hindsight(args: argparse.Namespace) -> int:
         print("error: the completed/tokens objectives need --T", file=sys.stderr)
         return 2
     print(what)
-    res, rows = compare_to_hindsight(a, l, o, M, agents, objectives=objectives, T=T, time_limit=args.time_limit, cls=cls)
+    with _backend(args) as backend:
+        res, rows = compare_to_hindsight(a, l, o, M, agents, objectives=objectives, T=T, time_limit=args.time_limit,
+                                         cls=cls, backend=backend)
     print(format_comparison(res, rows))
     if args.json:
         out = {
@@ -313,6 +315,12 @@ def _scenario(args: argparse.Namespace) -> int:
         return 2
     sys.stdout.write(scenario_text(args.name, args.format))
     return 0
+
+
+def _backend(args: argparse.Namespace) -> Any:
+    from flowgym.lab.parallel import make_backend
+
+    return make_backend(args.backend, workers=args.workers, address=args.address)
 
 
 def _json_arg(text: str) -> Any:
@@ -482,6 +490,10 @@ def build_parser() -> argparse.ArgumentParser:
                    help="semicolon-separated agents (default mc-sf;mc;a-min;greedy-lifo;flow-control:b=<Theorem 2>)")
     h.add_argument("--time-limit", type=float, default=60.0, help="seconds per objective (default 60)")
     h.add_argument("--json", default=None, help="also write the instance, schedules and rows as JSON")
+    h.add_argument("--backend", choices=["serial", "process", "ray"], default="serial",
+                   help="where the solves and the agents' runs go (same rows on every backend; docs/scaling.md)")
+    h.add_argument("--workers", type=int, default=None, help="worker processes or Ray CPUs (default: the cores)")
+    h.add_argument("--address", default=None, help="an existing Ray cluster for --backend ray")
     h.set_defaults(func=_hindsight)
     s = sub.add_parser(
         "scenario", formatter_class=_HelpFormatter,

@@ -1112,6 +1112,41 @@ _RATIO_KEYS = {"total_latency": "total_latency", "max_latency": "max_latency", "
                "tokens": "tokens_by_T"}
 
 
+@dataclass
+class _SolveCell:
+    a: np.ndarray
+    l: np.ndarray
+    o: np.ndarray
+    M: int
+    objective: str
+    horizon: int | None
+    time_limit: float
+
+    def describe(self) -> str:
+        return f"(hindsight {self.objective}, {self.a.size} requests)"
+
+
+def _solve_cell(c: _SolveCell) -> HindsightResult:
+    return solve_hindsight(c.a, c.l, c.o, c.M, objective=c.objective, horizon=c.horizon, time_limit=c.time_limit)
+
+
+@dataclass
+class _AgentCell:
+    agent: Any
+    a: np.ndarray
+    l: np.ndarray
+    o: np.ndarray
+    M: int
+    cls: Any
+
+    def describe(self) -> str:
+        return f"(agent {getattr(self.agent, 'name', self.agent)!r} on the trace)"
+
+
+def _agent_cell(c: _AgentCell) -> dict[str, Any]:
+    return run_agent_on_trace(c.agent, c.a, c.l, c.o, c.M, cls=c.cls)
+
+
 def compare_to_hindsight(
     arrival: Sequence[int] | np.ndarray,
     prompt_len: Sequence[int] | np.ndarray,
@@ -1124,8 +1159,12 @@ def compare_to_hindsight(
     time_limit: float = 60.0,
     cls: Sequence[int] | np.ndarray | None = None,
     results: dict[str, HindsightResult] | None = None,
+    backend: Any = "serial",
 ) -> tuple[dict[str, HindsightResult], list[dict[str, Any]]]:
     """The hindsight optima of a trace and every agent's run on it, with ratios.
+
+    ``backend`` (:mod:`flowgym.lab.parallel`) runs the solves and the agents' runs as cells;
+    the rows are the same on every backend (each solve is deterministic: HiGHS, one thread).
 
     One row per optimum (``"hindsight: <objective>"``) and per agent, each with
     ``total_latency``, ``avg_latency``, ``p95_latency``, ``max_latency``,
@@ -1141,10 +1180,17 @@ def compare_to_hindsight(
     a, l, o, M = _check_instance(arrival, prompt_len, output_len, M)
     if any(k in _MAXIMISE for k in objectives) and T is None:
         raise ValueError("the throughput objectives need a horizon T")
+    from flowgym.lab.parallel import using
+
     res = dict(results or {})
-    for k in objectives:
-        if k not in res:
-            res[k] = solve_hindsight(a, l, o, M, objective=k, horizon=T if k in _MAXIMISE else None, time_limit=time_limit)
+    todo = [k for k in objectives if k not in res]
+    solves = [_SolveCell(a, l, o, M, k, T if k in _MAXIMISE else None, time_limit) for k in todo]
+    runs = [_AgentCell(ag, a, l, o, M, cls) for ag in agents]
+    with using(backend) as be:
+        solved = be.map(_solve_cell, solves)
+        ran = be.map(_agent_cell, runs)
+    res.update(zip(todo, solved))
+    res = {k: res[k] for k in list(results or {}) + todo if k in res}
     rows: list[dict[str, Any]] = []
 
     def add_T(row: dict[str, Any], finish: np.ndarray) -> None:
@@ -1170,8 +1216,7 @@ def compare_to_hindsight(
         }
         add_T(row, r.finish)
         rows.append(row)
-    for ag in agents:
-        run = run_agent_on_trace(ag, a, l, o, M, cls=cls)
+    for run in ran:
         row = {k2: run[k2] for k2 in ("total_latency", "avg_latency", "p95_latency", "max_latency", "makespan", "evictions")}
         row = {"name": run["label"], "kind": "agent", "status": "", **row}
         add_T(row, run["finish"])
