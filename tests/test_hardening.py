@@ -137,3 +137,19 @@ def test_sync_fallback_vector_env_checks_every_action_first():
     assert [e.unwrapped.engine.t for e in envs.envs] == t_before  # env 0 did not step
     envs.step(np.array([2, 3]))
     assert [e.unwrapped.engine.t for e in envs.envs] == [t + 1 for t in t_before]
+
+
+def test_sizes_that_cannot_fit_are_named_before_allocating():
+    import resource
+
+    with pytest.raises(ValueError, match=r"rates: 3e\+07 requests per slot is beyond what the simulator can hold"):
+        make_workload({"kind": "poisson", "classes": [[1, 1], [1, 2], [1, 3]], "rates": 1e7})
+    with pytest.raises(ValueError, match=r"rate: 1e\+06 requests per second is beyond"):
+        make_workload({"kind": "iid", "rate": 1e6, "timed": True, "lengths": {"kind": "lmsys-like"}})
+    with pytest.raises(TraceError, match=r"column 'cls', index 1: class id 1000000000000 is too large"):
+        Trace([0, 1], [3, 3], [4, 4], cls=[0, 10**12])
+    # a huge KV budget with a bounded workload: the completion calendar follows the longest output
+    env = gym.make("FlowControl-v0", M=2**40, horizon=10)
+    env.reset(seed=0)
+    env.step(3)
+    assert resource.getrusage(resource.RUSAGE_SELF).ru_maxrss < 4 * 2**20  # KiB: well under 4 GiB

@@ -194,8 +194,10 @@ class Engine:
         self._tail = 0
         self.n_active = 0
         # Completion calendar: requests (and their l + o tokens) finishing at
-        # slot f are counted at index f & _cal_mask (ring longer than any o).
-        R = 1 << max(6, int(self.M).bit_length())
+        # slot f are counted at index f & _cal_mask (ring longer than any o: an admitted
+        # request has o < M, and o is at most the workload's bound when it has one).
+        bound = self.workload.max_output_tokens()
+        R = 1 << max(6, int(self.M if bound is None else min(self.M, int(bound))).bit_length())
         self._cal_mask = R - 1
         if self._use_jit:  # the kernels write them
             self._cal_n: Any = np.zeros(R, _I64)

@@ -62,6 +62,8 @@ __all__ = [
 #: Largest prompt or output length a trace may hold (2**40 tokens: ``l + o`` and the KV sums stay
 #: far inside int64, and no KV budget is that large).
 MAX_TOKENS = 2**40
+#: Number of request classes a trace may name (ids 0..MAX_CLASSES-1).
+MAX_CLASSES = 2**16
 #: Largest arrival a trace may hold (slot numbers or seconds): within int64 and exactly a float.
 MAX_ARRIVAL = 2**53
 
@@ -263,6 +265,7 @@ class MultiClassPoisson(Workload):
             self.rates = np.asarray([_rate(f"rates[{k}]", r) for k, r in enumerate(rl)])
         else:
             self.rates = np.full(m, _rate("rates", rates))
+        _check_chunk_load("rates", float(self.rates.sum()), CHUNK_SLOTS, "slot")
 
     def sample(self, rng: np.random.Generator, t0: int, t1: int) -> Requests:
         n_slots = t1 - t0
@@ -560,6 +563,8 @@ class IIDPoisson(Workload):
         self.rate = self.schedule.mean()
         self.lengths = _make_lengths(lengths)
         self.n_requests = None if n_requests is None else _positive_int("n_requests", n_requests)
+        _check_chunk_load("rate", self.schedule.peak(), CHUNK_SECONDS if timed else CHUNK_SLOTS,
+                          "second" if timed else "slot")
         self.finite = self.n_requests is not None
         self.timed = bool(timed)
         self.chunk_span = CHUNK_SECONDS if self.timed else CHUNK_SLOTS
@@ -697,6 +702,18 @@ class Mixture(Workload):
 
 
 # --------------------------------------------------------------------------- trace replay
+
+
+#: Requests one workload chunk may hold on average (memory is allocated per chunk).
+MAX_CHUNK_REQUESTS = 2**22
+
+
+def _check_chunk_load(name: str, rate: float, span: float, unit: str) -> None:
+    """Refuse, naming the field, a rate whose chunk would not fit in memory (before any allocation)."""
+    if rate * span > MAX_CHUNK_REQUESTS:
+        raise ValueError(f"{name}: {rate:g} requests per {unit} is beyond what the simulator can hold "
+                         f"(at most {MAX_CHUNK_REQUESTS / span:g} per {unit}: a chunk of {span:g} {unit}s "
+                         f"would hold {rate * span:.3g} requests)")
 
 
 def _length(name: str, value: Any) -> int:
@@ -844,6 +861,12 @@ class Trace(Workload):
             c = _trace_column(name["cls"], cls, allow_zero=True, rows=_rows)
             if len(c) != n:
                 raise TraceError(f"column 'cls' has {len(c)} rows, arrival has {n}")
+            big = np.flatnonzero(c >= MAX_CLASSES)
+            if big.size:  # per-class tables are sized by the largest id
+                i = int(big[0])
+                where = f"row {int(_rows[i])}" if _rows is not None else f"index {i}"
+                raise TraceError(f"column {name['cls']!r}, {where}: class id {int(c[i])} is too large "
+                                 f"(ids are 0..{MAX_CLASSES - 1}; number the classes from 0)")
         else:
             c = np.full(n, -1, dtype=np.int64)
         order = np.argsort(a, kind="stable")
