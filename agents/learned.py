@@ -15,6 +15,10 @@ from flowgym.envs.view import SystemView
 
 __all__ = [
     "LearnedBudget",
+    "POLICY_FILE",
+    "NORM_FILE",
+    "write_safe",
+    "resave",
     "ACTION_RULES",
     "ALGORITHMS",
     "MODEL_FILE",
@@ -29,15 +33,23 @@ __all__ = [
 # --------------------------------------------------------------------------- the model directory format
 # The learned agent owns what a model directory holds; training imports these names.
 
-#: Files of a model directory (written by :func:`flowgym.lab.train.train`, read here).
+#: Files of a model directory (written by :func:`flowgym.lab.train.train`, read here). The agent
+#: loads only ``POLICY_FILE`` (tensors, ``torch.load(weights_only=True)``), ``NORM_FILE`` (plain
+#: arrays, no pickle) and ``META_FILE`` (JSON): nothing in them can run code. ``MODEL_FILE`` and
+#: ``VECNORM_FILE`` are SB3's own formats (pickle inside), kept to continue training with SB3 and
+#: read only when the caller trusts the directory (``trust=True``).
 MODEL_FILE = "model.zip"
 VECNORM_FILE = "vecnormalize.pkl"
 META_FILE = "flowgym_agent.json"
-#: Version of the layout of a model directory.
-FORMAT_VERSION = 1
+POLICY_FILE = "policy.pt"
+NORM_FILE = "normalization.npz"
+#: Version of the layout of a model directory (2: the policy and normalisation load without pickle).
+FORMAT_VERSION = 2
 
-#: SB3 algorithms known by short name (anything else: ``"package.module:Class"``).
-ALGORITHMS = {"ppo": "stable_baselines3:PPO", "a2c": "stable_baselines3:A2C", "dqn": "stable_baselines3:DQN"}
+#: SB3 and sb3-contrib algorithms known by short name: the only ones a model directory may name
+#: unless trusted (anything else: ``"package.module:Class"``, imported only with ``trust=True``).
+ALGORITHMS = {"ppo": "stable_baselines3:PPO", "a2c": "stable_baselines3:A2C", "dqn": "stable_baselines3:DQN",
+              "qrdqn": "sb3_contrib:QRDQN", "trpo": "sb3_contrib:TRPO", "maskable-ppo": "sb3_contrib:MaskablePPO"}
 
 #: How a trained policy's action distribution becomes a budget (see :func:`policy_action`).
 ACTION_RULES = ("mean", "mode")
@@ -91,7 +103,7 @@ def policy_action(model: Any, obs: np.ndarray, rule: str = "mean") -> np.ndarray
     expected index, rounded, for ``"mean"``).
     """
     obs = np.asarray(obs, dtype=np.float32)
-    policy = getattr(model, "policy", None)
+    policy = getattr(model, "policy", model)  # an SB3 algorithm, or its policy alone
     if rule == "mean" and hasattr(policy, "get_distribution"):
         import torch
 
@@ -104,6 +116,108 @@ def policy_action(model: Any, obs: np.ndarray, rule: str = "mean") -> np.ndarray
             return np.rint(p @ np.arange(p.shape[1])).astype(np.int64)
     action, _ = model.predict(obs, deterministic=True)
     return np.asarray(action)
+
+
+# --------------------------------------------------------------------------- loading without pickle
+
+
+def _algorithm(meta: dict[str, Any], trust: bool) -> type:
+    """The algorithm class a model directory names: from :data:`ALGORITHMS` unless trusted."""
+    name = meta.get("algo")
+    target = meta.get("algo_class")
+    if isinstance(name, str) and name.lower() in ALGORITHMS:
+        return algorithm_class(name)
+    if trust and isinstance(target, str):
+        return algorithm_class(target)
+    raise ValueError(f"learned agent: the model directory names the algorithm {name!r} ({target!r}), which is "
+                     f"not one of {sorted(ALGORITHMS)}; importing another module runs its code: pass trust=True "
+                     "only for a directory you trust")
+
+
+def _load_safe(path: str, meta: dict[str, Any], trust: bool) -> tuple[Any, Any]:
+    """The policy from tensors (``torch.load(weights_only=True)``) and the normalisation from plain arrays."""
+    import torch
+    from gymnasium import spaces
+
+    cls = _algorithm(meta, trust)
+    try:
+        with np.load(os.path.join(path, NORM_FILE), allow_pickle=False) as z:
+            arrays = {k: z[k] for k in z.files}
+    except (OSError, ValueError, KeyError) as e:
+        raise ValueError(f"learned agent: {NORM_FILE} in {path!r} is not a plain array file ({e})") from None
+    for k in ("obs_low", "obs_high"):
+        if k not in arrays:
+            raise ValueError(f"learned agent: {NORM_FILE} in {path!r} has no {k!r}")
+    obs_space = spaces.Box(arrays["obs_low"].astype(np.float32), arrays["obs_high"].astype(np.float32),
+                           dtype=np.float32)
+    act_space = spaces.Discrete(int(meta["action_n"]))
+    kwargs = meta.get("policy_kwargs", {})
+    if not isinstance(kwargs, dict) or set(kwargs) - {"net_arch"}:
+        raise ValueError(f"learned agent: {META_FILE} in {path!r}: policy_kwargs may only hold net_arch, got {kwargs!r}")
+    try:
+        policy = cls.policy_aliases["MlpPolicy"](obs_space, act_space, lambda _: 0.0, **kwargs)
+        state = torch.load(os.path.join(path, POLICY_FILE), map_location="cpu", weights_only=True)
+        policy.load_state_dict(state)
+    except Exception as e:  # an unpickling refusal, a missing or mismatched tensor
+        raise ValueError(f"learned agent: {POLICY_FILE} in {path!r} is not this policy's tensors "
+                         f"({type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''})") from None
+    policy.set_training_mode(False)
+    norm = None
+    if "obs_mean" in arrays:
+        norm = (arrays["obs_mean"].astype(np.float64),
+                np.sqrt(arrays["obs_var"].astype(np.float64) + float(arrays["epsilon"])), float(arrays["clip_obs"]))
+    return policy, norm
+
+
+def _load_trusted(path: str, meta: dict[str, Any]) -> tuple[Any, Any]:
+    """SB3's zip and VecNormalize pickle (format 1, or when asked): only for trusted directories."""
+    cls = _algorithm(meta, True)
+    model = cls.load(os.path.join(path, MODEL_FILE), device="cpu")
+    norm = None
+    vn = os.path.join(path, VECNORM_FILE)
+    if os.path.exists(vn):
+        with open(vn, "rb") as fh:
+            vec = pickle.load(fh)
+        if vec.norm_obs:
+            norm = (np.asarray(vec.obs_rms.mean, dtype=np.float64),
+                    np.sqrt(np.asarray(vec.obs_rms.var, dtype=np.float64) + vec.epsilon), float(vec.clip_obs))
+    return model, norm
+
+
+def write_safe(path: str, policy: Any, norm: Any, meta: dict[str, Any]) -> dict[str, Any]:
+    """Write ``POLICY_FILE`` and ``NORM_FILE`` for an SB3 ``policy`` and a ``VecNormalize`` (or ``None``);
+    return ``meta`` updated to :data:`FORMAT_VERSION` (the caller writes it)."""
+    import torch
+
+    torch.save({k: v.detach().cpu() for k, v in policy.state_dict().items()}, os.path.join(path, POLICY_FILE))
+    space = policy.observation_space
+    arrays = {"obs_low": np.asarray(space.low), "obs_high": np.asarray(space.high)}
+    if norm is not None and norm.norm_obs:
+        arrays.update(obs_mean=np.asarray(norm.obs_rms.mean, dtype=np.float64),
+                      obs_var=np.asarray(norm.obs_rms.var, dtype=np.float64),
+                      epsilon=np.float64(norm.epsilon), clip_obs=np.float64(norm.clip_obs))
+    np.savez(os.path.join(path, NORM_FILE), **arrays)
+    net_arch = getattr(policy, "net_arch", None)
+    out = dict(meta)
+    out["format"] = FORMAT_VERSION
+    if net_arch is not None:
+        out["policy_kwargs"] = {"net_arch": net_arch if not isinstance(net_arch, tuple) else list(net_arch)}
+    return out
+
+
+def resave(path: str) -> None:
+    """Convert a trusted model directory to the format that loads without pickle (in place)."""
+    with open(os.path.join(path, META_FILE)) as fh:
+        meta = json.load(fh)
+    model, _ = _load_trusted(path, meta)
+    vec = None
+    vn = os.path.join(path, VECNORM_FILE)
+    if os.path.exists(vn):
+        with open(vn, "rb") as fh:
+            vec = pickle.load(fh)
+    meta = write_safe(path, model.policy, vec, meta)
+    with open(os.path.join(path, META_FILE), "w") as fh:
+        json.dump(meta, fh, indent=1)
 
 
 # --------------------------------------------------------------------------- the agent
@@ -134,6 +248,10 @@ class LearnedBudget(Agent):
     Args:
         path: the model directory.
         label: table label (default ``learned (<directory name>)``).
+        trust: also load SB3's pickle-based files (``model.zip``, ``vecnormalize.pkl``) and
+            algorithms outside :data:`ALGORITHMS`; loading them can run code, so only for a
+            directory you trust (default ``False``: the policy comes from ``policy.pt``, plain
+            tensors, and ``normalization.npz``, plain arrays).
         action_rule: ``"mean"`` (the expected budget under the policy's action
             distribution, rounded) or ``"mode"`` (its most likely budget); default: the
             rule the model was evaluated and selected with during training
@@ -142,40 +260,44 @@ class LearnedBudget(Agent):
 
     name = "learned"
 
-    def __init__(self, path: str, label: str | None = None, action_rule: str | None = None) -> None:
+    def __init__(self, path: str, label: str | None = None, action_rule: str | None = None,
+                 trust: bool = False) -> None:
         if not isinstance(path, (str, os.PathLike)) or not os.path.isdir(path):
             raise ValueError(f"learned agent: path {path!r} is not a model directory (written by flowgym train)")
         self.path = os.fspath(path)
-        missing = [f for f in (MODEL_FILE, META_FILE) if not os.path.exists(os.path.join(self.path, f))]
-        if missing:
-            raise ValueError(f"learned agent: {self.path!r} lacks {missing} (not a flowgym train output?)")
-        with open(os.path.join(self.path, META_FILE)) as fh:
-            self.meta: dict[str, Any] = json.load(fh)
+        if not os.path.exists(os.path.join(self.path, META_FILE)):
+            raise ValueError(f"learned agent: {self.path!r} lacks {[META_FILE]} (not a flowgym train output?)")
+        try:
+            with open(os.path.join(self.path, META_FILE)) as fh:
+                self.meta: dict[str, Any] = json.load(fh)
+        except (json.JSONDecodeError, UnicodeDecodeError) as e:
+            raise ValueError(f"learned agent: {META_FILE} in {self.path!r} is not JSON ({e})") from None
+        if not isinstance(self.meta, dict):
+            raise ValueError(f"learned agent: {META_FILE} in {self.path!r} is not a JSON object")
         for key in ("algo_class", "agent_env_options", "observation_shape", "action_n"):
             if key not in self.meta:
                 raise ValueError(f"learned agent: {META_FILE} in {self.path!r} has no {key!r}")
+        self.obs_shape = tuple(int(x) for x in self.meta["observation_shape"])
         require_sb3()
         import torch
 
         torch.set_num_threads(1)
-        cls = algorithm_class(self.meta["algo_class"])
-        self.model = cls.load(os.path.join(self.path, MODEL_FILE), device="cpu")
-        self.obs_shape = tuple(int(x) for x in self.meta["observation_shape"])
+        if self.meta.get("format", 1) >= 2 and os.path.exists(os.path.join(self.path, POLICY_FILE)):
+            self.model, self._norm = _load_safe(self.path, self.meta, trust)
+        elif trust:  # SB3's own files: pickle inside, run only for a directory the caller vouches for
+            self.model, self._norm = _load_trusted(self.path, self.meta)
+        else:
+            raise ValueError(
+                f"learned agent: {self.path!r} stores its policy only in SB3's pickle-based files ({MODEL_FILE}, "
+                f"{VECNORM_FILE}), which can run code when loaded. If it comes from a source you trust, load it "
+                f"with trust=True ('learned:path=DIR,trust=true'), or convert it once with "
+                f"flowgym.agents.learned.resave(DIR) (writes {POLICY_FILE} and {NORM_FILE})")
         if tuple(self.model.observation_space.shape) != self.obs_shape:
             raise ValueError(f"learned agent: model observation shape {self.model.observation_space.shape} "
                              f"differs from {META_FILE}'s {self.obs_shape}")
-        self._norm = None
-        vn = os.path.join(self.path, VECNORM_FILE)
-        if os.path.exists(vn):
-            with open(vn, "rb") as fh:
-                norm = pickle.load(fh)
-            if norm.norm_obs:
-                self._norm = (np.asarray(norm.obs_rms.mean, dtype=np.float64),
-                              np.sqrt(np.asarray(norm.obs_rms.var, dtype=np.float64) + norm.epsilon),
-                              float(norm.clip_obs))
-                if self._norm[0].shape != self.obs_shape:
-                    raise ValueError(f"learned agent: {VECNORM_FILE} statistics have shape {self._norm[0].shape}, "
-                                     f"the model's observation {self.obs_shape}")
+        if self._norm is not None and self._norm[0].shape != self.obs_shape:
+            raise ValueError(f"learned agent: normalisation statistics have shape {self._norm[0].shape}, "
+                             f"the model's observation {self.obs_shape}")
         self.requires = dict(self.meta["agent_env_options"])
         #: Slots each decision is held for, as in training (``flowgym_agent.json``'s ``action_repeat``).
         self.action_repeat = self.meta.get("action_repeat", 1)

@@ -153,3 +153,103 @@ def test_sizes_that_cannot_fit_are_named_before_allocating():
     env.reset(seed=0)
     env.step(3)
     assert resource.getrusage(resource.RUSAGE_SELF).ru_maxrss < 4 * 2**20  # KiB: well under 4 GiB
+
+
+# --------------------------------------------------------------------------- model directories that cannot run code
+
+from _requires import needs_sb3  # noqa: E402
+
+
+class _Payload:
+    """Unpickling this creates a marker file: proof that loading ran code."""
+
+    def __init__(self, marker: str) -> None:
+        self.marker = marker
+
+    def __reduce__(self):
+        return (open, (self.marker, "w"))
+
+
+def _model_copy(tmp_path):
+    import shutil
+    from pathlib import Path
+
+    src = Path(__file__).resolve().parent.parent / "examples" / "ppo_default"
+    dst = tmp_path / "model"
+    shutil.copytree(src, dst)
+    return dst
+
+
+@needs_sb3
+def test_shipped_model_loads_without_pickle(tmp_path, monkeypatch):
+    import pickle
+
+    from flowgym.agents.learned import LearnedBudget
+
+    def refuse(*a, **k):
+        raise AssertionError("pickle.load was called")
+
+    monkeypatch.setattr(pickle, "load", refuse)
+    agent = LearnedBudget(str(_model_copy(tmp_path)))
+    assert agent.meta["format"] == 2 and agent.budget_levels is not None
+
+
+@needs_sb3
+def test_crafted_policy_file_is_refused_without_running_it(tmp_path):
+    import torch
+
+    from flowgym.agents.learned import LearnedBudget
+
+    d = _model_copy(tmp_path)
+    marker = tmp_path / "ran"
+    torch.save({"weights": _Payload(str(marker))}, d / "policy.pt")
+    with pytest.raises(ValueError, match="policy.pt in .* is not this policy's tensors"):
+        LearnedBudget(str(d))
+    assert not marker.exists()
+
+
+@needs_sb3
+def test_pickle_only_directory_needs_trust(tmp_path):
+    import pickle
+
+    from flowgym.agents.learned import LearnedBudget
+
+    d = _model_copy(tmp_path)
+    (d / "policy.pt").unlink()
+    marker = tmp_path / "ran"
+    with open(d / "vecnormalize.pkl", "wb") as fh:
+        pickle.dump(_Payload(str(marker)), fh)
+    with pytest.raises(ValueError, match=r"pickle-based files .* trust=True"):
+        LearnedBudget(str(d))
+    assert not marker.exists()
+
+
+@needs_sb3
+def test_foreign_algorithm_module_is_not_imported(tmp_path):
+    import json
+    import sys
+
+    from flowgym.agents.learned import LearnedBudget
+
+    d = _model_copy(tmp_path)
+    (tmp_path / "evil_algo.py").write_text(f"open({str(tmp_path / 'ran')!r}, 'w')\nclass Algo: pass\n")
+    meta = json.loads((d / "flowgym_agent.json").read_text())
+    meta.update(algo="evil", algo_class="evil_algo:Algo")
+    (d / "flowgym_agent.json").write_text(json.dumps(meta))
+    sys.path.insert(0, str(tmp_path))
+    try:
+        with pytest.raises(ValueError, match=r"algorithm 'evil' .* not one of .*trust=True"):
+            LearnedBudget(str(d))
+    finally:
+        sys.path.remove(str(tmp_path))
+    assert not (tmp_path / "ran").exists()
+
+
+@needs_sb3
+def test_normalisation_with_objects_is_refused(tmp_path):
+    from flowgym.agents.learned import LearnedBudget
+
+    d = _model_copy(tmp_path)
+    np.savez(d / "normalization.npz", obs_low=np.zeros(3), obs_high=np.array([_Payload("x")], dtype=object))
+    with pytest.raises(ValueError, match="normalization.npz in .* is not a plain array file"):
+        LearnedBudget(str(d))

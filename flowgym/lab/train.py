@@ -19,8 +19,10 @@
 
 The result is a directory that :class:`flowgym.agents.LearnedBudget` loads::
 
-    <out>/model.zip            the selected policy (SB3 zip)
-    <out>/vecnormalize.pkl     its observation normalisation (VecNormalize)
+    <out>/policy.pt            the selected policy as plain tensors (what LearnedBudget loads)
+    <out>/normalization.npz    its observation normalisation and bounds as plain arrays
+    <out>/model.zip            the same policy in SB3's zip (to continue training; pickle inside)
+    <out>/vecnormalize.pkl     its VecNormalize (pickle; read by LearnedBudget only with trust=True)
     <out>/flowgym_agent.json   scenario, environment arguments, hyperparameters, seeds, timings
     <out>/curves.csv           training reward and evaluation metrics against steps
     <out>/curves.png           the same, plotted (when matplotlib is installed)
@@ -62,6 +64,7 @@ from flowgym.agents.learned import (
     policy_action,
     require_sb3,
     valid_levels,
+    write_safe,
 )
 
 __all__ = [
@@ -622,8 +625,14 @@ def train(cfg: TrainConfig | None = None, *, on_eval: Any = None, **overrides: A
         "loadavg": list(os.getloadavg()) if hasattr(os, "getloadavg") else None,
         "versions": _versions(),
     }
+    # the selected policy again as plain tensors and arrays: what LearnedBudget loads (no pickle)
+    kept = algo_cls.load(os.path.join(out, MODEL_FILE), device="cpu")
+    kept_norm = VecNormalize.load(os.path.join(out, VECNORM_FILE), make_vec_env(train_kw, 1, cfg.seed,
+                                                                              budget_levels=cfg.budget_levels))
+    meta = write_safe(out, kept.policy, kept_norm, meta)
     with open(os.path.join(out, META_FILE), "w") as fh:
         json.dump(meta, fh, indent=1, default=_json_default)
+    _check_safe_copy(out, kept, kept_norm)
     _write_curves(rec.rows, os.path.join(out, CURVES_FILE))
     if cfg.plot:
         try:
@@ -636,6 +645,19 @@ def train(cfg: TrainConfig | None = None, *, on_eval: Any = None, **overrides: A
         res.table = final_evaluation(out, seeds=list(range(cfg.final_eval_seeds)),
                                      tune_seeds=[1000 + i for i in range(cfg.tune_seeds)], progress=cfg.progress)
     return res
+
+
+def _check_safe_copy(out: str, model: Any, norm: Any) -> None:
+    """The pickle-free files act as the SB3 model does (same budgets on random observations)."""
+    agent = LearnedBudget(out)
+    rng = np.random.default_rng(0)
+    space = model.observation_space
+    raw = rng.uniform(0, 1, size=(64, *space.shape)) * np.minimum(space.high, 100.0)
+    for rule in ACTION_RULES:
+        want = policy_action(model, norm.normalize_obs(raw) if norm.norm_obs else raw, rule)
+        got = policy_action(agent.model, np.stack([agent.normalize(r) for r in raw]), rule)
+        if not np.array_equal(np.asarray(want), np.asarray(got)):
+            raise RuntimeError(f"the pickle-free copy of the policy in {out!r} acts differently from the SB3 model")
 
 
 def _algo_kwargs(cfg: TrainConfig, algo_cls: type) -> dict[str, Any]:
