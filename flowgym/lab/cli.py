@@ -317,6 +317,17 @@ def _scenario(args: argparse.Namespace) -> int:
     return 0
 
 
+def _add_backend_args(p: argparse.ArgumentParser, what: str) -> None:
+    """--backend, --workers and --address of a command whose cells are ``what``."""
+    p.add_argument("--backend", choices=["serial", "process", "ray"], default="serial",
+                   help=f"where {what} run: serial (this process, default), process (--workers local processes), "
+                   "ray (a local Ray cluster, or the one at --address; pip install 'flowgym[ray]'); the results are "
+                   "the same on every backend (docs/scaling.md)")
+    p.add_argument("--workers", type=int, default=None,
+                   help="worker processes (process) or CPUs of the local Ray cluster (default: the cores)")
+    p.add_argument("--address", default=None, help="an existing Ray cluster (e.g. auto, ray://head:10001)")
+
+
 def _backend(args: argparse.Namespace) -> Any:
     from flowgym.lab.parallel import make_backend
 
@@ -430,14 +441,7 @@ def build_parser() -> argparse.ArgumentParser:
     c.add_argument("--add-agents", default=None,
                    help="agents to add to the line-up (the scenario's, tuned as usual, or --agents), e.g. "
                    "'learned:path=runs/ppo-my'")
-    c.add_argument("--backend", choices=["serial", "process", "ray"], default="serial",
-                   help="where the episodes run: serial (this process, default), process (--workers local "
-                   "processes), ray (a local Ray cluster, or the one at --address; pip install 'flowgym[ray]'); "
-                   "the results are the same on every backend (docs/scaling.md)")
-    c.add_argument("--workers", type=int, default=None,
-                   help="worker processes (process) or CPUs of the local Ray cluster (default: the cores)")
-    c.add_argument("--address", default=None,
-                   help="an existing Ray cluster (e.g. auto, ray://head:10001) for --backend ray")
+    _add_backend_args(c, "the episodes")
     c.add_argument("--out", default="results", help="output folder (default results/)")
     c.add_argument("--no-plots", action="store_true", help="skip the PNG plots")
     c.add_argument("--wide", action="store_true",
@@ -490,10 +494,7 @@ def build_parser() -> argparse.ArgumentParser:
                    help="semicolon-separated agents (default mc-sf;mc;a-min;greedy-lifo;flow-control:b=<Theorem 2>)")
     h.add_argument("--time-limit", type=float, default=60.0, help="seconds per objective (default 60)")
     h.add_argument("--json", default=None, help="also write the instance, schedules and rows as JSON")
-    h.add_argument("--backend", choices=["serial", "process", "ray"], default="serial",
-                   help="where the solves and the agents' runs go (same rows on every backend; docs/scaling.md)")
-    h.add_argument("--workers", type=int, default=None, help="worker processes or Ray CPUs (default: the cores)")
-    h.add_argument("--address", default=None, help="an existing Ray cluster for --backend ray")
+    _add_backend_args(h, "the solves and the agents' runs")
     h.set_defaults(func=_hindsight)
     s = sub.add_parser(
         "scenario", formatter_class=_HelpFormatter,
