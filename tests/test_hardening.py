@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import importlib.util
+
 import gymnasium as gym
 import numpy as np
 import pytest
@@ -253,3 +255,35 @@ def test_normalisation_with_objects_is_refused(tmp_path):
     np.savez(d / "normalization.npz", obs_low=np.zeros(3), obs_high=np.array([_Payload("x")], dtype=object))
     with pytest.raises(ValueError, match="normalization.npz in .* is not a plain array file"):
         LearnedBudget(str(d))
+
+
+# --------------------------------------------------------------------------- large traces
+
+
+@pytest.mark.skipif(importlib.util.find_spec("pyarrow") is None, reason="needs pyarrow: pip install 'flowgym[fastcsv]'")
+def test_fast_csv_reader_gives_the_reference_trace(tmp_path, monkeypatch):
+    import flowgym.sim.workloads as wl
+
+    rng = np.random.default_rng(5)
+    n = 5000
+    a = np.sort(rng.integers(0, 10_000, n))
+    lines = ["\ufeffarrival,prompt_len,output_len,cls"]
+    for i in range(n):
+        lines.append(f"{a[i]},{rng.integers(1, 500)},{rng.integers(1, 900)},{rng.integers(0, 4)}")
+        if i % 997 == 0:
+            lines.append("")  # blank lines are skipped by both readers
+    path = tmp_path / "big.csv"
+    path.write_text("\n".join(lines) + "\n", encoding="utf-8")
+    fast = Trace.from_csv(path, cls_column="cls")
+    assert wl._csv_columns_arrow(str(path), {"arrival": "arrival"}) is not None  # the fast path ran
+    monkeypatch.setattr(wl, "_csv_columns_arrow", lambda *a: None)
+    ref = Trace.from_csv(path, cls_column="cls")
+    for k in ("arrival", "prompt_len", "output_len", "cls", "row"):
+        np.testing.assert_array_equal(getattr(fast, k), getattr(ref, k))
+    assert fast.to_spec() == ref.to_spec()
+    # a bad value: the same message, naming the row (counted as the csv module counts it)
+    bad = tmp_path / "bad.csv"
+    bad.write_text("arrival,prompt_len,output_len\n0,3,4\n\n1,-2,5\n")
+    monkeypatch.undo()
+    with pytest.raises(TraceError, match=r"column 'prompt_len', row 4: '-2' must be at least 1"):
+        Trace.from_csv(bad)
