@@ -1,0 +1,79 @@
+"""Every metric of docs/model.md on a trace worked out by hand, in slots and in continuous time.
+
+M = 10, budget B_t = 2 every slot, LIFO eviction, T = 6 slots. Requests (id: a, l, o):
+r0 (0, 2, 2), r1 (0, 3, 3), r2 (1, 8, 3), r3 (1, 4, 4), r4 (3, 1, 5).
+
+slot 0: r0, r1 arrive and are admitted; D = (2+0+1) + (3+0+1) = 7; both decode (j = 1). U_0 = 7.
+slot 1: r2 arrives with l + o = 11 > M: rejected. r3 arrives, is admitted; D = 4 + 5 + 5 = 14 > 10:
+        LIFO evicts r3 (j = 0: nothing wasted; eviction 1), D = 9. r0 reaches j = 2 = o: f_0 = 2. U_1 = 9.
+slot 2: r3 admitted again; D = (3+2+1) + (4+0+1) = 11 > 10: r3 evicted again (eviction 2), D = 6.
+        r1 reaches j = 3: f_1 = 3. U_2 = 6.
+slot 3: r4 arrives; r3, r4 admitted; D = 5 + 2 = 7; both decode. U_3 = 7.
+slot 4: D = (4+1+1) + (1+1+1) = 9; both decode (j = 2). U_4 = 9.
+slot 5: D = 7 + 4 = 11 > 10: LIFO evicts r4 (admitted after r3 in slot 3), wasting its j = 2 tokens
+        (eviction 3), D = 7; r3 decodes (j = 3). U_5 = 7.
+"""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pytest
+
+import flowgym
+
+A, L, O = [0, 0, 1, 1, 3], [2, 3, 8, 4, 1], [2, 3, 3, 4, 5]
+
+
+def run(timed: bool):
+    if timed:  # iterations of 0.5 s, arrivals at half the slot numbers: the same schedule, in seconds
+        tr = flowgym.Trace([a / 2 for a in A], L, O, timed=True)
+        env = flowgym.FlowControlEnv(workload=tr, M=10, horizon=6, time_model={"kind": "linear", "c0": 0.5})
+    else:
+        env = flowgym.FlowControlEnv(workload=flowgym.Trace(A, L, O), M=10, horizon=6)
+    env.reset(seed=0)
+    done = False
+    while not done:
+        _, _, te, tr_, _ = env.step(2)
+        done = te or tr_
+    return env.metrics()
+
+
+def test_every_metric_in_slots():
+    m = run(timed=False)
+    assert m["T"] == 6 and m["elapsed"] == 6
+    assert m["arrived"] == 5  # r0..r4 arrive before slot 6
+    assert m["rejected"] == 1  # r2: l + o = 11 > M
+    assert m["completed"] == 2  # f_0 = 2, f_1 = 3
+    assert m["unfinished"] == 2  # arrived - rejected - completed: r3, r4 (a rejected request is not unfinished)
+    assert m["avg_latency"] == (2 - 0 + 3 - 0) / 2  # 2.5, over completed requests
+    assert m["p95_latency"] == pytest.approx(2 + 0.95 * (3 - 2))  # numpy's linear percentile of [2, 3]
+    # min(f_i, T) - a_i over the 4 requests not rejected: r0 2, r1 3, r3 6 - 1 = 5, r4 6 - 3 = 3
+    assert m["mean_time_in_system"] == (2 + 3 + 5 + 3) / 4
+    assert m["request_throughput"] == 2 / 6
+    assert m["token_throughput"] == (2 + 3) / 6  # output tokens of completed requests
+    # tokens decoded per slot, the completing slot's and the wasted ones included: 2, 2, 1, 2, 2, 1
+    assert m["generated_token_throughput"] == 10 / 6
+    assert m["evictions"] == 3 and m["overflow_events"] == 3  # slots 1, 2 and 5
+    assert m["wasted_tokens"] == 0 + 0 + 2  # r3 twice with j = 0, r4 with j = 2
+    u = np.array([7, 9, 6, 7, 9, 7]) / 10
+    np.testing.assert_allclose(m["kv_usage"], u)
+    assert m["mean_kv_usage"] == pytest.approx(0.75)
+    assert m["std_kv_usage"] == pytest.approx(math.sqrt(0.075 / 6))  # population std: squares .0025/.0225
+    assert m["max_kv_usage"] == 0.9
+
+
+def test_every_metric_in_continuous_time():
+    m = run(timed=True)
+    assert m["T"] == 6 and m["elapsed"] == pytest.approx(3.0)  # 6 iterations of 0.5 s
+    assert (m["arrived"], m["rejected"], m["completed"], m["unfinished"]) == (5, 1, 2, 2)
+    assert m["avg_latency"] == pytest.approx((1.0 + 1.5) / 2)  # seconds: f_0 = 1.0 s, f_1 = 1.5 s
+    assert m["p95_latency"] == pytest.approx(1.0 + 0.95 * 0.5)
+    # up to the end of the run (3.0 s): r0 1.0, r1 1.5, r3 3.0 - 0.5 = 2.5, r4 3.0 - 1.5 = 1.5
+    assert m["mean_time_in_system"] == pytest.approx((1.0 + 1.5 + 2.5 + 1.5) / 4)
+    assert m["request_throughput"] == pytest.approx(2 / 3.0)  # per second
+    assert m["token_throughput"] == pytest.approx(5 / 3.0)
+    assert m["generated_token_throughput"] == pytest.approx(10 / 3.0)
+    assert (m["evictions"], m["overflow_events"], m["wasted_tokens"]) == (3, 3, 2)
+    assert m["mean_kv_usage"] == pytest.approx(0.75) and m["max_kv_usage"] == 0.9  # per iteration
