@@ -196,6 +196,28 @@ def test_flow_control_per_class_is_algorithm_1():
         plain.step(np.array([1, 2]))
 
 
+@pytest.mark.parametrize("b, cap", [(2.5, 5), (1.5, 6)])
+def test_random_budget_follows_the_binomial_law(b, cap):
+    """The law itself, not only its mean: a chi-square test of 6000 draws against Binomial(cap, b / cap)
+    (another law of the same mean, e.g. uniform, Poisson or b +/- 1, is far outside it)."""
+    from math import comb
+
+    agent = FlowControl(b=b, cap=cap)
+    env, obs = start(agent, seed=11, M=1000, horizon=None, workload=trace([(0, 5, 4)]))
+    view = env.view()
+    draws = np.array([agent.act(obs, view) for _ in range(6000)])
+    p = b / cap
+    expected = 6000 * np.array([comb(cap, k) * p**k * (1 - p) ** (cap - k) for k in range(cap + 1)])
+    counts = np.bincount(draws, minlength=cap + 1)
+    assert counts.size == cap + 1  # nothing above cap
+    keep = expected >= 5  # pool the thin tail into its neighbour
+    obs_c = np.append(counts[keep], counts[~keep].sum()) if (~keep).any() else counts
+    exp_c = np.append(expected[keep], expected[~keep].sum()) if (~keep).any() else expected
+    chi2 = float((((obs_c - exp_c) ** 2) / exp_c).sum())
+    q999 = {4: 18.47, 5: 20.52, 6: 22.46}[obs_c.size - 1]  # chi-square 0.999 quantiles by degrees of freedom
+    assert chi2 < q999
+
+
 def test_flow_control_random_budget_binomial():
     agent = FlowControl(b=2.5, cap=5)
     assert agent.env_options()["max_budget"] == 5
