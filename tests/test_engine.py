@@ -201,3 +201,32 @@ def test_estimate_eviction_and_requeue_raise_estimates():
         eng.arrive()
         eng.serve(2)
     assert eng.estimate[1] == 5 and eng.estimate[0] == 1
+
+
+# --------------------------------------------------------------------------- A_min's keys with distinct estimates
+
+
+def test_estimate_order_admits_the_smallest_estimate_first():
+    """Distinct estimates (not only the tie-break by id): ascending estimate, then id."""
+    from types import SimpleNamespace
+
+    from flowgym.sim.rules import ShortestEstimateFirst
+
+    cols = SimpleNamespace(estimate=np.array([9, 2, 7, 2, 1], np.int64), output=np.zeros(5, np.int64))
+    ids = np.arange(5, dtype=np.int64)
+    order = ids[np.argsort(ShortestEstimateFirst().keys(cols, ids), kind="stable")]
+    assert order.tolist() == [4, 1, 3, 2, 0]
+
+
+def test_estimate_eviction_takes_the_smallest_estimates_first():
+    """Victims in ascending estimate (ties: the newest first), the shortest prefix covering the excess."""
+    from flowgym.sim.rules import ActiveSet, EstimateEviction
+
+    # activation order: positions 0..4 (oldest first)
+    act = ActiveSet(ids=np.array([10, 11, 12, 13, 14]), demand=np.array([5, 5, 5, 5, 5]),
+                    generated=np.array([4, 0, 6, 0, 2]), estimate=np.array([5, 1, 7, 1, 3]))
+    rule = EstimateEviction()
+    assert rule.select(act, 5).tolist() == [3]  # estimate 1 at positions 1 and 3: the newer (3) first
+    assert rule.select(act, 6).tolist() == [3, 1]
+    assert rule.select(act, 11).tolist() == [3, 1, 4]  # then estimate 3
+    assert rule.select(act, 16).tolist() == [3, 1, 4, 0]  # then 5; the largest estimate (7) last
