@@ -287,3 +287,18 @@ def test_fast_csv_reader_gives_the_reference_trace(tmp_path, monkeypatch):
     monkeypatch.undo()
     with pytest.raises(TraceError, match=r"column 'prompt_len', row 4: '-2' must be at least 1"):
         Trace.from_csv(bad)
+
+
+def test_zero_rate_steps_never_give_a_negative_poisson_mean():
+    """Found by the learned-budget experiments: a periodic schedule with a zero-rate step rounded a
+    window's expected arrivals to -3e-11 after some cycles, and numpy's Poisson sampler raised."""
+    from flowgym.sim.rates import make_rate
+
+    s = make_rate({"kind": "steps", "times": [0.0, 1247.0, 2962.0], "rates": [0.0, 20.691136563360363, 0.0],
+                   "period": 4505.0})
+    edges = np.arange(0, 50_001, dtype=np.float64)
+    assert (s.integral(edges[:-1], edges[1:]) >= 0).all()
+    wl = make_workload({"kind": "iid", "rate": s.to_spec(), "lengths": {"kind": "empirical", "pairs": [[2, 3]]}})
+    rng = np.random.default_rng(0)
+    for t0 in range(0, 50_000, 256):
+        wl.sample(rng, t0, t0 + 256)

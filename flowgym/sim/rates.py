@@ -130,7 +130,9 @@ class Steps(RateSchedule):
         return self.rates[np.searchsorted(self.times, t, side="right") - 1]
 
     def integral(self, t0: Any, t1: Any) -> np.ndarray:
-        return self._F(t1) - self._F(t0)
+        # the difference of two large cumulative sums can round below 0 over a zero-rate step
+        # (-3e-11 after a few cycles); a Poisson mean must not be negative
+        return np.maximum(self._F(t1) - self._F(t0), 0.0)
 
     def peak(self) -> float:
         return float(self.rates.max())
