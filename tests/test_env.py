@@ -126,11 +126,15 @@ def test_per_class_action_outside_space():
 
 
 def test_numpy_integer_actions_accepted():
-    env = gym.make("FlowControl-v0")
-    env.reset(seed=0)
-    env.step(np.int64(3))
-    env.step(np.array(3))
-    env.step(np.array([3]))
+    """numpy scalars and one-element arrays mean the same budget as the plain int."""
+    traces = []
+    for action in (3, np.int64(3), np.int32(3), np.array(3), np.array([3])):
+        env = gym.make("FlowControl-v0", output_length_known=True)
+        env.reset(seed=0)
+        traces.append([env.step(action)[4] for _ in range(40)])
+    assert all(info["admitted"] <= 3 for info in traces[0]) and sum(i["admitted"] for i in traces[0]) == 3 * 40
+    for other in traces[1:]:
+        assert other == traces[0]
 
 
 @pytest.mark.parametrize("name", ["default", "per_class", "lognormal"])

@@ -61,11 +61,20 @@ def test_prefix_metrics_equal_a_shorter_run():
 
 
 def test_summary_mean_and_confidence_interval():
+    from flowgym.lab.evaluation import ResultTable
+    from flowgym.sim.metrics import METRIC_NAMES
+
+    # four seeds with avg_latency 1, 2, 3, 6 (a nan elsewhere is left out of its metric's mean)
+    rows = [{**{m: float(v) for m in METRIC_NAMES}, "agent": "a", "horizon": 10, "seed": i}
+            for i, v in enumerate([1, 2, 3, 6])]
+    rows[3]["p95_latency"] = float("nan")
+    s = ResultTable(rows, ["a"], [10], [0, 1, 2, 3]).summary()[0]
+    assert s["avg_latency"] == 3.0 and s["n"] == 4
+    # sample sd: sqrt(((1-3)^2 + (2-3)^2 + 0 + (6-3)^2) / 3) = sqrt(14/3); t_{0.975, 3} = 3.182; / sqrt(4)
+    assert s["avg_latency_ci"] == pytest.approx(3.182 * (14 / 3) ** 0.5 / 2)
+    assert s["p95_latency"] == 2.0  # mean of 1, 2, 3
+    assert s["p95_latency_ci"] == pytest.approx(4.303 * 1.0 / 3**0.5)
     tab = evaluate([FixedBudget(2)], SMALL, seeds=[0, 1, 2, 3], horizons=[150])
-    vals = np.array([r["avg_latency"] for r in tab.rows])
-    s = tab.summary()[0]
-    assert s["avg_latency"] == pytest.approx(vals.mean())
-    assert s["avg_latency_ci"] == pytest.approx(3.182 * vals.std(ddof=1) / 2)
     assert t_quantile_975(1) == 12.706 and t_quantile_975(1000) == 1.96
     assert "fixed b=2" in tab.format()
 
