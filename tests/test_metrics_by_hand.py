@@ -77,3 +77,39 @@ def test_every_metric_in_continuous_time():
     assert m["generated_token_throughput"] == pytest.approx(10 / 3.0)
     assert (m["evictions"], m["overflow_events"], m["wasted_tokens"]) == (3, 3, 2)
     assert m["mean_kv_usage"] == pytest.approx(0.75) and m["max_kv_usage"] == 0.9  # per iteration
+
+
+def test_a_request_finishing_at_the_horizon_is_completed():
+    """f_i = T counts as completed (f_i <= T), in a T-slot run and in the first T slots of a longer one."""
+    from flowgym.sim.metrics import metrics_at
+
+    env = flowgym.FlowControlEnv(workload=flowgym.Trace(A, L, O), M=10, horizon=6)
+    env.reset(seed=0)
+    for _ in range(6):
+        env.step(2)
+    prefix = metrics_at(env.request_log(), env.series(), 10, 3)  # r1 finishes at f_1 = 3 = T
+    short = flowgym.FlowControlEnv(workload=flowgym.Trace(A, L, O), M=10, horizon=3)
+    short.reset(seed=0)
+    for _ in range(3):
+        short.step(2)
+    for m in (prefix, short.metrics()):
+        assert m["completed"] == 2 and m["avg_latency"] == 2.5
+        assert m["unfinished"] == 1  # r3 (r4 arrives at slot 3, after the first 3 slots)
+        assert m["arrived"] == 4 and m["rejected"] == 1
+
+
+def test_counts_add_up_over_requests_and_slots():
+    """Hand-built log and series: two rejections, wasted tokens in two slots (sums, not maxima)."""
+    from flowgym.sim.metrics import compute_metrics
+
+    log = {"arrival": np.array([0, 0, 1, 2]), "output_len": np.array([2, 5, 3, 4]),
+           "finish": np.array([3, -1, -1, -1]), "evictions": np.array([0, 2, 0, 0]),
+           "rejected": np.array([False, False, True, True])}
+    series = {"usage": np.array([4, 8, 6, 5]), "evicted": np.array([0, 1, 0, 1]),
+              "wasted_tokens": np.array([0, 3, 0, 2]), "active": np.array([2, 1, 0, 1]),
+              "completed": np.array([0, 0, 1, 0])}
+    m = compute_metrics(log, series, 10)
+    assert m["rejected"] == 2 and m["arrived"] == 4 and m["completed"] == 1 and m["unfinished"] == 1
+    assert m["wasted_tokens"] == 5 and m["evictions"] == 2 and m["overflow_events"] == 2
+    assert m["mean_time_in_system"] == ((3 - 0) + (4 - 0)) / 2  # r0 done at 3; r1 waits to T = 4
+    assert m["generated_token_throughput"] == (2 + 1 + 1 + 1) / 4
