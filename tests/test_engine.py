@@ -230,3 +230,34 @@ def test_estimate_eviction_takes_the_smallest_estimates_first():
     assert rule.select(act, 6).tolist() == [3, 1]
     assert rule.select(act, 11).tolist() == [3, 1, 4]  # then estimate 3
     assert rule.select(act, 16).tolist() == [3, 1, 4, 0]  # then 5; the largest estimate (7) last
+
+
+def test_planned_order_puts_unplanned_requests_last_and_slot_zero_first():
+    """A plan of slot 0 is a plan (not 'unplanned'); a negative plan goes after every planned request."""
+    from types import SimpleNamespace
+
+    from flowgym.sim.rules import PlannedOrder
+
+    order = PlannedOrder(np.array([3, 0, -1, 0, 2], np.int64))
+    cols = SimpleNamespace(estimate=np.zeros(5, np.int64), output=np.zeros(5, np.int64))
+    ids = np.arange(5, dtype=np.int64)
+    assert ids[np.argsort(order.keys(cols, ids), kind="stable")].tolist() == [1, 3, 4, 0, 2]
+
+
+@pytest.mark.parametrize("jit", [False, True])
+def test_keyed_lane_grows_past_its_capacity(jit):
+    """Inserting more ids than the lane holds (the merge path) keeps them all, in key order."""
+    from flowgym.sim import kernels
+    from flowgym.sim.rules import Lane
+
+    if jit and not kernels.AVAILABLE:
+        pytest.skip("numba is not installed (pip install 'flowgym[fast]')")
+    lane = Lane(keyed=True, capacity=4, jit=jit)
+    rng = np.random.default_rng(0)
+    keys = rng.permutation(40).astype(np.int64) * 10
+    for chunk in np.array_split(np.arange(40), 5):  # pushes that land inside the queue, not at an end
+        k = np.sort(keys[chunk])
+        lane.push(chunk[np.argsort(keys[chunk])].astype(np.int64), k)
+    want = np.argsort(keys, kind="stable")
+    assert lane.items().tolist() == want.tolist() and len(lane) == 40
+    assert lane.pop(3).tolist() == want[:3].tolist() and len(lane) == 37

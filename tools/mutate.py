@@ -109,25 +109,31 @@ def _mutate(tree: ast.Module, k: int) -> tuple[str, Mutant]:
     return ast.unparse(ast.fix_missing_locations(t)), Mutant(k, getattr(node, "lineno", 0), what)
 
 
-def run_module(module: str, tests: list[str], timeout: float, limit: int | None) -> list[tuple[Mutant, str]]:
+def run_module(module: str, tests: list[str], timeout: float, limit: int | None,
+               paths: tuple[str, ...] = ("1", "0")) -> list[tuple[Mutant, str]]:
     path = REPO / module
     original = path.read_text()
     tree = ast.parse(original)
     n = len(_spots(tree))
     results = []
-    env = {**os.environ, "PYTHONDONTWRITEBYTECODE": "1", "FLOWGYM_JIT": os.environ.get("FLOWGYM_JIT", "1")}
     try:
         for k in range(n if limit is None else min(n, limit)):
             source, mut = _mutate(tree, k)
             path.write_text(source)
             t0 = time.perf_counter()
-            try:
-                r = subprocess.run([sys.executable, "-m", "pytest", "-x", "-q", "-p", "no:cacheprovider",
-                                    "--hypothesis-seed=0", *tests], cwd=REPO, env=env, capture_output=True,
-                                   text=True, timeout=timeout)
-                verdict = "survived" if r.returncode == 0 else "killed"
-            except subprocess.TimeoutExpired:
-                verdict = "killed (timeout)"
+            verdict = "survived"
+            for jit in paths:  # the compiled kernels, then the numpy twins (CI runs both)
+                env = {**os.environ, "PYTHONDONTWRITEBYTECODE": "1", "FLOWGYM_JIT": jit}
+                try:
+                    r = subprocess.run([sys.executable, "-m", "pytest", "-x", "-q", "-p", "no:cacheprovider",
+                                        "--hypothesis-seed=0", *tests], cwd=REPO, env=env, capture_output=True,
+                                       text=True, timeout=timeout)
+                except subprocess.TimeoutExpired:
+                    verdict = f"killed (timeout, FLOWGYM_JIT={jit})"
+                    break
+                if r.returncode != 0:
+                    verdict = f"killed (FLOWGYM_JIT={jit})"
+                    break
             results.append((mut, verdict))
             print(f"{module}:{mut.line}: {mut.what}: {verdict} ({time.perf_counter() - t0:.0f} s)", flush=True)
     finally:
@@ -142,6 +148,9 @@ def main() -> int:
     ap.add_argument("--preset", choices=sorted(PRESETS), default=None)
     ap.add_argument("--timeout", type=float, default=300.0, help="seconds per mutant (default 300)")
     ap.add_argument("--limit", type=int, default=None, help="at most this many mutants per module")
+    ap.add_argument("--paths", choices=["both", "compiled", "numpy"], default="both",
+                    help="run the tests with the numba kernels, on the numpy path (FLOWGYM_JIT=0), or both "
+                    "(default: a mutant survives only if it survives both, as in CI)")
     args = ap.parse_args()
     if args.preset:
         targets = PRESETS[args.preset]
@@ -152,7 +161,8 @@ def main() -> int:
     survivors = []
     total = 0
     for module, tests in targets:
-        res = run_module(module, tests, args.timeout, args.limit)
+        paths = {"both": ("1", "0"), "compiled": ("1",), "numpy": ("0",)}[args.paths]
+        res = run_module(module, tests, args.timeout, args.limit, paths)
         total += len(res)
         survivors += [(module, m) for m, v in res if v == "survived"]
     print(f"\n{total} mutants, {total - len(survivors)} killed, {len(survivors)} survived")
