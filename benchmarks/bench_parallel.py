@@ -1,8 +1,8 @@
 """Sweeps on several cores: the same grid on the serial, process and Ray backends.
 
 The grid is flow control with ``b`` in 8..32 (9 values) on the paper's unknown-length
-synthetic setting (``paper-synthetic-unknown``) at ``T = 40000`` slots, 12 seeds: 108
-episodes of about half a second each. Each backend runs the whole grid through
+synthetic setting (``paper-synthetic-unknown``) at ``T = 50000`` slots, 12 seeds: 108
+episodes of about 0.55 s each. Each backend runs the whole grid through
 :func:`flowgym.lab.evaluation.evaluate`; the script checks that every table equals the
 serial one, then prints wall times and speed-ups against serial measured in the same run,
 and Ray's per-task overhead (empty tasks, after start-up) and start-up time.
@@ -23,7 +23,7 @@ from flowgym.lab.parallel import make_backend
 from flowgym.lab.scenarios import AgentSpec, get_scenario
 
 B_VALUES = [8, 10, 12, 14, 16, 20, 24, 28, 32]
-HORIZON = 40_000
+HORIZON = 50_000
 
 
 def grid(seeds: int) -> tuple[list[AgentSpec], dict, list[int]]:
