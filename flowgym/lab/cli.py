@@ -396,7 +396,7 @@ def _train(args: argparse.Namespace) -> int:
         print(res.table.format())
         if res.table.tuned:
             print("baselines tuned on seeds 1000.. (lowest mean time in system): " + ", ".join(res.table.tuned))
-    print(f"wrote {cfg.out}/ (model.zip, vecnormalize.pkl, flowgym_agent.json, curves.csv"
+    print(f"wrote {cfg.out}/ (policy.pt, normalization.npz, flowgym_agent.json, model.zip, vecnormalize.pkl, curves.csv"
           + ("" if args.no_plots else ", curves.png") + (", eval.*" if res.table is not None else "") + ")")
     print(f"compare it with the scenario's tuned line-up on held-out seeds: flowgym compare --scenario "
           f'{args.scenario} --seeds 900-919 --add-agents "learned:path={cfg.out}"')

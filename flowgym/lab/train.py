@@ -82,7 +82,7 @@ __all__ = [
 
 CURVES_FILE = "curves.csv"
 #: Wall minutes of the default ``flowgym train`` on 2 CPU cores (measured; docs/training.md).
-DEFAULT_TRAIN_MINUTES = 7
+DEFAULT_TRAIN_MINUTES = 6
 #: Environment arguments that shape the observation: a learned agent declares them as trained.
 OBSERVATION_OPTIONS = (
     "output_length_known",
@@ -102,11 +102,12 @@ OBSERVATION_OPTIONS = (
 class TrainConfig:
     """Every setting of :func:`train`, with the defaults of ``flowgym train``.
 
-    The defaults train PPO on ``adaptive-mix`` in about 7 minutes on 2 CPU cores
+    The defaults train PPO on ``adaptive-mix`` in about 6 minutes on 2 CPU cores
     (``total_timesteps=1_000_000`` decisions, each held for ``action_repeat=8`` slots,
-    the scenario's log-spaced budget levels; measured at 2,344 decisions (18,752 slots)
-    per second with 8 environments in one process, 428 s, then about 20 s of final
-    evaluation; see ``docs/training.md``).
+    the scenario's log-spaced budget levels, 8 evaluation episodes per evaluation; measured
+    2026-11-23 on an idle machine: 3,038 decisions (24,306 slots) per second with 8
+    environments in one process, 330 s, then about 15 s of final evaluation, 345 s in all;
+    see ``docs/training.md``).
     """
 
     #: A named scenario (:data:`flowgym.lab.scenarios.SCENARIOS`), a scenario file (``.toml`` or
