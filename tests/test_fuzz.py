@@ -9,6 +9,8 @@ agree.
 
 from __future__ import annotations
 
+import os
+
 import numpy as np
 import pytest
 from hypothesis import HealthCheck, given, settings
@@ -17,7 +19,12 @@ from hypothesis import strategies as st
 import flowgym
 from flowgym.sim import kernels
 
-FUZZ = settings(max_examples=80, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+# Deterministic in the suite (the same examples every run: CI is reproducible); set
+# FLOWGYM_FUZZ_EXPLORE=1 (and more examples, e.g. FLOWGYM_FUZZ_EXAMPLES=2000) to search new ones.
+# An explored run found the 2**31-token output of tests/test_hardening.py.
+FUZZ = settings(max_examples=int(os.environ.get("FLOWGYM_FUZZ_EXAMPLES", "80")), deadline=None,
+                derandomize=not os.environ.get("FLOWGYM_FUZZ_EXPLORE"),
+                suppress_health_check=[HealthCheck.too_slow])
 
 huge = st.sampled_from([0, -1, 1, 2, 7, 2**31, 2**40, 2**40 + 1, 2**53, 5e18, 1e19, 2**70, 1e300, float("nan"),
                         float("inf"), -0.5, 0.5, True, "x", None])

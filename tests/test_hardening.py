@@ -302,3 +302,13 @@ def test_zero_rate_steps_never_give_a_negative_poisson_mean():
     rng = np.random.default_rng(0)
     for t0 in range(0, 50_000, 256):
         wl.sample(rng, t0, t0 + 256)
+
+
+def test_outputs_too_long_to_schedule_are_named():
+    """Found by tests/test_fuzz.py: an output of 2**31 tokens with M = 2**31 sized a 32 GiB calendar."""
+    tr = Trace([0], [1], [2**31])
+    with pytest.raises(ValueError, match=r"outputs of up to 2147483648 tokens .* at most 16777216 tokens"):
+        flowgym.FlowControlEnv(workload=tr, M=2**31, horizon=None)
+    with pytest.raises(ValueError, match="outputs of up to"):
+        gym.make_vec("FlowControl-v0", num_envs=2, M=2**31,
+                     workload={"kind": "poisson", "classes": [[1, 2**30]], "rates": 0.1})

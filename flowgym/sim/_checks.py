@@ -5,7 +5,12 @@ from __future__ import annotations
 import math
 from typing import Any
 
-__all__ = ["non_negative", "positive", "positive_int"]
+__all__ = ["non_negative", "positive", "positive_int", "calendar_span", "MAX_OUTPUT_SLOTS"]
+
+#: Longest output (in tokens, so in slots of decoding) the engines can schedule: their completion
+#: calendars and per-token tables have one entry per slot of the longest output (2**24: 16.8M
+#: tokens, 128 MiB per int64 table).
+MAX_OUTPUT_SLOTS = 2**24
 
 
 def non_negative(name: str, value: Any) -> float:
@@ -36,3 +41,14 @@ def positive_int(name: str, value: Any) -> int:
     if not ok or isinstance(value, bool):
         raise ValueError(f"{name} must be a positive integer, got {value!r}")
     return int(value)
+
+
+def calendar_span(M: int, max_output: int | None) -> int:
+    """The longest output an engine must schedule: ``min(M, max_output)`` (an admitted request has
+    ``o < M``); ``ValueError`` naming both, before any allocation, beyond :data:`MAX_OUTPUT_SLOTS`."""
+    span = int(M) if max_output is None else min(int(M), int(max_output))
+    if span > MAX_OUTPUT_SLOTS:
+        raise ValueError(f"outputs of up to {span} tokens (the workload's longest output "
+                         f"{'unknown' if max_output is None else int(max_output)}, M={int(M)}) are beyond what the "
+                         f"engine schedules: at most {MAX_OUTPUT_SLOTS} tokens per request")
+    return span

@@ -67,6 +67,7 @@ import math
 import numpy as np
 
 from flowgym.sim import kernels
+from flowgym.sim._checks import calendar_span
 from flowgym.sim.workloads import CHUNK_SLOTS, IIDPoisson, MultiClassPoisson, Workload, make_workload
 
 __all__ = ["BatchedEngine", "BudgetError", "unsupported", "SUPPORTED_EVICTIONS", "check_kernels"]
@@ -185,6 +186,7 @@ class BatchedEngine:
         self.m = self.workload.num_classes
         self.track_class_queue = bool(track_class_queue) and self.m > 0
         max_o = int(self.workload.max_output_tokens())  # type: ignore[arg-type]
+        calendar_span(M, max_o)  # refuses, by name, outputs too long to schedule (before allocating)
         self.max_o = max_o
         edges = np.asarray(hist_edges, dtype=_I64)
         if edges.ndim != 1 or edges.size == 0 or edges[0] != 0 or np.any(np.diff(edges) <= 0):

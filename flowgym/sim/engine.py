@@ -38,6 +38,7 @@ from typing import Any, NamedTuple
 import numpy as np
 
 from flowgym.sim import kernels
+from flowgym.sim._checks import calendar_span
 from flowgym.sim.rules import (
     EVICTION_RULES,
     QUEUE_ORDERS,
@@ -119,6 +120,7 @@ class Engine:
             raise ValueError(f"M (the KV-cache budget in tokens) must be a positive integer, got {M!r}")
         self.M = int(M)
         self.workload = make_workload(workload)
+        calendar_span(self.M, self.workload.max_output_tokens())  # too long to schedule: named, before reset
         self.eviction = make_eviction_rule(eviction)
         self.order = make_queue_order(queue_order)
         self.track_estimates = self.order.needs_estimates or self.eviction.needs_estimates
@@ -196,8 +198,7 @@ class Engine:
         # Completion calendar: requests (and their l + o tokens) finishing at
         # slot f are counted at index f & _cal_mask (ring longer than any o: an admitted
         # request has o < M, and o is at most the workload's bound when it has one).
-        bound = self.workload.max_output_tokens()
-        R = 1 << max(6, int(self.M if bound is None else min(self.M, int(bound))).bit_length())
+        R = 1 << max(6, calendar_span(self.M, self.workload.max_output_tokens()).bit_length())
         self._cal_mask = R - 1
         if self._use_jit:  # the kernels write them
             self._cal_n: Any = np.zeros(R, _I64)
