@@ -1190,7 +1190,6 @@ def compare_to_hindsight(
         solved = be.map(_solve_cell, solves)
         ran = be.map(_agent_cell, runs)
     res.update(zip(todo, solved))
-    res = {k: res[k] for k in list(results or {}) + todo if k in res}
     rows: list[dict[str, Any]] = []
 
     def add_T(row: dict[str, Any], finish: np.ndarray) -> None:

@@ -411,18 +411,17 @@ def _apply_rate(spec: Any, env: dict[str, Any], rate: Any, where: str) -> tuple[
     if isinstance(value, bool) or not isinstance(value, (int, float)) or not (0 < value < math.inf):
         raise ValueError(f"rate must be a positive number ({spec.get('meaning', 'the scenario rate')}), got {rate!r}")
     value = float(value)
-    root = {"env": env}
     for p in paths["set"]:
-        node, key = _walk(root["env"], p, f"{where}.set")
+        node, key = _walk(env, p, f"{where}.set")
         node[key] = value
     if rate is not None:  # the file holds the values at the default rate: scale by the ratio
         factor = value / float(default)
         for p in paths["scale"]:
-            node, key = _walk(root["env"], p, f"{where}.scale")
+            node, key = _walk(env, p, f"{where}.scale")
             node[key] = _scaled(node[key], factor, f"{where}.scale: {p!r}")
     else:
         for p in paths["scale"]:
-            _walk(root["env"], p, f"{where}.scale")
+            _walk(env, p, f"{where}.scale")
     return float(default), value
 
 
