@@ -219,6 +219,7 @@ class Engine:
         self.wasted_tokens = 0
         self.generated_tokens = 0
         self.last_arrivals = 0  # requests that arrived in the last arrive() call
+        self.last_completed_tokens = 0  # sum of l + o over the requests the last serve() completed
         self.last_rejected = 0  # of which rejected
         self._rec = np.zeros((256, len(SlotStats._fields)), _I64)
         self._pending: list[SlotStats] = []  # records of slots [_rec_n, t), written to _rec in blocks
@@ -543,8 +544,10 @@ class Engine:
         self.generated_tokens += self.n_active
         i = (t + 1) & self._cal_mask
         n_done = int(self._cal_n[i])
+        self.last_completed_tokens = 0
         if n_done:
-            self.held -= int(self._cal_tok[i])
+            self.last_completed_tokens = int(self._cal_tok[i])
+            self.held -= self.last_completed_tokens
             self._cal_n[i] = 0
             self._cal_tok[i] = 0
             self.n_active -= n_done
