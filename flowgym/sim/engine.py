@@ -49,12 +49,22 @@ from flowgym.sim.rules import (
     make_eviction_rule,
     make_queue_order,
 )
-from flowgym.sim.latency import make_latency_model
+from flowgym.sim.latency import JailletLatency, LinearLatency, make_latency_model
+from flowgym.sim.metrics import compute_metrics
+from flowgym.sim.rules import FIFO, ShortestEstimateFirst, ShortestOutputFirst
+from flowgym.sim.streaming import StreamTotals
 from flowgym.sim.workloads import Trace, Workload, make_workload
 
-__all__ = ["Engine", "SlotStats", "EVICTION_RULES", "QUEUE_ORDERS", "replay"]
+__all__ = ["Engine", "SlotStats", "EVICTION_RULES", "QUEUE_ORDERS", "RECORD_MODES", "replay"]
 
 _I64 = np.int64
+_ID_BITS = 32  # keyed queue orders: key = (primary << 32) | id (flowgym.sim.rules)
+
+#: The engine's record modes: ``"full"`` keeps every request and slot record (the default),
+#: ``"stream"`` keeps memory flat on runs of any length (:mod:`flowgym.sim.streaming`).
+RECORD_MODES = ("full", "stream")
+#: Fewest finished or rejected rows the streaming mode drops at once.
+_RECYCLE_MIN = 4096
 
 
 class SlotStats(NamedTuple):
@@ -92,6 +102,15 @@ class Engine:
         per_class: admit with per-class budgets (Algorithm 1): one FIFO lane per
             class; :meth:`serve` then takes an array of ``m`` budgets.
         track_class_queue: keep per-class queue counts (for observations).
+        record: ``"full"`` (default): keep every request's row and every slot's
+            record, for :meth:`request_log`, :meth:`series` and exact metrics at any
+            horizon. ``"stream"``: memory stays flat on runs of any length: finished
+            and rejected requests are folded into running sums and dropped from the
+            request table (the requests left are renumbered, so request ids are only
+            valid within a step), :meth:`metrics` gives the same counts and means,
+            ``p95_latency`` from a bounded sketch (:class:`~flowgym.sim.streaming.QuantileSketch`),
+            :meth:`series` the last :data:`~flowgym.sim.streaming.STREAM_WINDOW`
+            slots and :meth:`request_log` raises ``ValueError``.
 
     Call :meth:`reset` with a numpy ``Generator`` (it draws the workload), then
     alternate :meth:`arrive` and :meth:`serve`.
@@ -115,6 +134,7 @@ class Engine:
         time_model: Any = None,
         per_class: bool = False,
         track_class_queue: bool = False,
+        record: str = "full",
     ) -> None:
         if isinstance(M, bool) or not isinstance(M, (int, np.integer)) or M < 1:
             raise ValueError(f"M (the KV-cache budget in tokens) must be a positive integer, got {M!r}")
@@ -140,6 +160,16 @@ class Engine:
             raise ValueError("per_class budgets need a workload with request classes")
         self.per_class = bool(per_class)
         self.track_class_queue = bool(track_class_queue) and self.m > 0
+        if record not in RECORD_MODES:
+            raise ValueError(f"record must be one of {list(RECORD_MODES)}, got {record!r}")
+        if record == "stream" and type(self.order) not in (FIFO, ShortestOutputFirst, ShortestEstimateFirst):
+            raise ValueError(f"record='stream' renumbers requests as finished ones are dropped; queue_order "
+                             f"{self.order.name!r} ({type(self.order).__name__}) keys requests by fixed ids: "
+                             "use record='full'")
+        self.record = record
+        # a latency model that runs user code (a callable) gets its duration before the step
+        # changes anything, so an exception leaves the engine as it was
+        self._preview = self.timed and not isinstance(self.time_model, (LinearLatency, JailletLatency))
         self._rng: np.random.Generator | None = None
         self.jit: bool = kernels.ENABLED
         self._use_jit = False
@@ -178,7 +208,10 @@ class Engine:
         self.now = 0.0  # continuous time: start of the current iteration (seconds)
         self.last_duration = 0.0
         self._ev_new_n = self._ev_new_prompt = 0  # admitted this slot, then evicted
-        self._clock = np.zeros(256, np.float64)  # end time of each iteration
+        self._clock = np.zeros(256, np.float64)  # end time of each iteration (from slot _clock_base on)
+        self._clock_base = 0  # streaming mode drops the clock of slots no longer needed
+        self._id_base = 0  # requests dropped from the table (streaming mode): global id = _id_base + row
+        self._stream = StreamTotals(len(SlotStats._fields), self.timed) if self.record == "stream" else None
 
         keyed = not self.order.keys_are_ids
         self.lanes = [Lane(keyed, jit=self._use_jit) for _ in range(self.m if self.per_class else 1)]
@@ -363,7 +396,7 @@ class Engine:
         """No request will ever come after those generated."""
         total = self._total_requests
         if total is not None:
-            return self.n_req >= total
+            return self._id_base + self.n_req >= total
         rate = self.workload.arrival_rate()
         return rate is None or rate <= 0
 
@@ -529,8 +562,12 @@ class Engine:
         ``budget`` is ``B_t`` (an int), or with ``per_class`` one budget per class.
         """
         t = self.t
-        if t >= self._clock.size:
-            self._clock = np.concatenate([self._clock, np.zeros_like(self._clock)])
+        d = None
+        if self.timed:
+            if t - self._clock_base >= self._clock.size:
+                self._clock = np.concatenate([self._clock, np.zeros_like(self._clock)])
+            if self._preview:  # user code: get the duration before anything changes
+                d = self._preview_duration(budget)
         n_adm = self._admit(budget)
         demand = self.held + self.n_active
         n_ev = wasted = 0
@@ -538,7 +575,7 @@ class Engine:
             n_ev, wasted = self._evict(demand - self.M)
             demand = self.held + self.n_active
         if self.timed:
-            self._advance_clock(n_adm)
+            self._advance_clock(n_adm, d)
         # decode: every active request generates one token
         self.held = demand
         self.generated_tokens += self.n_active
@@ -555,17 +592,28 @@ class Engine:
         st = SlotStats(t, demand, n_adm, n_ev, wasted, n_done, self.n_queued, self.n_active)
         pending = self._pending
         pending.append(st)
-        if len(pending) == 256:  # one numpy write per 256 slots instead of one per slot
-            self._flush_records()
         self.t = t + 1
         if self._tail - self._h - self.n_active > max(256, self.n_active):
             self._compact()
+        if len(pending) == 256:  # one numpy write per 256 slots instead of one per slot
+            self._flush_records()
+            if self._stream is not None:
+                self._maybe_recycle()
         return st
 
     def _flush_records(self) -> None:
-        """Write the pending slot records into ``_rec`` (growing it)."""
+        """Write the pending slot records into ``_rec`` (growing it), or in streaming mode fold them."""
         pending = self._pending
         if not pending:
+            return
+        if self._stream is not None:
+            times = None
+            if self.timed:
+                lo = self._rec_n - self._clock_base
+                times = self._clock[lo : lo + len(pending)]
+            self._stream.fold_slots(pending, times)
+            self._rec_n += len(pending)
+            pending.clear()
             return
         lo = self._rec_n
         hi = lo + len(pending)
@@ -577,25 +625,220 @@ class Engine:
         self._rec_n = hi
         pending.clear()
 
-    def _advance_clock(self, n_adm: int) -> None:
-        """Continuous time: this iteration's duration from its composition (after eviction)."""
+    def _advance_clock(self, n_adm: int, d: float | None = None) -> None:
+        """Continuous time: this iteration's duration from its composition (after eviction).
+
+        ``d``: the duration :meth:`_preview_duration` computed before the step (then checked
+        to be for the same composition)."""
         assert self.time_model is not None
         new_n = n_adm - self._ev_new_n
         P = (self._adm_prompt if n_adm else 0) - self._ev_new_prompt
         self._ev_new_n = self._ev_new_prompt = 0
         D = self.n_active - new_n
         K = self.held - P
-        d = self.time_model.duration(P, D, K, self.n_active)
+        if d is None:
+            d = self.time_model.duration(P, D, K, self.n_active)
+        elif self._previewed != (P, D, K, self.n_active):
+            raise RuntimeError(f"eviction rule {self.eviction.name!r} chose differently for the same active set "
+                               f"(iteration {self._previewed} previewed, {(P, D, K, self.n_active)} run): "
+                               "with a callable time_model eviction rules must be deterministic")
         self.last_duration = d
         self.now += d
-        self._clock[self.t] = self.now
+        self._clock[self.t - self._clock_base] = self.now
+
+    def _preview_duration(self, budget: Any) -> float:
+        """This iteration's duration, computed from what admission and eviction will do, changing nothing.
+
+        Used when the latency model runs user code (a callable): if it raises, the step has not
+        started (a retry does not admit twice). Admission takes the queue heads; eviction asks the
+        rule about the active set after admission, as :meth:`_evict` will (rules are pure).
+        """
+        assert self.time_model is not None
+        if self.per_class:
+            heads = [ln.items()[: max(0, min(int(b), len(ln)))] for ln, b in zip(self.lanes, budget)]
+            adm = np.concatenate(heads) if heads else np.zeros(0, _I64)
+        else:
+            ln = self.lanes[0]
+            adm = ln.items()[: max(0, min(int(budget), len(ln)))]
+        k = int(adm.size)
+        P = int(self.prompt[adm].sum())
+        n_act, held, new_n = self.n_active + k, self.held + P, k
+        if held + n_act > self.M:
+            excess = held + n_act - self.M
+            ids = np.concatenate([self.active_ids(), adm])
+            gen = np.concatenate([self.active_generated(), np.zeros(k, _I64)])
+            demand = self.prompt[ids] + gen + 1
+            est = np.maximum(self.estimate[ids], gen + 1) if self.track_estimates else None
+            pos = np.asarray(self.eviction.select(ActiveSet(ids, demand, gen, est), excess), dtype=_I64)
+            if pos.size == 0 or int(demand[pos].sum()) < excess:
+                raise RuntimeError(f"eviction rule {self.eviction.name!r} did not free {excess} tokens")
+            new = gen[pos] == 0
+            new_n -= int(new.sum())
+            P -= int(self.prompt[ids[pos][new]].sum())
+            n_act -= int(pos.size)
+            held -= int((demand[pos] - 1).sum())
+        self._previewed = (P, n_act - new_n, held - P, n_act)
+        return self.time_model.duration(P, n_act - new_n, held - P, n_act)
+
+    # ------------------------------------------------------------------ streaming mode
+
+    def _maybe_recycle(self) -> None:
+        """Streaming mode, every 256 slots: recycle once the dead rows outnumber the live ones
+        (amortised O(1) per request), or the clock holds many slots no longer needed."""
+        st = self._stream
+        assert st is not None
+        dead = (self.total_completed - st.done) + (self.total_rejected - st.rejected)
+        if dead >= max(_RECYCLE_MIN, self.n_req - dead) or (
+                self.timed and self.t - self._clock_base > 4 * st.window + _RECYCLE_MIN):
+            self._recycle()
+
+    def _recycle(self) -> None:
+        """Streaming mode: fold the finished requests into the running sums, drop the finished and
+        rejected rows from the request table and renumber the rows left (order kept, so FIFO
+        and the keyed orders' ties are unchanged); trim the clock to the slots still needed."""
+        st = self._stream
+        assert st is not None
+        t, na, n = self.t, self.n_arrived, self.n_req
+        fin = self.finish[:na]
+        rej = self.rejected[:na]
+        done = (fin >= 0) & (fin <= t)
+        ids = np.flatnonzero(done)
+        if ids.size:
+            f = fin[ids]
+            if self.timed:
+                lat: np.ndarray = self._clock[f - 1 - self._clock_base] - self.arrival_time[ids]
+            else:
+                lat = f - self.arrival[ids]
+            st.fold_requests(lat, self.output[ids])
+        st.rejected += int(rej.sum())
+        keep = ~(done | rej)
+        d = na - int(keep.sum())
+        if d:
+            self._compact()  # the active window then holds alive entries only (all kept rows)
+            newid = np.cumsum(keep) - 1  # new row of each kept arrived row
+            rows = np.concatenate([np.flatnonzero(keep), np.arange(na, n, dtype=_I64)])
+            m = rows.size
+            cap = self.arrival.size
+            new_cap = max(1024, 2 * m) if cap > 4 * m else cap
+            for name in ("arrival", "prompt", "output", "cls", "finish", "evictions", "rejected", "estimate",
+                         "arrival_time"):
+                old = getattr(self, name)
+                kept = old[rows]
+                if new_cap != cap:
+                    new = np.empty(new_cap, old.dtype)
+                    new[:m] = kept
+                    setattr(self, name, new)
+                else:
+                    old[:m] = kept
+            for lane in self.lanes:  # queued requests: renumber ids (and the id bits of keys)
+                h, tl = lane.head, lane.tail
+                if tl > h:
+                    q = newid[lane.buf[h:tl]]
+                    lane.buf[h:tl] = q
+                    if lane.keyed:
+                        lane.kbuf[h:tl] = ((lane.kbuf[h:tl] >> _ID_BITS) << _ID_BITS) | q
+            a = self._a_id[self._h : self._tail]
+            a[:] = newid[a]
+            self.n_req -= d
+            self.n_arrived -= d
+            self._id_base += d
+            self._chunk_base -= d
+            self._bounds = [b - d for b in self._bounds]
+        if self.timed:  # active requests finish after t: only the series window needs older slots
+            base = max(self._clock_base, t - st.window)
+            if base > self._clock_base:
+                kept_c = self._clock[base - self._clock_base : t - self._clock_base]
+                clock = np.zeros(max(256, 2 * kept_c.size), np.float64)
+                clock[: kept_c.size] = kept_c
+                self._clock, self._clock_base = clock, base
+
+    def memory_bytes(self) -> int:
+        """Bytes held by the engine's arrays (request table, active set, queue, calendar, records)."""
+        total = 0
+        for name in ("arrival", "prompt", "output", "cls", "finish", "evictions", "rejected", "estimate",
+                     "arrival_time", "_a_id", "_a_start", "_a_fin", "_clock", "_rec"):
+            total += getattr(self, name).nbytes
+        for lane in self.lanes:
+            total += lane.buf.nbytes + (lane.kbuf.nbytes if lane.keyed else 0)
+        if isinstance(self._cal_n, np.ndarray):
+            total += self._cal_n.nbytes + self._cal_tok.nbytes
+        if self._stream is not None:
+            total += self._stream.nbytes
+        return total
+
+    def metrics(self) -> dict[str, Any]:
+        """The metrics of ``docs/model.md`` over the slots run so far (:func:`~flowgym.sim.metrics.compute_metrics`).
+
+        In ``record="full"`` mode computed from :meth:`request_log` and :meth:`series`. In
+        ``record="stream"`` mode from running sums: every count and sum is the full mode's
+        (means equal, exactly in slots, to float rounding in continuous time), ``p95_latency``
+        comes from the :class:`~flowgym.sim.streaming.QuantileSketch` (exact for latencies below
+        65,536 slots, otherwise within relative 0.1%), and ``kv_usage`` is the usage series in
+        block means of ``kv_usage_block`` slots (at most 2,048 points).
+        """
+        if self._stream is None:
+            return compute_metrics(self.request_log(), self.series(), self.M)
+        st = self._stream
+        self._flush_records()
+        T, na, base = self.t, self.n_arrived, self._clock_base
+        fin = self.finish[:na]
+        rej = self.rejected[:na]
+        done = (fin >= 0) & (fin <= T)
+        waiting = ~(done | rej)  # arrived, not rejected, not finished
+        ids = np.flatnonzero(done)
+        lat_sum: int | float
+        if self.timed:
+            span = float(self._clock[T - 1 - base]) if T else 0.0
+            lat: np.ndarray = self._clock[fin[ids] - 1 - base] - self.arrival_time[ids]
+            lat_sum = st.latency + float(lat.sum())
+            rest: int | float = float((span - self.arrival_time[:na][waiting]).sum())
+        else:
+            span = float(T)
+            lat = fin[ids] - self.arrival[ids]
+            lat_sum = st.latency + int(lat.sum())
+            rest = int((T - self.arrival[:na][waiting]).sum())
+        n_done = st.done + int(ids.size)
+        sketch = st.sketch.copy()
+        sketch.add(lat)
+        out_tokens = st.output_tokens + int(self.output[ids].sum())
+        n_ok = self.total_arrived - self.total_rejected
+        mean_u, std_u, max_u = st.usage_moments(self.M)
+        nan = float("nan")
+        return {
+            "T": T,
+            "elapsed": span,
+            "avg_latency": lat_sum / n_done if n_done else nan,
+            "p95_latency": sketch.quantile(0.95) if n_done else nan,
+            "mean_time_in_system": (lat_sum + rest) / n_ok if n_ok else nan,
+            "request_throughput": n_done / span if span else nan,
+            "token_throughput": float(out_tokens) / span if span else nan,
+            "generated_token_throughput": float(self.generated_tokens) / span if span else nan,
+            "completed": n_done,
+            "arrived": self.total_arrived,
+            "rejected": self.total_rejected,
+            "unfinished": self.total_arrived - self.total_rejected - n_done,
+            "evictions": self.total_evictions,
+            "overflow_events": self.overflow_events,
+            "wasted_tokens": self.wasted_tokens,
+            "mean_kv_usage": mean_u,
+            "std_kv_usage": std_u,
+            "max_kv_usage": max_u,
+            "kv_usage": st.decimated_usage(self.M),
+            "kv_usage_block": st.dec_block,
+        }
+
+    def _refuse_in_stream(self, what: str) -> None:
+        if self._stream is not None:
+            raise ValueError(f"{what} needs every request's history, which record='stream' does not keep "
+                             "(finished requests are folded into running sums): use record='full', or "
+                             "metrics() for the streaming totals")
 
     # ------------------------------------------------------------------ reading
 
     @property
     def exhausted(self) -> bool:
         """True when the workload is finite and every request has arrived."""
-        return self._total_requests is not None and self.n_arrived >= self._total_requests
+        return self._total_requests is not None and self._id_base + self.n_arrived >= self._total_requests
 
     @property
     def in_system(self) -> int:
@@ -690,8 +933,18 @@ class Engine:
         return out
 
     def series(self) -> dict[str, np.ndarray]:
-        """Per-slot records so far: one array per :class:`SlotStats` field."""
+        """Per-slot records so far: one array per :class:`SlotStats` field (and ``time`` in continuous time).
+
+        With ``record="stream"`` only the last :data:`~flowgym.sim.streaming.STREAM_WINDOW`
+        slots (their slot numbers in ``t``).
+        """
         self._flush_records()
+        if self._stream is not None:
+            rows, times = self._stream.window_rows()
+            win = {name: rows[:, i].copy() for i, name in enumerate(SlotStats._fields)}
+            if self.timed:
+                win["time"] = times.copy()
+            return win
         rec = self._rec[: self.t]
         out = {name: rec[:, i].copy() for i, name in enumerate(SlotStats._fields)}
         if self.timed:  # end time of each iteration (seconds)
@@ -704,8 +957,10 @@ class Engine:
         Keys: ``arrival``, ``prompt_len``, ``output_len``, ``cls``, ``finish``
         (``-1`` if unfinished), ``evictions``, ``rejected``. In continuous time
         ``arrival`` and ``finish`` count iterations, and ``arrival_time`` and
-        ``finish_time`` (``nan`` if unfinished) are in seconds.
+        ``finish_time`` (``nan`` if unfinished) are in seconds. Refused (``ValueError``) with
+        ``record="stream"``.
         """
+        self._refuse_in_stream("request_log()")
         n = self.n_arrived
         finish = self.finish[:n].copy()
         finish[finish > self.t] = -1  # scheduled, not finished yet

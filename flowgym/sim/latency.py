@@ -126,11 +126,27 @@ class CallableLatency(LatencyModel):
         self.fn = fn
 
     def duration(self, P: int, D: int, K: int, B: int) -> float:
-        d = float(self.fn(P, D, K, B))
+        """``fn(P, D, K, B)`` checked; an exception from ``fn`` becomes a ``RuntimeError`` naming it.
+
+        The engine calls this before a step changes anything (``Engine._preview_duration``), so
+        after either error the environment is as before the step and the step can be retried.
+        """
+        try:
+            d = float(self.fn(P, D, K, B))
+        except Exception as e:  # noqa: BLE001 - user code: named and chained
+            raise RuntimeError(f"time_model callable {self.label} raised {type(e).__name__}: {e} (for P={P}, "
+                               f"D={D}, K={K}, B={B}; the step was not applied)") from e
         if not math.isfinite(d) or d <= 0 or d > MAX_ITERATION_SECONDS:
-            raise ValueError(f"latency function returned {d!r} for P={P}, D={D}, K={K}, B={B}: need a positive "
-                             f"duration of at most {MAX_ITERATION_SECONDS:g} seconds")
+            raise ValueError(f"time_model callable {self.label} returned {d!r} for P={P}, D={D}, K={K}, B={B}: "
+                             f"need a positive duration of at most {MAX_ITERATION_SECONDS:g} seconds "
+                             "(the step was not applied)")
         return d
+
+    @property
+    def label(self) -> str:
+        """The callable's qualified name, for messages."""
+        fn = self.fn
+        return repr(getattr(fn, "__qualname__", None) or getattr(type(fn), "__qualname__", repr(fn)))
 
 
 #: Named presets. Each carries its provenance (``shared/data/README.md``).
