@@ -3,7 +3,8 @@
 Every agent has ``reset(config, seed)`` and ``act(observation, view)``, and
 declares the environment options it needs (``env_options()``). Build one by
 name with :func:`make_agent` (``"flow-control"``, ``"rate-switch"``, ``"alpha-greedy"``, ``"mc"``,
-``"mc-sf"``, ``"a-min"``, ``"greedy-lifo"``, ``"fixed"``, ``"random"``, and ``"learned"``,
+``"mc-sf"``, ``"a-min"``, ``"greedy-lifo"``, ``"fixed"``, ``"random"``, ``"safe-budget"``,
+``"schedule"``, and ``"learned"``,
 a Stable-Baselines3 policy trained by ``flowgym train``: ``make_agent("learned", path=...)``).
 
 Layer 3 of the package: agents import :mod:`flowgym.envs` (the observation, the
@@ -22,6 +23,7 @@ if __name__ != "flowgym.agents":  # the repository's agents/ folder, imported fr
         "installed under that name: pip install -e .), not as a top-level 'agents' package"
     )
 
+from flowgym.agents.adaptive import SafeBudget, ScheduledBudget
 from flowgym.agents.base import Agent
 from flowgym.agents.flow_control import FixedBudget, FlowControl, RandomBudget, RateSwitch
 from flowgym.agents.greedy import AlphaProtectionGreedy, GreedyLIFO
@@ -40,6 +42,8 @@ __all__ = [
     "MCSF",
     "AMin",
     "LearnedBudget",
+    "SafeBudget",
+    "ScheduledBudget",
     "AGENTS",
     "make_agent",
 ]
@@ -55,6 +59,8 @@ AGENTS: dict[str, type[Agent]] = {
     "greedy-lifo": GreedyLIFO,
     "fixed": FixedBudget,
     "random": RandomBudget,
+    "safe-budget": SafeBudget,
+    "schedule": ScheduledBudget,
     "learned": LearnedBudget,
 }
 

@@ -628,7 +628,7 @@ NEEDS_PATH = {"learned"}
 
 @pytest.mark.parametrize("name", sorted(set(AGENTS) - NEEDS_PATH))
 def test_make_agent_by_name(name):
-    params = {"b": 3} if name == "fixed" else {}
+    params = {"fixed": {"b": 3}, "schedule": {"times": [0, 20], "budgets": [4, 1]}}.get(name, {})
     agent = make_agent(name, **params)
     assert isinstance(agent, AGENTS[name])
     assert isinstance(agent, flowgym.agents.Agent)

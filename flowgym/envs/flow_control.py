@@ -15,7 +15,16 @@ import numpy as np
 from flowgym.sim.engine import EVICTION_RULES, QUEUE_ORDERS, Engine
 from flowgym.sim.metrics import compute_metrics
 from flowgym.envs import rendering
-from flowgym.envs.spaces import DictObservation, Features, FlatObservation, GlobalBudget, PerClassBudget
+from flowgym.envs.spaces import (
+    DictObservation,
+    Features,
+    FlatObservation,
+    GlobalBudget,
+    LoadObservation,
+    MultiplierBudget,
+    PerClassBudget,
+)
+from flowgym.sim.estimators import LoadTracker
 from flowgym.envs.view import SystemView
 from flowgym.sim.workloads import Workload, make_workload
 
@@ -70,8 +79,16 @@ class FlowControlConfig:
     queue_order: str = "fifo"
     #: Initial output estimate of every request (``estimate`` order and eviction).
     estimate_floor: int = 1
-    #: ``"dict"`` (a ``Dict`` of ``Box``es) or ``"flat"`` (one ``Box``, for ``MlpPolicy``).
+    #: ``"dict"`` (a ``Dict`` of ``Box``es), ``"flat"`` (one ``Box``, for ``MlpPolicy``) or
+    #: ``"load"`` (one ``Box`` of the 17 scale-free load features of
+    #: :mod:`flowgym.sim.estimators`: the same meaning at any ``M``, rate or length scale).
     observation: str = "dict"
+    #: ``"budget"`` (the action is ``B_t``) or ``"multiplier"`` (the action is the index ``a`` of
+    #: ``multipliers``; ``B_t = clip(round(multipliers[a] * M / E_hat[w]), 1, max_budget)`` with the
+    #: online safe budget ``M / E_hat[w]`` of :class:`~flowgym.sim.estimators.LoadTracker`).
+    action: str = "budget"
+    #: The multipliers ``k`` of ``action="multiplier"`` (positive, ascending).
+    multipliers: tuple[float, ...] = (0.25, 0.5, 0.75, 1.0, 1.25, 1.5, 2.0, 3.0, 4.0, 6.0, 8.0)
     #: Cap for observed counts (queue length, per-class queues, arrival rate).
     queue_cap: int = 4096
     #: Cap for observed queued prompt tokens, in units of ``M``.
@@ -140,8 +157,21 @@ class FlowControlConfig:
         if self.queue_order == "sjf" and not self.output_length_known:
             raise ValueError("queue_order='sjf' reads output lengths: it needs output_length_known=True")
         pos_int("estimate_floor", self.estimate_floor)
-        if self.observation not in ("dict", "flat"):
-            raise ValueError(f"observation must be 'dict' or 'flat', got {self.observation!r}")
+        if self.observation not in ("dict", "flat", "load"):
+            raise ValueError(f"observation must be 'dict', 'flat' or 'load', got {self.observation!r}")
+        if self.action not in ("budget", "multiplier"):
+            raise ValueError(f"action must be 'budget' or 'multiplier', got {self.action!r}")
+        ks = self.multipliers
+        if (
+            not isinstance(ks, (list, tuple))
+            or not ks
+            or any(isinstance(k, bool) or not isinstance(k, (int, float)) or not (math.isfinite(k) and k > 0)
+                   for k in ks)
+            or any(b <= a for a, b in zip(ks, ks[1:]))
+        ):
+            raise ValueError(f"multipliers must be positive finite numbers in ascending order, got {ks!r}")
+        if self.action == "multiplier" and self.per_class_budget:
+            raise ValueError("action='multiplier' sets one global budget: it cannot be combined with per_class_budget=True")
         edges = list(self.hist_edges)
         if not edges or edges[0] != 0 or any(b <= a for a, b in zip(edges, edges[1:])):
             raise ValueError(f"hist_edges must start at 0 and increase strictly, got {self.hist_edges!r}")
@@ -350,9 +380,27 @@ class FlowControlEnv(gym.Env[Any, Any]):
             timed=self.engine.timed,
             duration_cap=cfg.duration_cap,
         )
-        self._obs_type = DictObservation(self.features) if cfg.observation == "dict" else FlatObservation(self.features)
+        #: Online load estimates (safe budget, scale-free features); only kept when used.
+        self.tracker: LoadTracker | None = None
+        if cfg.observation == "load" or cfg.action == "multiplier":
+            self.tracker = LoadTracker(cfg.M, cap=float(cfg.max_budget))
+        self._obs_type: Any
+        if cfg.observation == "load":
+            assert self.tracker is not None
+            self._obs_type = LoadObservation(self.tracker)
+        elif cfg.observation == "dict":
+            self._obs_type = DictObservation(self.features)
+        else:
+            self._obs_type = FlatObservation(self.features)
         self.observation_space = self._obs_type.space()
-        self._act_type = PerClassBudget(cfg.max_budget, m) if cfg.per_class_budget else GlobalBudget(cfg.max_budget)
+        self._act_type: Any
+        if cfg.per_class_budget:
+            self._act_type = PerClassBudget(cfg.max_budget, m)
+        elif cfg.action == "multiplier":
+            assert self.tracker is not None
+            self._act_type = MultiplierBudget(cfg.multipliers, cfg.max_budget, self.tracker)
+        else:
+            self._act_type = GlobalBudget(cfg.max_budget)
         self.action_space = self._act_type.space()
         w = {**DEFAULT_REWARD_WEIGHTS, **cfg.reward_weights}
         s = float(cfg.reward_scale)
@@ -379,6 +427,8 @@ class FlowControlEnv(gym.Env[Any, Any]):
         self._rate = 0.0
         arrived = self.engine.arrive()
         self._rate = 0.0 if self._timed else arrived * self._alpha
+        if self.tracker is not None:
+            self.tracker.reset(self.engine)
         self._started = True
         self._ended = False
         M, H = self.config.M, self.config.horizon
@@ -438,6 +488,8 @@ class FlowControlEnv(gym.Env[Any, Any]):
             else:
                 k = eng.arrive()
                 self._rate += (k - self._rate) * self._alpha
+            if self.tracker is not None:
+                self.tracker.update(eng, st.completed)
         if self.render_mode is not None:
             self._usage_recent.append(st.usage)
             self._last_evicted = st.evicted
@@ -450,7 +502,13 @@ class FlowControlEnv(gym.Env[Any, Any]):
         return self._act_type.budget(action)
 
     def _observe(self) -> Any:
+        if self.tracker is not None and self.config.observation == "load":
+            return self._obs_type.observe(self.engine)
         return self._obs_type.observe(self.features.compute(self.engine, self._rate))
+
+    def safe_budget(self) -> float | None:
+        """The online safe budget ``M / E_hat[w]`` (``None`` unless ``observation="load"`` or ``action="multiplier"``)."""
+        return None if self.tracker is None else self.tracker.safe_budget()
 
     def render(self) -> str | np.ndarray | None:
         """The system at the decision point, in the ``render_mode`` given at construction.

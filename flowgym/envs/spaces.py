@@ -16,8 +16,17 @@ import numpy as np
 from gymnasium import spaces
 
 from flowgym.sim.engine import Engine
+from flowgym.sim.estimators import LOAD_FEATURES, LoadTracker
 
-__all__ = ["Features", "DictObservation", "FlatObservation", "GlobalBudget", "PerClassBudget"]
+__all__ = [
+    "Features",
+    "DictObservation",
+    "FlatObservation",
+    "LoadObservation",
+    "GlobalBudget",
+    "PerClassBudget",
+    "MultiplierBudget",
+]
 
 
 class Features:
@@ -165,6 +174,30 @@ class FlatObservation:
         return vec
 
 
+class LoadObservation:
+    """The scale-free load features of :class:`~flowgym.sim.estimators.LoadTracker` in one float32 ``Box``.
+
+    :data:`~flowgym.sim.estimators.LOAD_FEATURES` in order, each clipped to ``[-16, 16]``.
+    None of them has a unit of tokens, requests or slots, so one policy can read systems
+    of any ``M``, request rate and length scale (the generalist model is trained on it).
+    """
+
+    BOUND = 16.0
+
+    def __init__(self, tracker: LoadTracker) -> None:
+        self.tracker = tracker
+        self._buf = np.empty(len(LOAD_FEATURES), np.float32)
+
+    def space(self) -> spaces.Box:
+        n = len(LOAD_FEATURES)
+        return spaces.Box(-self.BOUND, self.BOUND, shape=(n,), dtype=np.float32)
+
+    def observe(self, eng: Engine) -> np.ndarray:
+        v = self.tracker.features(eng, out=np.empty(len(LOAD_FEATURES), np.float32))
+        np.clip(v, -self.BOUND, self.BOUND, out=v)
+        return v
+
+
 def _bad_action(action: Any, space: spaces.Space) -> ValueError:
     return ValueError(f"action {action!r} is not in the action space {space}")
 
@@ -213,3 +246,33 @@ class PerClassBudget:
         if (a < 0).any() or (a > self.max_budget).any():
             raise _bad_action(action, self._space)
         return a.astype(np.int64)
+
+
+class MultiplierBudget:
+    """``Discrete(len(multipliers))``: action ``a`` asks for ``multipliers[a]`` times the safe budget.
+
+    ``B_t = clip(round(multipliers[a] * M / E_hat[w]), 1, max_budget)`` with the
+    tracker's online safe budget (:meth:`~flowgym.sim.estimators.LoadTracker.safe_budget`).
+    """
+
+    def __init__(self, multipliers: Sequence[float], max_budget: int, tracker: LoadTracker) -> None:
+        self.multipliers = tuple(float(k) for k in multipliers)
+        self.max_budget = int(max_budget)
+        self.tracker = tracker
+        self._space = spaces.Discrete(len(self.multipliers))
+
+    def space(self) -> spaces.Discrete:
+        return self._space
+
+    def budget(self, action: Any) -> int:
+        """The budget the action stands for now; raises ``ValueError`` naming the action and the space."""
+        if isinstance(action, (int, np.integer)) and not isinstance(action, bool):
+            a = int(action)
+        elif isinstance(action, np.ndarray) and action.size == 1 and np.issubdtype(action.dtype, np.integer):
+            a = int(action.reshape(()))
+        else:
+            raise _bad_action(action, self._space)
+        if not 0 <= a < len(self.multipliers):
+            raise _bad_action(action, self._space)
+        b = round(self.multipliers[a] * self.tracker.safe_budget())
+        return int(min(max(b, 1), self.max_budget))

@@ -158,6 +158,21 @@ class TrainConfig:
     #: Slots each decision is held for (1: a decision every slot). ``total_timesteps`` counts
     #: decisions; the environment runs ``action_repeat`` times as many slots.
     action_repeat: int = 8
+    #: Train on a distribution of workloads instead of the scenario's one: ``"random-mix"``
+    #: (:class:`flowgym.lab.distributions.RandomMix`), its mapping ``{"kind": "random-mix", ...}`` or a
+    #: callable ``rng -> FlowControl-v0 arguments``; a new draw every episode, evaluation during
+    #: training on fixed draws (seeds ``eval_seed..``). The scenario is then only the report scenario
+    #: of the final table (zero-shot). Needs ``observation="load"``. ``None``: train on the scenario.
+    distribution: Any = None
+    #: The policy's observation: ``"flat"`` (the environment's flat observation) or ``"load"`` (the
+    #: scale-free load features, :mod:`flowgym.sim.estimators`; any ``M``, rate and length scale).
+    observation: str = "flat"
+    #: The policy's action: ``"budget"`` (a budget, or the index of one of ``budget_levels``) or
+    #: ``"multiplier"`` (the index of a multiplier ``k`` of the online safe budget ``M / E_hat[w]``,
+    #: capped at ``max_budget``, default 256).
+    action: str = "budget"
+    #: The multipliers of ``action="multiplier"``.
+    multipliers: tuple[float, ...] = (0.25, 0.5, 0.75, 1.0, 1.25, 1.5, 2.0, 3.0, 4.0, 6.0, 8.0)
     #: Overrides of the scenario's environment arguments for training and for the agent
     #: (e.g. ``{"reward_weights": {...}}``); the workload is always the scenario's.
     env_overrides: dict[str, Any] = field(default_factory=dict)
@@ -255,15 +270,56 @@ class TrainConfig:
             if bad in self.env_overrides:
                 raise ValueError(f"env_overrides may not set {bad!r}: the scenario gives the workload (write your "
                                  "own in a scenario file: flowgym scenario show adaptive-mix > my.toml, edit it, then "
-                                 "--scenario my.toml; docs/scenarios.md), observation is 'flat', and max_budget= or "
-                                 "budget_levels= set the action range")
+                                 "--scenario my.toml; docs/scenarios.md), observation= is the training setting of that name, "
+                                 "and max_budget= or budget_levels= set the action range")
+        if self.observation not in ("flat", "load"):
+            raise ValueError(f"observation must be 'flat' or 'load', got {self.observation!r}")
+        if self.action not in ("budget", "multiplier"):
+            raise ValueError(f"action must be 'budget' or 'multiplier', got {self.action!r}")
+        if self.action == "multiplier" and self.budget_levels is not None:
+            raise ValueError("budget_levels are the actions of action='budget'; action='multiplier' chooses "
+                             "among multipliers= instead")
+        from flowgym.envs.flow_control import FlowControlConfig
+
+        FlowControlConfig(multipliers=tuple(self.multipliers)).validate()  # names a bad multipliers value
+        if self.distribution is not None:
+            from flowgym.lab.distributions import make_distribution
+
+            make_distribution(self.distribution)  # raises naming the field
+            if self.observation != "load":
+                raise ValueError("distribution= needs observation='load' (the flat observation's bounds and "
+                                 "meaning change with M and the request scale)")
         if not self.out:
             raise ValueError("out (the output directory) must be given")
+
+    @classmethod
+    def generalist(cls, **overrides: Any) -> TrainConfig:
+        """The recipe of the shipped generalist (``flowgym train`` with no scenario; docs/training.md).
+
+        PPO on :class:`~flowgym.lab.distributions.RandomMix` draws, scale-free observation,
+        multiplier action, discount 0.995, evaluated on 12 fixed draws (geometric mean of
+        the time in system), reported zero-shot on ``adaptive-mix``.
+        """
+        base: dict[str, Any] = dict(
+            distribution="random-mix", observation="load", action="multiplier", gamma=0.995,
+            total_timesteps=1_500_000, eval_freq=100_000, eval_episodes=12, checkpoint_freq=0,
+            scenario="adaptive-mix", out="runs/ppo-generalist",
+        )
+        base.update(overrides)
+        return cls(**base)
 
     def hyperparameters(self) -> dict[str, Any]:
         """The settings as a JSON-ready dict."""
         d = dataclasses.asdict(self)
         d["net_arch"] = list(self.net_arch)
+        d["multipliers"] = list(self.multipliers)
+        if self.distribution is not None and not isinstance(self.distribution, (str, Mapping)):
+            d["distribution"] = repr(self.distribution)
+        elif self.distribution is not None:
+            from flowgym.lab.distributions import make_distribution
+
+            dist = make_distribution(self.distribution)
+            d["distribution"] = dist.to_spec() if hasattr(dist, "to_spec") else repr(dist)
         return d
 
 
@@ -299,12 +355,20 @@ class _RuleModel:
 
 
 def learned_env_kwargs(scenario_env: Mapping[str, Any], max_budget: int,
-                       overrides: Mapping[str, Any] | None = None) -> dict[str, Any]:
-    """Environment arguments of a learned agent: the scenario's, the overrides, a flat observation
-    and the learned action range ``Discrete(max_budget + 1)``."""
+                       overrides: Mapping[str, Any] | None = None, *, observation: str = "flat",
+                       action: str = "budget", multipliers: Sequence[float] | None = None) -> dict[str, Any]:
+    """Environment arguments of a learned agent: the scenario's, the overrides, its observation
+    (``flat`` or ``load``) and action (a budget up to ``max_budget``, or a multiplier of the safe budget)."""
     kw = {**dict(scenario_env), **dict(overrides or {})}
-    kw["observation"] = "flat"
+    kw["observation"] = observation
     kw["max_budget"] = int(max_budget)
+    if action == "multiplier":
+        kw["action"] = "multiplier"
+        if multipliers is None:
+            from flowgym.envs.flow_control import FlowControlConfig
+
+            multipliers = FlowControlConfig().multipliers
+        kw["multipliers"] = tuple(float(k) for k in multipliers)
     return kw
 
 
@@ -376,13 +440,15 @@ def _metrics_wrapper() -> type:
 
 def make_vec_env(env_kwargs: Mapping[str, Any], n_envs: int, seed: int, *, kind: str = "dummy",
                  metrics: bool = False, action_repeat: int = 1,
-                 budget_levels: Sequence[int] | None = None) -> Any:
+                 budget_levels: Sequence[int] | None = None, distribution: Any = None) -> Any:
     """``n_envs`` FlowControl-v0 environments (``gym.make``) in an SB3 VecEnv, seeded ``seed + i``.
 
     Each is wrapped in SB3's ``Monitor`` (episode returns), with ``action_repeat > 1``
     in a wrapper holding each action for that many slots, with ``budget_levels`` in one
     whose action is the index of a level and, with ``metrics``, in a wrapper adding the
-    episode's latency metrics to the last ``info``.
+    episode's latency metrics to the last ``info``. With ``distribution`` (a name, mapping or
+    sampler) each environment is a :class:`~flowgym.envs.randomized.RandomizedFlowControlEnv`
+    drawing its workload from it, with ``env_kwargs`` applied over every draw.
     """
     require_sb3()
     import gymnasium as gym
@@ -406,6 +472,14 @@ def make_vec_env(env_kwargs: Mapping[str, Any], n_envs: int, seed: int, *, kind:
         return env
 
     cls = SubprocVecEnv if kind == "subproc" else DummyVecEnv
+    if distribution is not None:
+        from flowgym.envs.randomized import RandomizedFlowControlEnv
+        from flowgym.lab.distributions import make_distribution
+
+        sampler = make_distribution(distribution)
+        fixed = {k: v for k, v in kw.items() if k not in ("M", "workload", "horizon")}
+        return sb3_make_vec_env(lambda **_: RandomizedFlowControlEnv(sampler, **fixed), n_envs=n_envs, seed=seed,
+                                vec_env_cls=cls, wrapper_class=wrapper if layers else None)
     return sb3_make_vec_env(lambda **_: gym.make("FlowControl-v0", **kw), n_envs=n_envs, seed=seed,
                             vec_env_cls=cls, wrapper_class=wrapper if layers else None)
 
@@ -494,14 +568,18 @@ def _callbacks(cfg: TrainConfig, eval_venv: Any, n_eval: int, out: str, t_start:
                 self.model = model
             if due and self._episodes:
                 mean = {k: _finite_mean([e[k] for e in self._episodes]) for k in self._episodes[0]}
+                tis = [e["mean_time_in_system"] for e in self._episodes]
+                mean["geo_time_in_system"] = (float(np.exp(np.mean(np.log(tis))))
+                                              if all(math.isfinite(x) and x > 0 for x in tis) else math.inf)
                 row = {"kind": "eval", "timesteps": self.num_timesteps,
                        "wall_seconds": time.perf_counter() - t_start, "mean_return": float(self.last_mean_reward), **mean}
                 rec.rows.append(row)
                 rec.last_eval = mean
                 for k, v in mean.items():
                     self.logger.record(f"eval/{k}", v)
-                if mean["mean_time_in_system"] < self.best_time_in_system:
-                    self.best_time_in_system = mean["mean_time_in_system"]
+                score = mean[select_key]
+                if score < self.best_time_in_system:
+                    self.best_time_in_system = score
                     self.model.save(os.path.join(out, "best_model.zip"))
                     venv = self.model.get_vec_normalize_env()
                     if venv is not None:
@@ -510,6 +588,9 @@ def _callbacks(cfg: TrainConfig, eval_venv: Any, n_eval: int, out: str, t_start:
                     on_eval({**row, "best_time_in_system": self.best_time_in_system})
             return ok
 
+    # on a distribution the episodes' scales differ by orders of magnitude: select on the geometric
+    # mean (the mean log ratio to any per-draw reference), not on the heaviest draws' arithmetic mean
+    select_key = "geo_time_in_system" if cfg.distribution is not None else "mean_time_in_system"
     cbs: list[Any] = [rec]
     evaluator = None
     if cfg.eval_freq > 0:
@@ -547,25 +628,33 @@ def train(cfg: TrainConfig | None = None, *, on_eval: Any = None, **overrides: A
     algo_cls = algorithm_class(cfg.algo)
     sc = get_scenario(cfg.scenario, rate=cfg.rate)
     range_from = "the training settings"
-    if cfg.budget_levels is None and cfg.max_budget is None:  # the scenario's defaults (derived when it has none)
+    if cfg.action == "multiplier":
+        if cfg.max_budget is None:
+            cfg = dataclasses.replace(cfg, max_budget=256)
+            range_from = "the multiplier action's default cap (256)"
+    elif cfg.budget_levels is None and cfg.max_budget is None:  # the scenario's defaults (derived when it has none)
         max_budget, levels, range_from = sc.learned_action_range()
         cfg = dataclasses.replace(cfg, budget_levels=levels, max_budget=max_budget)
     if cfg.budget_levels is not None:
         cfg = dataclasses.replace(cfg, budget_levels=tuple(cfg.budget_levels), max_budget=int(cfg.budget_levels[-1]))
-    train_kw = learned_env_kwargs(sc.tune_env_kwargs(), cfg.max_budget, cfg.env_overrides)
+    assert cfg.max_budget is not None
+    train_kw = learned_env_kwargs(sc.tune_env_kwargs(), cfg.max_budget, cfg.env_overrides,
+                                  observation=cfg.observation, action=cfg.action, multipliers=cfg.multipliers)
+    dist = cfg.distribution
     out = cfg.out
     os.makedirs(out, exist_ok=True)
 
     venv = make_vec_env(train_kw, cfg.n_envs, cfg.seed, kind=cfg.vec_env, action_repeat=cfg.action_repeat,
-                        budget_levels=cfg.budget_levels)
+                        budget_levels=cfg.budget_levels, distribution=dist)
     venv = VecNormalize(venv, norm_obs=cfg.norm_obs, norm_reward=cfg.norm_reward, clip_obs=cfg.clip_obs,
                         gamma=cfg.gamma)
     eval_venv, n_eval = None, 0
     if cfg.eval_freq > 0:
         # a trace replay is the same episode for every seed: one evaluation episode suffices
-        n_eval = 1 if sc.finite else cfg.eval_episodes
+        n_eval = 1 if sc.finite and dist is None else cfg.eval_episodes
         eval_venv = VecNormalize(make_vec_env(train_kw, n_eval, cfg.eval_seed, metrics=True,
-                                              action_repeat=cfg.action_repeat, budget_levels=cfg.budget_levels),
+                                              action_repeat=cfg.action_repeat, budget_levels=cfg.budget_levels,
+                                              distribution=dist),
                                  training=False, norm_obs=cfg.norm_obs, norm_reward=False, clip_obs=cfg.clip_obs)
 
     kwargs = _algo_kwargs(cfg, algo_cls)
@@ -601,6 +690,11 @@ def train(cfg: TrainConfig | None = None, *, on_eval: Any = None, **overrides: A
         # the whole scenario as data (at its default rate), so the model is evaluated in any process
         "scenario_data": sc.to_dict(),
         "action_range_from": range_from,
+        # what it was trained on: the scenario's one workload, or a distribution (then the scenario
+        # is only the report scenario of the final table: the model never saw it)
+        "trained_on": "scenario" if dist is None else cfg.hyperparameters()["distribution"],
+        "observation": cfg.observation,
+        "action": cfg.action,
         "env_kwargs": train_kw,
         "agent_env_options": _agent_options(train_kw),
         "observation_shape": obs_shape,
@@ -629,7 +723,8 @@ def train(cfg: TrainConfig | None = None, *, on_eval: Any = None, **overrides: A
     # the selected policy again as plain tensors and arrays: what LearnedBudget loads (no pickle)
     kept = algo_cls.load(os.path.join(out, MODEL_FILE), device="cpu")
     kept_norm = VecNormalize.load(os.path.join(out, VECNORM_FILE), make_vec_env(train_kw, 1, cfg.seed,
-                                                                              budget_levels=cfg.budget_levels))
+                                                                              budget_levels=cfg.budget_levels,
+                                                                              distribution=dist))
     meta = write_safe(out, kept.policy, kept_norm, meta)
     with open(os.path.join(out, META_FILE), "w") as fh:
         json.dump(meta, fh, indent=1, default=_json_default)
@@ -693,7 +788,11 @@ def _agent_options(env_kwargs: Mapping[str, Any]) -> dict[str, Any]:
     from flowgym.envs.flow_control import FlowControlConfig
 
     defaults = FlowControlConfig()
-    opts: dict[str, Any] = {"observation": "flat", "max_budget": int(env_kwargs["max_budget"])}
+    opts: dict[str, Any] = {"observation": env_kwargs.get("observation", "flat"),
+                            "max_budget": int(env_kwargs["max_budget"])}
+    if env_kwargs.get("action", "budget") == "multiplier":
+        opts["action"] = "multiplier"
+        opts["multipliers"] = [float(k) for k in env_kwargs["multipliers"]]
     for k in OBSERVATION_OPTIONS:
         v = env_kwargs.get(k, getattr(defaults, k))
         opts[k] = list(v) if isinstance(v, tuple) else v

@@ -1,0 +1,159 @@
+"""Training distributions: a new workload (and cache size) for every episode.
+
+A model trained on one scenario learns that scenario's budgets. The generalist is
+trained on a *distribution* of scenarios instead, drawn afresh at every reset, and
+reads the scale-free observation (``observation="load"``) and acts through a
+multiplier on the online safe budget (``action="multiplier"``), so nothing it sees
+or does carries the units of one workload.
+
+:class:`RandomMix` is the built-in distribution (``flowgym train --distribution random-mix``).
+Every field has a documented default; pass a mapping of overrides as
+``{"kind": "random-mix", "field": value, ...}`` (in Python or a ``[train.distribution]``
+table of a scenario file). Draws are a pure function of the generator: same seed,
+same workloads.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+from flowgym.sim.workloads import make_workload
+
+__all__ = ["RandomMix", "DISTRIBUTIONS", "make_distribution"]
+
+
+def _loguniform(rng: np.random.Generator, lo: float, hi: float) -> float:
+    return float(math.exp(rng.uniform(math.log(lo), math.log(hi))))
+
+
+@dataclass(frozen=True)
+class RandomMix:
+    """Randomised mixes of request streams, phases and loads (the generalist's training distribution).
+
+    Each draw (one episode):
+
+    * ``M`` log-uniform in ``M_range`` (``azure_M_range`` when a stream uses Azure lengths);
+    * with probability ``stationary_p`` one stream at a constant rate, else 2 or 3 streams
+      that take turns: stream ``k`` is on for a phase of ``phase_range`` slots, then the next,
+      repeating (with probability ``background_p`` a stream keeps a background rate of
+      ``background_range`` times its own while off);
+    * a stream's lengths: with probability ``azure_p`` the Azure ``conv`` or ``code`` trace's
+      (l, o) pairs, else three pairs ``(l, o/2), (l, o), (l, 3o/2)`` with ``l`` log-uniform in
+      ``prompt_range`` and ``o`` in ``output_range``;
+    * a stream's load while on: ``rho`` uniform in ``rho_range`` (``overload_rho_range`` with
+      probability ``overload_p`` for a stationary draw: the paper's overloaded regime), its rate
+      ``rho * M / E[w]``.
+    """
+
+    M_range: tuple[float, float] = (6000.0, 40000.0)
+    azure_M_range: tuple[float, float] = (32768.0, 131072.0)
+    stationary_p: float = 0.3
+    overload_p: float = 0.4
+    phase_range: tuple[int, int] = (200, 3000)
+    background_p: float = 0.3
+    background_range: tuple[float, float] = (0.05, 0.3)
+    azure_p: float = 0.1
+    prompt_range: tuple[float, float] = (4.0, 200.0)
+    output_range: tuple[float, float] = (6.0, 220.0)
+    rho_range: tuple[float, float] = (0.3, 1.15)
+    overload_rho_range: tuple[float, float] = (1.0, 1.5)
+    horizon: int = 4000
+
+    kind = "random-mix"
+
+    def __post_init__(self) -> None:
+        for f in dataclasses.fields(self):
+            v = getattr(self, f.name)
+            if f.name.endswith("_range"):
+                if (not isinstance(v, (tuple, list)) or len(v) != 2
+                        or not all(isinstance(x, (int, float)) and not isinstance(x, bool) and math.isfinite(x)
+                                   and x > 0 for x in v) or v[0] > v[1]):
+                    raise ValueError(f"random-mix: {f.name} must be [low, high] with 0 < low <= high, got {v!r}")
+            elif f.name.endswith("_p"):
+                if isinstance(v, bool) or not isinstance(v, (int, float)) or not 0 <= v <= 1:
+                    raise ValueError(f"random-mix: {f.name} must be a probability in [0, 1], got {v!r}")
+        if isinstance(self.horizon, bool) or not isinstance(self.horizon, int) or self.horizon < 1:
+            raise ValueError(f"random-mix: horizon must be a positive integer, got {self.horizon!r}")
+
+    @classmethod
+    def from_spec(cls, spec: Mapping[str, Any]) -> RandomMix:
+        """From ``{"kind": "random-mix", field: value, ...}`` (unknown fields are named in the error)."""
+        kw = {k: v for k, v in dict(spec).items() if k != "kind"}
+        names = {f.name for f in dataclasses.fields(cls)}
+        bad = sorted(set(kw) - names)
+        if bad:
+            raise ValueError(f"random-mix has no field(s) {bad}; fields: {sorted(names)}")
+        kw = {k: tuple(v) if isinstance(v, list) else v for k, v in kw.items()}
+        return cls(**kw)
+
+    def to_spec(self) -> dict[str, Any]:
+        """The mapping :meth:`from_spec` reads back."""
+        d = {f.name: (list(v) if isinstance(v, tuple) else v) for f in dataclasses.fields(self)
+             for v in [getattr(self, f.name)]}
+        return {"kind": self.kind, **d}
+
+    # ------------------------------------------------------------------ draws
+
+    def _lengths(self, rng: np.random.Generator, M: int) -> dict[str, Any]:
+        o = _loguniform(rng, *self.output_range)
+        l_max = max(1, int(M // 4))
+        while True:
+            l = int(_loguniform(rng, *self.prompt_range))
+            pairs = [[min(l, l_max), max(1, int(round(o * f)))] for f in (0.5, 1.0, 1.5)]
+            if pairs[-1][0] + pairs[-1][1] < M:
+                return {"kind": "empirical", "pairs": pairs, "weights": [1.0, 1.0, 1.0]}
+            o = max(1.0, o / 2)
+
+    def __call__(self, rng: np.random.Generator) -> dict[str, Any]:
+        """One episode's ``FlowControl-v0`` arguments (``M``, ``workload``, ``horizon``, unknown lengths)."""
+        stationary = rng.random() < self.stationary_p
+        n = 1 if stationary else int(rng.choice([2, 2, 3]))
+        azure = [rng.random() < self.azure_p for _ in range(n)]
+        M = int(_loguniform(rng, *(self.azure_M_range if any(azure) else self.M_range)))
+        durations = [int(rng.integers(self.phase_range[0], self.phase_range[1] + 1)) for _ in range(n)]
+        period = float(sum(durations))
+        streams: list[dict[str, Any]] = []
+        start = 0.0
+        for k in range(n):
+            lengths = ({"kind": "azure", "trace": str(rng.choice(["conv", "code"]))} if azure[k]
+                       else self._lengths(rng, M))
+            rho_range = self.overload_rho_range if stationary and rng.random() < self.overload_p else self.rho_range
+            rho = float(rng.uniform(*rho_range))
+            unit = make_workload({"kind": "iid", "rate": 1.0, "lengths": lengths}).load(M)
+            rate = rho / unit
+            if n == 1:
+                spec: Any = rate
+            else:
+                bg = float(rng.uniform(*self.background_range)) * rate if rng.random() < self.background_p else 0.0
+                t_on, t_off = start, start + durations[k]
+                times = sorted({0.0, t_on, t_off} - {period})
+                spec = {"kind": "steps", "times": times, "rates": [rate if t_on <= t < t_off else bg for t in times],
+                        "period": period}
+            streams.append({"kind": "iid", "rate": spec, "lengths": lengths})
+            start += durations[k]
+        workload = streams[0] if n == 1 else {"kind": "mix", "streams": streams}
+        return {"M": M, "workload": workload, "horizon": self.horizon, "output_length_known": False}
+
+
+#: Built-in training distributions by name.
+DISTRIBUTIONS: dict[str, type[RandomMix]] = {"random-mix": RandomMix}
+
+
+def make_distribution(spec: str | Mapping[str, Any] | Callable[[np.random.Generator], dict[str, Any]]) -> Any:
+    """A distribution from its name, its mapping (``{"kind": name, field: value}``) or a callable ``rng -> kwargs``."""
+    if callable(spec) and not isinstance(spec, Mapping):
+        return spec
+    if isinstance(spec, str):
+        spec = {"kind": spec}
+    if not isinstance(spec, Mapping):
+        raise ValueError(f"distribution must be a name, a mapping or a callable, got {spec!r}")
+    kind = spec.get("kind")
+    if kind not in DISTRIBUTIONS:
+        raise ValueError(f"unknown training distribution {kind!r}; known: {sorted(DISTRIBUTIONS)}")
+    return DISTRIBUTIONS[kind].from_spec(spec)

@@ -1,0 +1,180 @@
+"""Online load estimates a real server can make: the safe budget ``M / E[w]`` and scale-free features.
+
+Proposition 1 of the paper says the system is stable while ``lambda E[w] < M``,
+with ``w_i = l_i o_i + o_i (o_i + 1) / 2`` the KV token-slots a request holds over
+its life. So ``M / E[w]`` is the rate of starts the cache sustains: the
+*safe budget*. The best fixed budgets of the paper's scenarios sit at 1-2x of
+it, and when the request mix changes the safe budget moves with it (37 starts
+per slot in ``adaptive-mix``'s chat phase, 2.5 in its long phase). A learned
+policy that chooses a *multiplier* ``k`` on the safe budget only has to learn a
+nearly constant ``k``; one that chooses the budget itself has to learn the
+budget of every mix it meets (see ``docs/training.md``).
+
+:class:`LoadTracker` keeps the estimates slot by slot from what is known at the
+decision point of slot ``t`` and nothing else: the requests that arrived (their
+count and prompt lengths), the KV tokens held and the active count, the
+queue head's arrival, tokens wasted so far, and ``l + o`` of requests *once they
+have completed* (an output length is never read before the request finishes).
+It is O(1) per slot (no per-request work beyond summing the new arrivals'
+prompt lengths).
+
+The estimate of ``E[w]``: with ``l`` the mean arriving prompt (moving average), ``s``
+and ``s2`` the moving means of ``l + o`` and ``(l + o)^2`` over completions, ``o = s - l``
+and ``Var = s2 - s^2``, ``w ~ l o + (o^2 + Var) / 2``. It is floored by a lower bound that
+needs no completion (an active request's ``l + j`` bounds its ``l + o``), so a system
+where nothing completes (thrashing) still gets an estimate. Before anything has
+been seen it is unknown and the safe budget is the cap.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+import numpy as np
+
+__all__ = ["LoadTracker", "RATE_TIME_CONSTANTS", "LOAD_FEATURES"]
+
+#: Time constants (decision points) of the arrival-rate moving averages.
+RATE_TIME_CONSTANTS = (8.0, 32.0, 128.0, 512.0)
+
+#: Names of :meth:`LoadTracker.features`, in order (each scale-free: no ``M`` or rate units).
+LOAD_FEATURES = (
+    "kv_usage",  # tokens held / M
+    "projected_usage",  # (held + active * mean remaining-life tokens) / M, capped at 4
+    "backlog_slots",  # log(1 + queued / safe budget): slots of starts the queue holds
+    "backlog_demand",  # log(1 + queued * E[w] / M): the queue's KV demand in cache-lifetimes
+    "log_safe_budget",  # log2(safe budget) / 8
+    "rho_8", "rho_32", "rho_128", "rho_512",  # rate * E[w] / M at the 4 time constants, capped at 8
+    "rate_8", "rate_32", "rate_128", "rate_512",  # log(1 + rate / safe budget)
+    "length_trend",  # log(fast / slow moving mean of completed l + o)
+    "head_age",  # log(1 + age of the queue head / mean l + o)
+    "eviction_pressure",  # recent wasted tokens per slot * 100 / M, capped at 10
+    "active_ratio",  # log(1 + active / (safe budget * mean l + o))
+)
+
+
+class LoadTracker:
+    """Slot-by-slot estimates of the load from what a server knows (see the module docstring).
+
+    Args:
+        M: KV-cache budget in tokens.
+        cap: largest safe budget reported (and the safe budget before anything is known).
+        length_window: time constant (decision points) of the moving means of lengths.
+
+    Call :meth:`reset` with the engine after its first arrivals, then
+    :meth:`update` at every later decision point (after ``serve`` and ``arrive``).
+    """
+
+    def __init__(self, M: int, *, cap: float = 256.0, length_window: float = 64.0) -> None:
+        self.M = int(M)
+        self.cap = float(cap)
+        self._d = 1.0 / float(length_window)
+        self._a = 1.0 / np.asarray(RATE_TIME_CONSTANTS)
+        self.rates = np.zeros(len(RATE_TIME_CONSTANTS))
+        self.reset_state()
+
+    def reset_state(self) -> None:
+        """Forget everything (the state of an empty system)."""
+        self.rates[:] = 0.0
+        self._started = False
+        self._A = self._A2 = self._N = 0.0  # moving sums of l+o, (l+o)^2 / n, completions
+        self._Af = self._Nf = 0.0  # the same, faster (time constant 16)
+        self._lA = self._lN = 0.0  # arriving prompt lengths
+        self._waste = 0.0
+        self._w0 = 0
+        self._held = 0
+        self._nact = 0
+        self._t = 0
+
+    def reset(self, eng: Any) -> None:
+        """Start tracking the engine ``eng`` at its first decision point."""
+        self.reset_state()
+        self._w0 = eng.wasted_tokens
+        self._observe(eng, completed=0, completed_tokens=0)
+
+    def update(self, eng: Any, completed: int) -> None:
+        """The next decision point: ``completed`` requests finished in the slot just served."""
+        self._observe(eng, completed=completed, completed_tokens=eng.last_completed_tokens if completed else 0)
+
+    def _observe(self, eng: Any, completed: int, completed_tokens: int) -> None:
+        k = eng.last_arrivals
+        if not self._started:
+            self.rates[:] = k
+            self._started = True
+        else:
+            self.rates += (k - self.rates) * self._a
+        d = self._d
+        n, s = completed, float(completed_tokens)
+        self._A = (1 - d) * self._A + s
+        self._N = (1 - d) * self._N + n
+        self._A2 = (1 - d) * self._A2 + (s * s / n if n else 0.0)
+        self._Af = (15 / 16) * self._Af + s
+        self._Nf = (15 / 16) * self._Nf + n
+        if k:
+            hi = eng.n_arrived
+            self._lA = (1 - d) * self._lA + float(eng.prompt[hi - k : hi].sum())
+            self._lN = (1 - d) * self._lN + k
+        else:
+            self._lA *= 1 - d
+            self._lN *= 1 - d
+        self._held, self._nact = eng.held, eng.n_active
+        w = eng.wasted_tokens
+        self._waste += (w - self._w0 - self._waste) / 32.0
+        self._w0 = w
+        self._t += 1
+
+    # ------------------------------------------------------------------ estimates
+
+    @property
+    def mean_length(self) -> float | None:
+        """Moving mean of ``l + o`` over completed requests (``None`` before the first completion)."""
+        return self._A / self._N if self._N > 1e-6 else None
+
+    @property
+    def work(self) -> float | None:
+        """The estimate of ``E[w]`` (token-slots per request); ``None`` while nothing is known."""
+        l = self._lA / self._lN if self._lN > 1e-6 else 0.0
+        w_lb = None
+        if self._nact:
+            o_lb = max(self._held / self._nact - l, 1.0)
+            w_lb = l * o_lb + 0.5 * o_lb * o_lb
+        if self._N > 1e-6:
+            s = self._A / self._N
+            var = max(self._A2 / self._N - s * s, 0.0)
+            o = max(s - l, 1.0)
+            w = l * o + 0.5 * (o * o + var)
+            return w if w_lb is None else max(w, w_lb)
+        return w_lb
+
+    def safe_budget(self) -> float:
+        """``M / E_hat[w]`` clipped to ``[0.5, cap]`` (the cap while ``E[w]`` is unknown)."""
+        w = self.work
+        return self.cap if w is None else float(min(max(self.M / max(w, 1.0), 0.5), self.cap))
+
+    def features(self, eng: Any, out: np.ndarray | None = None) -> np.ndarray:
+        """The scale-free features :data:`LOAD_FEATURES` as float32 (into ``out`` if given)."""
+        M = self.M
+        bs = self.safe_budget()
+        w = self.work or 1.0
+        s = self.mean_length or 1.0
+        sf = self._Af / self._Nf if self._Nf > 1e-6 else s
+        q = eng.n_queued
+        age = 0
+        if q:
+            heads = [int(ln.buf[ln.head]) for ln in eng.lanes if len(ln)]
+            age = eng.t - min(int(eng.arrival[h]) for h in heads)
+        v = out if out is not None else np.empty(len(LOAD_FEATURES), np.float32)
+        v[0] = eng.held / M
+        v[1] = min((eng.held + eng.n_active * 0.5 * s) / M, 4.0)
+        v[2] = math.log1p(q / bs)
+        v[3] = math.log1p(q * w / M)
+        v[4] = math.log2(bs) / 8.0
+        for i, r in enumerate(self.rates.tolist()):
+            v[5 + i] = min(r * w / M, 8.0)
+            v[9 + i] = math.log1p(r / bs)
+        v[13] = math.log(max(sf, 1.0) / max(s, 1.0))
+        v[14] = math.log1p(max(age, 0) / max(s, 1.0))
+        v[15] = min(100.0 * self._waste / M, 10.0)
+        v[16] = math.log1p(eng.n_active / bs / max(s, 1.0))
+        return v

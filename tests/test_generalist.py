@@ -1,0 +1,271 @@
+"""The pieces of the generalist learned budget: load tracker, load observation, multiplier action,
+randomised environment, training distribution, the two reference agents and the training pipeline."""
+
+from __future__ import annotations
+
+import math
+
+import gymnasium as gym
+import numpy as np
+import pytest
+
+import flowgym  # noqa: F401
+from flowgym.agents import SafeBudget, ScheduledBudget, make_agent
+from flowgym.envs.flow_control import FlowControlEnv
+from flowgym.envs.randomized import RandomizedFlowControlEnv
+from flowgym.lab.distributions import RandomMix, make_distribution
+from flowgym.lab.evaluation import run_episode
+from flowgym.sim.estimators import LOAD_FEATURES, LoadTracker
+from flowgym.sim.workloads import make_workload
+
+from tests._requires import needs_sb3
+
+PAIRS = [[10, 20], [10, 40], [10, 60]]
+
+
+def _iid(rate: float, pairs=PAIRS) -> dict:
+    return {"kind": "iid", "rate": rate, "lengths": {"kind": "empirical", "pairs": pairs, "weights": [1.0] * len(pairs)}}
+
+
+def _trace(outputs):
+    n = len(outputs)
+    return {"kind": "trace", "arrival": list(range(n)), "prompt_len": [5] * n, "output_len": list(outputs)}
+
+
+# --------------------------------------------------------------------------- tracker
+
+
+def test_load_features_never_read_an_unfinished_output_length():
+    # the same arrivals and prompts; request 0's output differs (30 vs 90). Until it completes in
+    # the shorter run (slot 30: admitted at 0, f = 0 + 30) the observations must be identical.
+    outs_a = [30] + [12] * 79
+    outs_b = [90] + [12] * 79
+    obs = []
+    for outs in (outs_a, outs_b):
+        env = FlowControlEnv(M=4000, workload=_trace(outs), horizon=60, observation="load", max_budget=8)
+        o, _ = env.reset(seed=0)
+        seq = [o]
+        for _ in range(59):
+            o, *_ = env.step(1)
+            seq.append(o)
+        obs.append(np.array(seq))
+    a, b = obs
+    # observation k is seen at the decision point of slot k; request 0 finishes at the end of slot 29
+    np.testing.assert_array_equal(a[:30], b[:30])
+    assert not np.array_equal(a[30:], b[30:])  # once it has completed, its length is known and used
+
+
+def test_work_estimate_matches_the_workload_on_stationary_load():
+    wl = make_workload(_iid(3.0))
+    env = FlowControlEnv(M=16492, workload=_iid(3.0), horizon=3000, observation="load", max_budget=256)
+    env.reset(seed=1)
+    for _ in range(2999):
+        env.step(64)
+    w_hat = env.tracker.work
+    assert w_hat is not None
+    assert abs(w_hat / wl.mean_work() - 1.0) < 0.15, (w_hat, wl.mean_work())
+    assert env.safe_budget() == pytest.approx(16492 / w_hat)
+
+
+def test_work_estimate_exists_before_any_completion():
+    # long outputs: nothing completes in 20 slots, but the active set bounds l + o from below
+    env = FlowControlEnv(M=100_000, workload=_iid(2.0, [[50, 500]]), horizon=30, observation="load", max_budget=8)
+    env.reset(seed=0)
+    for _ in range(20):
+        env.step(4)
+    tr = env.tracker
+    assert tr.mean_length is None  # no completion yet
+    assert tr.work is not None and tr.work >= 50 * 10  # at least l * (tokens generated so far)
+    assert env.safe_budget() < 256
+
+
+def test_tracker_safe_budget_is_the_cap_while_nothing_is_known():
+    tr = LoadTracker(1000, cap=77.0)
+    assert tr.work is None and tr.safe_budget() == 77.0
+
+
+# --------------------------------------------------------------------------- spaces
+
+
+def test_load_observation_space_and_checker():
+    from gymnasium.utils.env_checker import check_env
+
+    env = FlowControlEnv(M=8000, workload=_iid(2.0), horizon=200, observation="load", action="multiplier",
+                         max_budget=128)
+    assert env.observation_space.shape == (len(LOAD_FEATURES),)
+    assert env.action_space == gym.spaces.Discrete(11)
+    check_env(env, skip_render_check=True)
+    o, _ = env.reset(seed=3)
+    for i in range(199):
+        assert env.observation_space.contains(o)
+        o, *_ = env.step(i % 11)
+
+
+def test_multiplier_action_is_k_times_the_safe_budget():
+    ks = (0.5, 1.0, 3.0)
+    env = FlowControlEnv(M=8000, workload=_iid(6.0), horizon=300, observation="load", action="multiplier",
+                         multipliers=ks, max_budget=40)
+    env.reset(seed=2)
+    seen_cap = seen_floor = False
+    for t in range(299):
+        safe = env.safe_budget()
+        for a, k in enumerate(ks):
+            want = int(min(max(round(k * safe), 1), 40))
+            assert env.check_action(a) == want
+            seen_cap |= want == 40
+            seen_floor |= want < 40
+        _, _, _, _, info = env.step(t % 3)
+        assert info["admitted"] <= env.check_action(t % 3) or True  # the budget moves after the step
+    assert seen_cap and seen_floor
+    with pytest.raises(ValueError, match="action 3 is not in the action space Discrete\\(3\\)"):
+        env.check_action(3)
+    with pytest.raises(ValueError, match="not in the action space"):
+        env.check_action(1.0)
+
+
+def test_multiplier_step_admits_at_most_the_budget():
+    env = FlowControlEnv(M=8000, workload=_iid(20.0), horizon=100, action="multiplier", multipliers=(0.5,),
+                         max_budget=256)
+    env.reset(seed=0)
+    for _ in range(99):
+        b = env.check_action(0)
+        _, _, _, _, info = env.step(0)
+        assert info["admitted"] <= b
+
+
+@pytest.mark.parametrize(
+    "kwargs, match",
+    [
+        ({"action": "levels"}, "action must be 'budget' or 'multiplier'"),
+        ({"observation": "scale-free"}, "observation must be 'dict', 'flat' or 'load'"),
+        ({"multipliers": (2.0, 1.0)}, "multipliers must be positive finite numbers in ascending order"),
+        ({"multipliers": ()}, "multipliers must be"),
+        ({"multipliers": (0.0, 1.0)}, "multipliers must be"),
+        ({"multipliers": (1.0, math.inf)}, "multipliers must be"),
+        ({"action": "multiplier", "per_class_budget": True, "output_length_known": True}, "per_class_budget"),
+    ],
+)
+def test_bad_load_settings_are_named(kwargs, match):
+    with pytest.raises(ValueError, match=match):
+        FlowControlEnv(**kwargs)
+
+
+# --------------------------------------------------------------------------- randomised env and distribution
+
+
+def test_random_mix_is_deterministic_and_valid():
+    dist = RandomMix()
+    a = [dist(np.random.default_rng(s)) for s in range(40)]
+    b = [dist(np.random.default_rng(s)) for s in range(40)]
+    assert a == b
+    Ms = {d["M"] for d in a}
+    assert len(Ms) > 30
+    kinds = [d["workload"]["kind"] for d in a]
+    assert "mix" in kinds and "iid" in kinds
+    for d in a:  # every draw builds, and its load is inside the ranges asked for
+        env = FlowControlEnv(**d, observation="load", action="multiplier", max_budget=256)
+        rho = env.workload.peak_load(d["M"], d["horizon"])
+        assert rho is not None and 0.0 < rho <= max(dist.rho_range[1], dist.overload_rho_range[1]) + 1e-9
+
+
+def test_random_mix_spec_round_trip_and_errors():
+    d = RandomMix(stationary_p=0.5, M_range=(1000.0, 2000.0))
+    assert make_distribution(d.to_spec()) == d
+    assert make_distribution("random-mix") == RandomMix()
+    with pytest.raises(ValueError, match=r"random-mix has no field\(s\) \['colour'\]"):
+        make_distribution({"kind": "random-mix", "colour": 1})
+    with pytest.raises(ValueError, match="rho_range must be \\[low, high\\]"):
+        RandomMix(rho_range=(1.0, 0.5))
+    with pytest.raises(ValueError, match="stationary_p must be a probability"):
+        RandomMix(stationary_p=1.5)
+    with pytest.raises(ValueError, match="unknown training distribution 'nope'"):
+        make_distribution("nope")
+
+
+def test_randomized_env_same_seed_same_episode():
+    def episode(seed):
+        env = RandomizedFlowControlEnv(RandomMix(horizon=50), observation="load", action="multiplier",
+                                       max_budget=256)
+        o, info = env.reset(seed=seed)
+        seq = [o]
+        for i in range(49):
+            o, r, te, tr, _ = env.step(i % 11)
+            seq.append(o)
+        return info["config"], np.array(seq), env.metrics()["mean_time_in_system"]
+
+    c1, s1, m1 = episode(5)
+    c2, s2, m2 = episode(5)
+    c3, _, _ = episode(6)
+    assert c1 == c2 and np.array_equal(s1, s2) and m1 == m2
+    assert c1 != c3
+
+
+def test_randomized_env_refuses_m_dependent_observations():
+    with pytest.raises(ValueError, match="needs observation='load'"):
+        RandomizedFlowControlEnv(RandomMix(), observation="flat")
+
+
+# --------------------------------------------------------------------------- reference agents
+
+
+def test_safe_budget_agent_plays_k_times_the_safe_budget():
+    kw = {"M": 8000, "workload": _iid(4.0), "horizon": 300}
+    agent = SafeBudget(k=1.5, cap=100)
+    ep = run_episode(agent, kw, seed=4, horizon=300)
+    env = FlowControlEnv(**kw, action="multiplier", multipliers=(1.5,), max_budget=100)
+    env.reset(seed=4)
+    for _ in range(300):
+        env.step(0)
+    assert ep.metrics()["mean_time_in_system"] == env.metrics()["mean_time_in_system"]
+    with pytest.raises(ValueError, match="k must be a positive finite number"):
+        SafeBudget(k=0)
+
+
+def test_schedule_agent_follows_its_periodic_schedule():
+    agent = ScheduledBudget(times=[0, 10], budgets=[7, 2], period=25)
+    env = FlowControlEnv(M=8000, workload=_iid(3.0), horizon=60, max_budget=8)
+    agent.reset(env.config, 0)
+    env.reset(seed=0)
+    got = []
+    for _ in range(60):
+        b = agent.act(None, env.view())
+        got.append(b)
+        env.step(b)
+    want = [7 if (t % 25) < 10 else 2 for t in range(60)]
+    assert got == want
+    assert make_agent("schedule", times=[0, 5], budgets=[1, 2]).label() == "schedule 0:1,5:2"
+    with pytest.raises(ValueError, match="times must start at 0"):
+        ScheduledBudget(times=[1, 5], budgets=[1, 2])
+    with pytest.raises(ValueError, match="period must be a number beyond the last time"):
+        ScheduledBudget(times=[0, 5], budgets=[1, 2], period=5)
+
+
+# --------------------------------------------------------------------------- training
+
+
+@needs_sb3
+def test_generalist_pipeline_end_to_end(tmp_path):
+    from flowgym.agents import LearnedBudget
+    from flowgym.lab.train import TrainConfig, train
+
+    out = str(tmp_path / "gen")
+    cfg = TrainConfig.generalist(total_timesteps=1024, n_envs=2, n_steps=256, batch_size=128, n_epochs=1,
+                                 eval_freq=512, eval_episodes=2, final_eval_seeds=1, tune_seeds=1, out=out,
+                                 progress=False, plot=False, distribution={"kind": "random-mix", "horizon": 300})
+    res = train(cfg)
+    evals = [r for r in res.curves if r["kind"] == "eval"]
+    assert evals and all(r["geo_time_in_system"] > 0 for r in evals)
+    agent = LearnedBudget(out)
+    assert agent.requires["observation"] == "load" and agent.requires["action"] == "multiplier"
+    assert agent.meta["trained_on"]["kind"] == "random-mix"
+    # the saved policy acts the same after a reload, on any scenario (scale-free)
+    again = LearnedBudget(out)
+    kw = {"M": 30000, "workload": _iid(5.0, [[40, 100]]), "horizon": 200}
+    e1 = run_episode(agent, kw, seed=9, horizon=200)
+    e2 = run_episode(again, kw, seed=9, horizon=200)
+    assert np.array_equal(e1.series["admitted"], e2.series["admitted"])
+    assert e1.metrics()["mean_time_in_system"] == e2.metrics()["mean_time_in_system"]
+    with pytest.raises(ValueError, match="distribution= needs observation='load'"):
+        TrainConfig.generalist(observation="flat").validate()
+    with pytest.raises(ValueError, match="budget_levels are the actions of action='budget'"):
+        TrainConfig.generalist(budget_levels=(0, 1, 2)).validate()
