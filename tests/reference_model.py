@@ -9,24 +9,45 @@ Phases of slot t (t = 0, 1, ..., T-1):
 
 1. Arrive.  Requests with ``a_i == t`` arrive.  ``l_i + o_i > M`` -> rejected
    (counted, never queued).  Otherwise they join the waiting queue.
-2. Admit.  Queue order is ascending ``(a_i, i)``.  Without classes, the first
-   ``B_t`` queued requests become active.  With classes and per-class
-   budgets ``b_k`` (Algorithm 1) classes are visited in order k = 0..m-1 and
-   the first ``b_k`` queued requests *of class k* (same ``(a_i, i)`` order)
-   become active.  Each activation gets an increasing sequence number.
+2. Admit.  The queue is sorted by the queue order's key (``queue_order``):
+   - ``fifo`` (the spec's order, default): ascending ``(a_i, i)``;
+   - ``sjf`` (MC-SF): ascending ``(o_i, a_i, i)``: the shortest known output
+     first, ties FIFO;
+   - ``estimate`` (A_min): ascending ``(e_i, a_i, i)``: the smallest current
+     output estimate first, ties FIFO (estimates: see below).
+   Without classes, the first ``B_t`` queued requests become active.  With
+   classes and per-class budgets ``b_k`` (Algorithm 1) classes are visited in
+   order k = 0..m-1 and the first ``b_k`` queued requests *of class k* (in the
+   same queue order) become active.  Each activation gets an increasing
+   sequence number.
 3. Evict on overflow.  ``D_t = sum over active of (l_i + j_i + 1)``.  If
    ``D_t > M`` the slot is an overflow event and
    - ``lifo``: while ``D_t > M``, evict the active request with the largest
      activation sequence number (most recently activated; within a slot the
      last admitted);
-   - ``all``: evict every active request.
+   - ``all``: evict every active request;
+   - ``estimate`` (A_min): while ``D_t > M``, evict the active request with
+     the smallest current estimate ``max(e_i, j_i + 1)``; among equal
+     estimates the most recently activated (largest sequence number).
    An evicted request: ``wasted_tokens += j_i``, ``j_i = 0``, ``evictions_i
-   += 1``, back into the waiting queue with its original ``a_i``.
+   += 1``, back into the waiting queue with its original ``a_i``; and its
+   estimate is raised: ``e_i = max(e_i, j_i + 1)`` (with ``j_i`` before it is
+   reset), whatever the rule.
 4. Decode.  Every active request: ``j_i += 1``; if ``j_i == o_i`` it
    completes with ``finish_i = t + 1`` and leaves the active set.
 5. Record.  ``usage[t] = D_t`` after eviction (tokens held in slot t,
    including the token being generated and including requests that complete
    in this slot), ``queue_len[t]`` and ``active[t]`` after decode/completions.
+
+Output estimates (A_min of Chen et al. 2025; the spec's "other rules a
+baseline needs", documented in ``flowgym/sim/rules.py``): every request starts
+with ``e_i = estimate_floor`` (default 1, the shortest possible output).  They
+are lower bounds of ``o_i``: an active request that has generated ``j_i``
+tokens before slot t and is still active has not finished, so ``o_i >= j_i +
+1``; its *current* estimate in slot t is ``max(e_i, j_i + 1)``.  ``e_i`` itself
+only changes when the request is evicted (to its current estimate then), so a
+queued request is ordered by the estimate it left the batch with.  Estimates
+never depend on the true ``o_i`` beyond that.
 
 Readings chosen where the spec is silent or ambiguous (an LLM-serving
 person's reading):
@@ -41,7 +62,8 @@ person's reading):
   rejected nor finished (``finish = -1``, ``rejected = False``).
 * An evicted request is not re-admitted in the slot it was evicted in
   (admission for that slot already happened); from the next slot on it
-  competes by its original ``(a_i, i)`` key, i.e. ahead of later arrivals.
+  competes by its queue key: under ``fifo`` its original ``(a_i, i)``, i.e.
+  ahead of later arrivals; under ``estimate`` its raised estimate.
 * Several evictions in one slot count as one overflow event but as several
   evictions (one per evicted request, per eviction).
 * "Most recently activated" refers to the latest activation: a request that
@@ -68,7 +90,8 @@ import numpy as np
 
 __all__ = ["simulate"]
 
-EVICTION_RULES = ("lifo", "all")
+EVICTION_RULES = ("lifo", "all", "estimate")
+QUEUE_ORDERS = ("fifo", "sjf", "estimate")
 
 
 class _Request:
@@ -85,9 +108,11 @@ class _Request:
         self.evictions = 0
         self.finish = -1
         self.rejected = False
+        self.estimate = 1  # e_i: a lower bound of o_i (A_min)
 
-    def queue_key(self):
-        return (self.arrival, self.idx)
+    def current_estimate(self):
+        """Active, with j tokens generated and not finished: o_i >= j + 1."""
+        return max(self.estimate, self.j + 1)
 
     def demand(self):
         """Tokens held at the end of this slot if it stays active."""
@@ -121,13 +146,16 @@ def simulate(
     eviction="lifo",
     horizon=None,
     classes=None,
+    queue_order="fifo",
+    estimate_floor=1,
 ):
     """Replay a trace through the slot model; see the module docstring.
 
     Returns a dict with per-request ``finish`` (int, -1 if unfinished),
     ``evictions`` (int), ``rejected`` (bool); per-slot ``usage``,
     ``queue_len``, ``active`` (int arrays of length = slots run); and ints
-    ``wasted_tokens``, ``overflow_events``.
+    ``wasted_tokens``, ``overflow_events``; and ``estimate`` (each request's
+    ``e_i`` at the end).
     """
     arrival = _as_int_list("arrival", arrival)
     prompt_len = _as_int_list("prompt_len", prompt_len)
@@ -144,6 +172,18 @@ def simulate(
     M = int(M)
     if eviction not in EVICTION_RULES:
         raise ValueError(f"eviction must be one of {EVICTION_RULES}, got {eviction!r}")
+    if queue_order not in QUEUE_ORDERS:
+        raise ValueError(f"queue_order must be one of {QUEUE_ORDERS}, got {queue_order!r}")
+    if (isinstance(estimate_floor, bool) or not isinstance(estimate_floor, numbers.Integral)
+            or estimate_floor < 1):
+        raise ValueError("estimate_floor must be a positive integer")
+
+    def sort_key(r):
+        if queue_order == "fifo":
+            return (r.arrival, r.idx)
+        if queue_order == "sjf":
+            return (r.o, r.arrival, r.idx)
+        return (r.estimate, r.arrival, r.idx)
     if horizon is not None:
         if isinstance(horizon, bool) or not isinstance(horizon, numbers.Integral) or horizon < 0:
             raise ValueError("horizon must be a non-negative integer or None")
@@ -185,6 +225,8 @@ def simulate(
                  None if classes is None else classes[i])
         for i in range(n)
     ]
+    for r in reqs:
+        r.estimate = int(estimate_floor)
     queue = []  # waiting requests, kept sorted by (a_i, i)
     active = []  # active requests
     activation_counter = 0
@@ -198,6 +240,7 @@ def simulate(
         nonlocal wasted_tokens
         active.remove(r)
         wasted_tokens += r.j
+        r.estimate = r.current_estimate()  # o_i >= j_i + 1 is now known
         r.j = 0
         r.evictions += 1
         r.activation_seq = -1
@@ -224,7 +267,7 @@ def simulate(
                     r.rejected = True
                 else:
                     queue.append(r)
-        queue.sort(key=_Request.queue_key)
+        queue.sort(key=sort_key)
 
         # 2. Admit (queue is in (a_i, i) order).
         if class_budgets is None:
@@ -249,11 +292,16 @@ def simulate(
                     victim = max(active, key=lambda r: r.activation_seq)
                     evict(victim)
                     demand = sum(r.demand() for r in active)
+            elif eviction == "estimate":
+                while demand > M:
+                    victim = min(active, key=lambda r: (r.current_estimate(), -r.activation_seq))
+                    evict(victim)
+                    demand = sum(r.demand() for r in active)
             else:  # "all"
                 for r in list(active):
                     evict(r)
                 demand = 0
-            queue.sort(key=_Request.queue_key)
+            queue.sort(key=sort_key)
         assert demand <= M
 
         # 4. Decode.
@@ -273,6 +321,7 @@ def simulate(
         "finish": np.array([r.finish for r in reqs], dtype=np.int64),
         "evictions": np.array([r.evictions for r in reqs], dtype=np.int64),
         "rejected": np.array([r.rejected for r in reqs], dtype=bool),
+        "estimate": np.array([r.estimate for r in reqs], dtype=np.int64),
         "usage": np.array(usage, dtype=np.int64),
         "queue_len": np.array(queue_len, dtype=np.int64),
         "active": np.array(active_len, dtype=np.int64),
