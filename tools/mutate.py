@@ -5,8 +5,11 @@ For each target module, every mutable spot is changed in turn (one mutant at a t
 comparison operators (``<`` <-> ``<=``, ``>`` <-> ``>=``, ``==`` <-> ``!=``), arithmetic
 (``+`` <-> ``-``, ``*`` <-> ``//`` or ``/``), integer constants (``n`` -> ``n + 1``), boolean
 operators (``and`` <-> ``or``), ``not x`` -> ``x``, unary minus dropped, ``min`` <-> ``max`` and
-``sum``/``mean`` <-> ``max``. The mutated module is written in place, the module's tests run
-(``pytest -x -q``, a time limit per mutant), and the original is restored whatever happens.
+``sum``/``mean`` <-> ``max``. The run works in a temporary copy of the repository (its tracked
+and untracked files; ``agents/`` linked as ``flowgym/agents``): each mutant is written into the
+copy, the module's tests run there (``pytest -x -q``, a time limit per mutant, with the numba
+kernels and then on the numpy path), and the copy is deleted at the end. The working tree is
+never written.
 A mutant is *killed* when a test fails, *survived* otherwise; survivors are printed with their
 line, for a test that kills them or a reason they are equivalent (docs/testing.md records them).
 
@@ -24,7 +27,9 @@ import argparse
 import ast
 import copy
 import os
+import shutil
 import subprocess
+import tempfile
 import sys
 import time
 from dataclasses import dataclass
@@ -109,25 +114,74 @@ def _mutate(tree: ast.Module, k: int) -> tuple[str, Mutant]:
     return ast.unparse(ast.fix_missing_locations(t)), Mutant(k, getattr(node, "lineno", 0), what)
 
 
+def make_copy(dest: Path) -> Path:
+    """A copy of the repository's files (tracked and untracked, not ignored) under ``dest``.
+
+    Mutants are written into the copy, never into the working tree (other people edit it while
+    a run lasts). ``agents/`` is linked as ``flowgym/agents`` so that ``import flowgym.agents``
+    reads the copy (the editable install maps it to the original folder), and ``../shared`` is
+    linked beside the copy, as beside the repository.
+    """
+    files = subprocess.run(["git", "ls-files", "-z", "--cached", "--others", "--exclude-standard"], cwd=REPO,
+                           capture_output=True, check=True).stdout.decode().split("\0")
+    root = dest / REPO.name
+    for f in files:
+        if not f or not (REPO / f).is_file():
+            continue
+        target = root / f
+        target.parent.mkdir(parents=True, exist_ok=True)
+        shutil.copy2(REPO / f, target)
+    link = root / "flowgym" / "agents"
+    if not link.exists():
+        link.symlink_to(Path("..") / "agents")
+    shared = REPO.parent / "shared"
+    if shared.exists() and not (dest / "shared").exists():
+        (dest / "shared").symlink_to(shared)
+    return root
+
+
+def _check_copy(root: Path) -> None:
+    """The copy's tests import the copy's modules (not the working tree's)."""
+    code = "import flowgym, flowgym.agents; print(flowgym.__file__); print(flowgym.agents.__file__)"
+    out = subprocess.run([sys.executable, "-c", code], cwd=root, env=_env(root, "0"), capture_output=True,
+                         text=True, check=True).stdout.split()
+    for f in out:
+        if not Path(f).absolute().is_relative_to(root):
+            raise SystemExit(f"the copy at {root} imports {f}, outside the copy: refusing to run mutants")
+
+
+def _env(root: Path, jit: str) -> dict[str, str]:
+    return {**os.environ, "PYTHONDONTWRITEBYTECODE": "1", "FLOWGYM_JIT": jit, "PYTHONPATH": str(root)}
+
+
 def run_module(module: str, tests: list[str], timeout: float, limit: int | None,
-               paths: tuple[str, ...] = ("1", "0")) -> list[tuple[Mutant, str]]:
-    path = REPO / module
+               paths: tuple[str, ...] = ("1", "0"), root: Path | None = None,
+               only: set[int] | None = None) -> list[tuple[Mutant, str]]:
+    """Run every mutant of ``module`` (or the indices in ``only``) in the copy at ``root``."""
+    path = root / module
+    for jit in paths:  # the unmutated module must pass, or every mutant would look killed
+        r = subprocess.run([sys.executable, "-m", "pytest", "-x", "-q", "-p", "no:cacheprovider",
+                            "--hypothesis-seed=0", *tests], cwd=root, env=_env(root, jit), capture_output=True,
+                           text=True)
+        if r.returncode != 0:
+            raise SystemExit(f"the tests fail without a mutant (FLOWGYM_JIT={jit}):\n{r.stdout[-3000:]}")
     original = path.read_text()
     tree = ast.parse(original)
     n = len(_spots(tree))
     results = []
     try:
         for k in range(n if limit is None else min(n, limit)):
+            if only is not None and k not in only:
+                continue
             source, mut = _mutate(tree, k)
             path.write_text(source)
             t0 = time.perf_counter()
             verdict = "survived"
             for jit in paths:  # the compiled kernels, then the numpy twins (CI runs both)
-                env = {**os.environ, "PYTHONDONTWRITEBYTECODE": "1", "FLOWGYM_JIT": jit}
                 try:
                     r = subprocess.run([sys.executable, "-m", "pytest", "-x", "-q", "-p", "no:cacheprovider",
-                                        "--hypothesis-seed=0", *tests], cwd=REPO, env=env, capture_output=True,
-                                       text=True, timeout=timeout)
+                                        "--hypothesis-seed=0", *tests], cwd=root, env=_env(root, jit),
+                                       capture_output=True, text=True, timeout=timeout)
                 except subprocess.TimeoutExpired:
                     verdict = f"killed (timeout, FLOWGYM_JIT={jit})"
                     break
@@ -135,7 +189,7 @@ def run_module(module: str, tests: list[str], timeout: float, limit: int | None,
                     verdict = f"killed (FLOWGYM_JIT={jit})"
                     break
             results.append((mut, verdict))
-            print(f"{module}:{mut.line}: {mut.what}: {verdict} ({time.perf_counter() - t0:.0f} s)", flush=True)
+            print(f"{module}:{mut.line}: #{k} {mut.what}: {verdict} ({time.perf_counter() - t0:.0f} s)", flush=True)
     finally:
         path.write_text(original)
     return results
@@ -148,6 +202,7 @@ def main() -> int:
     ap.add_argument("--preset", choices=sorted(PRESETS), default=None)
     ap.add_argument("--timeout", type=float, default=300.0, help="seconds per mutant (default 300)")
     ap.add_argument("--limit", type=int, default=None, help="at most this many mutants per module")
+    ap.add_argument("--only", default=None, help="run only these mutants (comma-separated numbers, the #k printed)")
     ap.add_argument("--paths", choices=["both", "compiled", "numpy"], default="both",
                     help="run the tests with the numba kernels, on the numpy path (FLOWGYM_JIT=0), or both "
                     "(default: a mutant survives only if it survives both, as in CI)")
@@ -158,16 +213,23 @@ def main() -> int:
         targets = [(args.module, args.tests)]
     else:
         ap.error("give a module and --tests, or --preset")
+    only = None
+    if args.only:
+        only = {int(x) for x in args.only.split(",") if x.strip()}
     survivors = []
     total = 0
-    for module, tests in targets:
-        paths = {"both": ("1", "0"), "compiled": ("1",), "numpy": ("0",)}[args.paths]
-        res = run_module(module, tests, args.timeout, args.limit, paths)
-        total += len(res)
-        survivors += [(module, m) for m, v in res if v == "survived"]
+    paths = {"both": ("1", "0"), "compiled": ("1",), "numpy": ("0",)}[args.paths]
+    with tempfile.TemporaryDirectory(prefix="flowgym-mutate-") as tmp:
+        root = make_copy(Path(tmp))
+        _check_copy(root)
+        print(f"mutants run in a copy of the repository: {root}", flush=True)
+        for module, tests in targets:
+            res = run_module(module, tests, args.timeout, args.limit, paths, root=root, only=only)
+            total += len(res)
+            survivors += [(module, m) for m, v in res if v == "survived"]
     print(f"\n{total} mutants, {total - len(survivors)} killed, {len(survivors)} survived")
     for module, m in survivors:
-        print(f"  survived: {module}:{m.line}: {m.what}")
+        print(f"  survived: {module}:{m.line}: #{m.index} {m.what}")
     return 0
 
 
