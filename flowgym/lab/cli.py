@@ -23,7 +23,7 @@ from typing import Any
 
 
 from flowgym.envs.flow_control import FlowControlEnv
-from flowgym.lab.train import DEFAULT_TRAIN_MINUTES
+from flowgym.lab.train import DEFAULT_TRAIN_MINUTES, GENERALIST_TRAIN_MINUTES
 from flowgym.sim.metrics import METRIC_NAMES
 from flowgym.sim.theory import max_global_budget
 
@@ -341,6 +341,22 @@ def _json_arg(text: str) -> Any:
         raise argparse.ArgumentTypeError(f"not valid JSON ({e.msg}): {text!r}") from None
 
 
+def _distribution_arg(text: str) -> Any:
+    """A distribution name (``random-mix``, ``none``) or its JSON mapping."""
+    text = text.strip()
+    return _json_arg(text) if text.startswith("{") else text
+
+
+def _float_list(flag: str) -> Any:
+    def parse(text: str) -> tuple[float, ...]:
+        try:
+            return tuple(float(x) for x in text.split(","))
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"{flag} must be comma-separated numbers, got {text!r}") from None
+
+    return parse
+
+
 def _int_list(flag: str, minimum: int, example: str) -> Any:
     """An argparse type: comma-separated integers ``>= minimum`` as a tuple (errors name ``flag``)."""
 
@@ -367,11 +383,18 @@ def _train(args: argparse.Namespace) -> int:
     kw = {k: v for k, v in vars(args).items() if k in fields and v is not None}
     kw["progress"] = not args.quiet
     kw["plot"] = not args.no_plots
-    if kw.get("out") is None:
-        from flowgym.lab.scenarios import get_scenario
+    dist = kw.pop("distribution", None)
+    if dist == "none" or (dist is None and args.scenario is not None):  # train on the scenario itself
+        kw.setdefault("scenario", "adaptive-mix")
+        if kw.get("out") is None:
+            from flowgym.lab.scenarios import get_scenario
 
-        kw["out"] = f"runs/{args.algo}-{get_scenario(args.scenario, rate=args.rate).name}"
-    cfg = TrainConfig(**kw)
+            kw["out"] = f"runs/{args.algo}-{get_scenario(kw['scenario'], rate=args.rate).name}"
+        cfg = TrainConfig(**kw)
+    else:  # the generalist: a distribution of workloads, reported zero-shot on the scenario
+        if dist is not None:
+            kw["distribution"] = dist
+        cfg = TrainConfig.generalist(**kw)
     cfg.validate()  # bad settings are named first, with or without the training extra
     try:
         require_sb3()
@@ -385,7 +408,10 @@ def _train(args: argparse.Namespace) -> int:
         return 2
     import os
 
-    print(f"training {cfg.algo} on {cfg.scenario} for {cfg.total_timesteps} decisions of {cfg.action_repeat} slots "
+    on = cfg.scenario if cfg.distribution is None else (
+        f"the {cfg.distribution if isinstance(cfg.distribution, str) else 'given'} distribution "
+        f"(reported on {cfg.scenario})")
+    print(f"training {cfg.algo} on {on} for {cfg.total_timesteps} decisions of {cfg.action_repeat} slots "
           f"({cfg.n_envs} {cfg.vec_env} envs, "
           f"seed {cfg.seed}); load average {os.getloadavg()[0]:.2f}; writing {cfg.out}/")
     res = train(cfg)
@@ -399,7 +425,8 @@ def _train(args: argparse.Namespace) -> int:
     print(f"wrote {cfg.out}/ (policy.pt, normalization.npz, flowgym_agent.json, model.zip, vecnormalize.pkl, curves.csv"
           + ("" if args.no_plots else ", curves.png") + (", eval.*" if res.table is not None else "") + ")")
     print(f"compare it with the scenario's tuned line-up on held-out seeds: flowgym compare --scenario "
-          f'{args.scenario} --seeds 900-919 --add-agents "learned:path={cfg.out}"')
+          f'{cfg.scenario if isinstance(cfg.scenario, str) else "FILE"} --seeds 900-919 '
+          f'--add-agents "learned:path={cfg.out}"')
     return 0
 
 
@@ -510,21 +537,39 @@ def build_parser() -> argparse.ArgumentParser:
     t = sub.add_parser(
         "train", formatter_class=_HelpFormatter,
         help="train a learned activation budget (Stable-Baselines3; needs pip install 'flowgym[train]')",
-        description="Train an SB3 agent (PPO by default) on a scenario with vectorised environments, "
-        "VecNormalize (saved with the model), evaluation on separate seeds during training, checkpoints "
+        description="Train an SB3 agent (PPO by default) with vectorised environments, "
+        "VecNormalize (saved with the model), evaluation on separate seeds during training "
         "and a progress bar; then evaluate it against the scenario's baselines (fixed budget tuned by grid "
         "search) on seeds 0..N-1. Writes a model directory that 'flowgym compare --agents "
-        "\"learned:path=DIR\"' and flowgym.agents.LearnedBudget load. Defaults: about "
-        f"{DEFAULT_TRAIN_MINUTES} minutes on 2 CPU cores. See docs/training.md.",
+        "\"learned:path=DIR\"' and flowgym.agents.LearnedBudget load. With no --scenario it trains the "
+        "generalist (the shipped default learned agent: random-mix workloads, scale-free observation, a "
+        f"multiplier of the safe budget; about {GENERALIST_TRAIN_MINUTES} minutes on 2 CPU cores); with "
+        f"--scenario, a model of that scenario (about {DEFAULT_TRAIN_MINUTES} minutes). See docs/training.md.",
     )
     d = _train_defaults()
-    t.add_argument("--scenario", default=d.scenario,
-                   help="scenario to train on: a scenario file (.toml or .json) or one of: "
+    g = d.generalist()
+    t.add_argument("--scenario", default=None,
+                   help="scenario to train on (with --distribution, or without --scenario: the scenario the final "
+                   "table reports on, zero-shot): a scenario file (.toml or .json) or one of: "
                    + _scenario_list(d.scenario, times=False))
+    t.add_argument("--distribution", type=_distribution_arg, default=None,
+                   help="train on a distribution of workloads: random-mix (default without --scenario), its JSON "
+                   "('{\"kind\": \"random-mix\", \"stationary_p\": 0.5}'; fields in docs/training.md), or none "
+                   "(train on --scenario)")
+    t.add_argument("--observation", choices=["flat", "load"], default=None,
+                   help="the policy's observation: the environment's flat one (default with --scenario) or the "
+                   "scale-free load features (default on a distribution)")
+    t.add_argument("--action", choices=["budget", "multiplier"], default=None,
+                   help="the policy's action: a budget (or a budget level's index; default with --scenario) or a "
+                   "multiplier of the online safe budget M/E[w] (default on a distribution)")
+    t.add_argument("--multipliers", type=_float_list("--multipliers"), default=None,
+                   help="the multipliers of --action multiplier (default " + ",".join(f"{k:g}" for k in g.multipliers)
+                   + ")")
     t.add_argument("--rate", type=float, default=None, help="the scenario's rate argument (default: its own)")
     t.add_argument("--algo", default=d.algo, help="ppo (default), a2c, dqn, or package.module:Class")
-    t.add_argument("--total-timesteps", type=int, default=d.total_timesteps,
-                   help=f"decisions (SB3 timesteps; slots = decisions x action repeat) (default {d.total_timesteps})")
+    t.add_argument("--total-timesteps", type=int, default=None,
+                   help="decisions (SB3 timesteps; slots = decisions x action repeat) "
+                   f"(default {g.total_timesteps} for the generalist, {d.total_timesteps} with --scenario)")
     t.add_argument("--n-envs", type=int, default=d.n_envs, help=f"vectorised environments (default {d.n_envs})")
     t.add_argument("--vec-env", choices=["dummy", "subproc"], default=d.vec_env,
                    help="dummy: one process (default); subproc: one process per env")
@@ -533,7 +578,8 @@ def build_parser() -> argparse.ArgumentParser:
     t.add_argument("--n-steps", type=int, default=d.n_steps, help=f"rollout steps per env (default {d.n_steps})")
     t.add_argument("--batch-size", type=int, default=d.batch_size, help=f"minibatch (default {d.batch_size})")
     t.add_argument("--n-epochs", type=int, default=d.n_epochs, help=f"PPO epochs (default {d.n_epochs})")
-    t.add_argument("--gamma", type=float, default=d.gamma, help=f"discount (default {d.gamma})")
+    t.add_argument("--gamma", type=float, default=None,
+                   help=f"discount (default {g.gamma} for the generalist, {d.gamma} with --scenario)")
     t.add_argument("--gae-lambda", type=float, default=d.gae_lambda, help=f"(default {d.gae_lambda})")
     t.add_argument("--clip-range", type=float, default=d.clip_range, help=f"PPO clip (default {d.clip_range})")
     t.add_argument("--ent-coef", type=float, default=d.ent_coef, help=f"entropy bonus (default {d.ent_coef})")
@@ -562,12 +608,15 @@ def build_parser() -> argparse.ArgumentParser:
     t.add_argument("--no-norm-reward", dest="norm_reward", action="store_false", default=None,
                    help="do not normalise rewards")
     t.add_argument("--clip-obs", type=float, default=d.clip_obs, help=f"(default {d.clip_obs})")
-    t.add_argument("--eval-freq", type=int, default=d.eval_freq,
-                   help=f"evaluate every N decisions, 0 = never (default {d.eval_freq})")
-    t.add_argument("--eval-episodes", type=int, default=d.eval_episodes, help=f"(default {d.eval_episodes})")
+    t.add_argument("--eval-freq", type=int, default=None,
+                   help=f"evaluate every N decisions, 0 = never (default {g.eval_freq} for the generalist, "
+                   f"{d.eval_freq} with --scenario)")
+    t.add_argument("--eval-episodes", type=int, default=None,
+                   help=f"(default {g.eval_episodes} fixed draws for the generalist, {d.eval_episodes} with --scenario)")
     t.add_argument("--eval-seed", type=int, default=d.eval_seed, help=f"first evaluation seed (default {d.eval_seed})")
-    t.add_argument("--checkpoint-freq", type=int, default=d.checkpoint_freq,
-                   help=f"checkpoint every N decisions, 0 = never (default {d.checkpoint_freq})")
+    t.add_argument("--checkpoint-freq", type=int, default=None,
+                   help=f"checkpoint every N decisions, 0 = never (default {g.checkpoint_freq} for the generalist, "
+                   f"{d.checkpoint_freq} with --scenario)")
     t.add_argument("--final-eval-seeds", type=int, default=d.final_eval_seeds,
                    help=f"report seeds 0..N-1 of the final table, 0 = no table (default {d.final_eval_seeds})")
     t.add_argument("--tune-seeds", type=int, default=d.tune_seeds,

@@ -78,11 +78,14 @@ __all__ = [
     "train_search",
     "SEARCH_SPACE",
     "DEFAULT_TRAIN_MINUTES",
+    "GENERALIST_TRAIN_MINUTES",
 ]
 
 CURVES_FILE = "curves.csv"
 #: Wall minutes of the default ``flowgym train`` on 2 CPU cores (measured; docs/training.md).
 DEFAULT_TRAIN_MINUTES = 6
+#: Wall minutes of the default ``flowgym train`` (the generalist) on 2 CPU cores (measured; docs/training.md).
+GENERALIST_TRAIN_MINUTES = 20
 #: Environment arguments that shape the observation: a learned agent declares them as trained.
 OBSERVATION_OPTIONS = (
     "output_length_known",
