@@ -231,3 +231,64 @@ def test_sketch_is_exact_on_small_integers_and_bounded_beyond():
     assert math.isnan(QuantileSketch().quantile(0.5))
     with pytest.raises(ValueError, match="non-negative"):
         sk.add(np.array([-1.0]))
+
+
+# ----------------------------------------------------------------- the environment
+
+
+TIMED_ENV = {"kind": "iid", "rate": 8.0, "lengths": {"kind": "lmsys-like"}, "timed": True}  # stable, evicting
+
+
+def _env_pair(jit: bool, monkeypatch, **kw):
+    from flowgym.envs.flow_control import FlowControlEnv
+
+    monkeypatch.setattr(kernels, "ENABLED", jit)  # Engine.jit's default, read at construction
+    return FlowControlEnv(record="full", **kw), FlowControlEnv(record="stream", **kw)
+
+
+@pytest.mark.parametrize("jit", JITS)
+@pytest.mark.parametrize("setup", [
+    dict(output_length_known=False),
+    dict(output_length_known=True, queue_order="sjf"),
+    dict(output_length_known=True, per_class_budget=True, max_budget=6,
+         workload={"kind": "poisson", "classes": [[10, 20], [10, 40], [10, 60]], "rates": 4.0}),
+    dict(output_length_known=False, workload=TIMED_ENV, time_model="llama2-70b-tp2-a100"),
+    dict(output_length_known=True, workload=TIMED_ENV, time_model="llama2-70b-tp2-a100", eviction="estimate"),
+])
+def test_env_stream_gives_the_full_modes_steps_and_metrics(setup, jit, monkeypatch):
+    full, stream = _env_pair(jit, monkeypatch, horizon=9000, **setup)
+    assert full.engine.jit == stream.engine.jit == jit
+    of, _ = full.reset(seed=4)
+    os_, _ = stream.reset(seed=4)
+    rng = np.random.default_rng(0)
+    done = False
+    while not done:
+        a = full.action_space.sample() if setup.get("per_class_budget") else int(rng.integers(0, 30))
+        of, rf, tf, uf, inf = full.step(a)
+        os_, rs, ts, us, ins = stream.step(a)
+        assert rf == rs and (tf, uf) == (ts, us) and inf == ins
+        for k in of:
+            assert np.array_equal(of[k], os_[k]), k
+        done = tf or uf
+    assert stream.engine._id_base > 0
+    assert full.engine.total_evictions > 0 or setup.get("per_class_budget")  # small b_k: no overflow
+    _assert_same_metrics(full.metrics(), stream.metrics(), timed=full.engine.timed, full=full.engine)
+    with pytest.raises(ValueError, match="record='stream'"):
+        stream.request_log()
+
+
+def test_env_record_argument_is_checked_and_vectors_fall_back_by_name():
+    import gymnasium as gym
+
+    from flowgym.envs.flow_control import FlowControlEnv
+    from flowgym.envs.vector import FlowControlVectorEnv
+
+    with pytest.raises(ValueError, match=r"record must be one of \['full', 'stream'\], got 'streaming'"):
+        FlowControlEnv(record="streaming")
+    envs = gym.make_vec("FlowControl-v0", num_envs=2, record="stream", horizon=50)
+    assert envs.backend == "sync" and "record='stream'" in envs.fallback_reason
+    envs.reset(seed=0)
+    envs.step(np.array([3, 4]))
+    with pytest.raises(ValueError, match="does not support record='stream'"):
+        FlowControlVectorEnv(2, record="stream")
+    assert gym.make_vec("FlowControl-v0", num_envs=2, horizon=50).backend == "batched"  # full: batched

@@ -12,8 +12,7 @@ from typing import Any
 import gymnasium as gym
 import numpy as np
 
-from flowgym.sim.engine import EVICTION_RULES, QUEUE_ORDERS, Engine
-from flowgym.sim.metrics import compute_metrics
+from flowgym.sim.engine import EVICTION_RULES, QUEUE_ORDERS, RECORD_MODES, Engine
 from flowgym.envs import rendering
 from flowgym.envs.spaces import (
     DictObservation,
@@ -111,6 +110,13 @@ class FlowControlConfig:
     reward_scale: float = 100.0
     #: Reward weights: ``in_system``, ``wasted_tokens``, ``evictions`` (costs) and ``completed`` (a gain).
     reward_weights: dict[str, float] = field(default_factory=lambda: dict(DEFAULT_REWARD_WEIGHTS))
+    #: What the environment keeps of the run. ``"full"`` (default): every request and every
+    #: slot's record (``request_log()``, ``series()``, metrics at any horizon; about 70 bytes a
+    #: request). ``"stream"``: memory stays flat on runs of any length: finished requests are
+    #: folded into running sums (the same counts and means; ``p95_latency`` from a bounded
+    #: sketch), ``series()`` keeps the last 4,096 slots, ``request_log()`` raises. See
+    #: :mod:`flowgym.sim.streaming` and ``docs/model.md``.
+    record: str = "full"
 
     @classmethod
     def from_any(cls, config: FlowControlConfig | Mapping[str, Any] | None = None, **kwargs: Any) -> FlowControlConfig:
@@ -192,6 +198,8 @@ class FlowControlConfig:
             make_latency_model(self.time_model)  # raises naming the bad value
         if self.per_class_budget and not self.output_length_known:
             raise ValueError("per_class_budget=True needs output_length_known=True (classes reveal lengths)")
+        if self.record not in RECORD_MODES:
+            raise ValueError(f"record must be one of {list(RECORD_MODES)}, got {self.record!r}")
 
 
 class FlowControlEnv(gym.Env[Any, Any]):
@@ -298,7 +306,8 @@ class FlowControlEnv(gym.Env[Any, Any]):
     traces, no horizon).
 
     ``env.unwrapped.request_log()`` gives per-request arrays and
-    ``env.unwrapped.metrics()`` the metrics of ``docs/model.md`` so far.
+    ``env.unwrapped.metrics()`` the metrics of ``docs/model.md`` so far (see
+    *Record mode* for long runs).
     ``env.unwrapped.view()`` is the read-only :class:`~flowgym.envs.view.SystemView`
     of the queue and the active set that scripted agents read (without output
     lengths unless they are known).
@@ -311,6 +320,23 @@ class FlowControlEnv(gym.Env[Any, Any]):
     lengths only, still to generate, and recent KV usage; for ``RecordVideo`` and
     notebooks) or ``"human"`` (that frame in a matplotlib window, ``flowgym[plot]``,
     redrawn at every ``reset`` and ``step``). See :meth:`render`.
+
+    ## Record mode
+
+    ``record="full"`` (default) keeps every request and every slot's record, about
+    70 bytes per request: ``request_log()``, ``series()`` and metrics at any
+    horizon work after the run. ``record="stream"`` keeps memory flat on runs of
+    any length (1,000,000 slots at the default load: ``benchmarks/bench_memory.py``):
+    finished and rejected requests are folded into running sums and dropped (the
+    requests left are renumbered, so ids in ``view()`` hold within a step only);
+    ``metrics()`` has the same keys and the same counts and means (bit-identical in
+    slots, to float rounding in continuous time), ``p95_latency`` from a bounded
+    sketch (exact for latencies below 65,536 slots, else within relative 0.1%),
+    ``kv_usage`` as block means of ``kv_usage_block`` slots; ``series()`` holds the
+    last 4,096 slots; ``request_log()`` raises ``ValueError`` naming the mode. The
+    batched vector environment keeps full logs: ``gym.make_vec`` runs streaming
+    environments through its sync fallback. Observations, rewards and infos are
+    the same in both modes.
 
     ## Queue order and eviction
 
@@ -367,6 +393,7 @@ class FlowControlEnv(gym.Env[Any, Any]):
             time_model=None if cfg.time_model == "slot" else cfg.time_model,
             per_class=cfg.per_class_budget,
             track_class_queue=cfg.output_length_known and m > 0 and not cfg.per_class_budget,
+            record=cfg.record,
         )
         self.features = Features(
             cfg.M,
@@ -577,16 +604,24 @@ class FlowControlEnv(gym.Env[Any, Any]):
         ``arrival``, ``prompt_len``, ``output_len``, ``cls`` (-1 without
         classes), ``finish`` (-1 if unfinished), ``evictions``, ``rejected``.
         For evaluation after the episode: it contains output lengths even when
-        ``output_length_known=False``.
+        ``output_length_known=False``. ``ValueError`` with ``record="stream"``, which
+        does not keep them.
         """
         return self.engine.request_log()
 
     def metrics(self) -> dict[str, Any]:
-        """Metrics of ``docs/model.md`` over the slots run so far, plus the ``kv_usage`` series."""
-        return compute_metrics(self.engine.request_log(), self.engine.series(), self.config.M)
+        """Metrics of ``docs/model.md`` over the slots run so far, plus the ``kv_usage`` series.
+
+        With ``record="stream"`` from running sums (same counts and means), ``p95_latency``
+        from a bounded sketch and ``kv_usage`` decimated (``kv_usage_block`` slots a point).
+        """
+        return self.engine.metrics()
 
     def series(self) -> dict[str, np.ndarray]:
-        """Per-slot arrays: ``usage``, ``admitted``, ``evicted``, ``wasted_tokens``, ``completed``, ..."""
+        """Per-slot arrays: ``usage``, ``admitted``, ``evicted``, ``wasted_tokens``, ``completed``, ...
+
+        With ``record="stream"`` the last 4,096 slots only (their slot numbers in ``t``).
+        """
         return self.engine.series()
 
     @property

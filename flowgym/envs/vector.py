@@ -8,7 +8,8 @@ numpy arrays (:class:`~flowgym.sim.batched.BatchedEngine`), one pass per slot fo
 all of them. For any other configuration it returns a
 :class:`FlowControlSyncVectorEnv` (Gymnasium's ``SyncVectorEnv`` over single
 ``FlowControl-v0`` environments) whose ``fallback_reason`` names the argument
-that needed it. Either way ``envs.backend`` says which (``"batched"`` or
+that needed it (e.g. ``record="stream"``: the batched engine keeps the full request
+log, so streaming-mode environments run as single ones). Either way ``envs.backend`` says which (``"batched"`` or
 ``"sync"``), and both follow the same semantics: the batched environment's
 observations, rewards, terminations, truncations, infos and request logs equal
 those of ``gym.make_vec(..., vectorization_mode="sync")`` for the same seeds.
@@ -52,6 +53,9 @@ def batched_unsupported(config: FlowControlConfig, render_mode: str | None = Non
         return f"render_mode={render_mode!r} (the batched environment does not render)"
     if config.time_model != "slot":
         return f"time_model={config.time_model!r} (the batched engine runs unit slots only)"
+    record = getattr(config, "record", "full")
+    if record != "full":
+        return f"record={record!r} (the batched engine keeps the full request log)"
     from flowgym.sim.workloads import make_workload
 
     try:
