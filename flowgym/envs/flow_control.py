@@ -277,7 +277,11 @@ class FlowControlEnv(gym.Env[Any, Any]):
     the first iteration that starts at or after its arrival; an idle server with
     an empty queue jumps to the next arrival. Latencies and throughputs are then
     in seconds, ``arrival_rate`` is per second and ``info`` adds ``duration``
-    and ``time`` (the clock at the end of the iteration).
+    and ``time`` (the clock at the end of the iteration). A callable
+    ``time_model`` is asked for the iteration's duration before the step changes
+    anything: if it raises (re-raised as ``RuntimeError`` naming the callable) or
+    returns a bad duration (``ValueError``), the environment is as before the
+    step, and stepping again retries it.
 
     ## Starting State
 
