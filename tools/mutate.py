@@ -26,6 +26,7 @@ from __future__ import annotations
 import argparse
 import ast
 import copy
+import json
 import os
 import shutil
 import subprocess
@@ -111,7 +112,9 @@ def _mutate(tree: ast.Module, k: int) -> tuple[str, Mutant]:
             node.func.attr = _CALLS[node.func.attr]
         else:
             node.func.id = _CALLS[node.func.id]
-    return ast.unparse(ast.fix_missing_locations(t)), Mutant(k, getattr(node, "lineno", 0), what)
+    first = getattr(node, "lineno", 0)
+    last = getattr(node, "end_lineno", None) or first
+    return ast.unparse(ast.fix_missing_locations(t)), Mutant(k, first, what), first, last
 
 
 def make_copy(dest: Path) -> Path:
@@ -154,10 +157,85 @@ def _env(root: Path, jit: str) -> dict[str, str]:
     return {**os.environ, "PYTHONDONTWRITEBYTECODE": "1", "FLOWGYM_JIT": jit, "PYTHONPATH": str(root)}
 
 
+#: A pytest plugin (written into the copy) that records, per test, the lines of one file it runs.
+_TRACE_PLUGIN = """
+import json, os, sys, threading
+import pytest
+
+_TARGET = os.path.realpath(os.environ["MUTATE_TRACE_FILE"])
+_OUT = os.environ["MUTATE_TRACE_OUT"]
+_lines = {}
+_order = []
+_cur = set()
+_is_target = {}
+
+
+def _local(frame, event, arg):
+    _cur.add(frame.f_lineno)
+    return _local
+
+
+def _global(frame, event, arg):
+    f = frame.f_code.co_filename
+    hit = _is_target.get(f)
+    if hit is None:
+        hit = _is_target[f] = os.path.realpath(f) == _TARGET
+    if hit:
+        _cur.add(frame.f_lineno)
+        return _local
+    return None
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_protocol(item, nextitem):
+    _cur.clear()
+    threading.settrace(_global)
+    sys.settrace(_global)
+    yield
+    sys.settrace(None)
+    threading.settrace(None)
+    _order.append(item.nodeid)
+    for ln in _cur:
+        _lines.setdefault(ln, []).append(item.nodeid)
+
+
+def pytest_sessionfinish(session, exitstatus):
+    with open(_OUT, "w") as f:
+        json.dump({"ok": exitstatus == 0, "lines": _lines, "order": _order}, f)
+"""
+
+
+def line_map(root: Path, module: str, tests: list[str], jit: str) -> tuple[dict[int, list[str]], dict[str, int]]:
+    """For each line of ``module``, the tests (node ids) that execute it on one path; and the run order."""
+    (root / "_mutate_trace.py").write_text(_TRACE_PLUGIN)
+    out = root / f"_mutate_lines_{jit}.json"
+    env = {**_env(root, jit), "MUTATE_TRACE_FILE": str(root / module), "MUTATE_TRACE_OUT": str(out)}
+    subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-p", "_mutate_trace",
+                    "--hypothesis-seed=0", *tests], cwd=root, env=env, capture_output=True, text=True)
+    data = json.loads(out.read_text())
+    if not data["ok"]:
+        raise SystemExit(f"the tests fail without a mutant while their lines are traced (FLOWGYM_JIT={jit})")
+    return {int(k): v for k, v in data["lines"].items()}, {nid: i for i, nid in enumerate(data["order"])}
+
+
+def _select(lines: dict[int, list[str]], order: dict[str, int], first: int, last: int) -> list[str] | None:
+    """The tests that run any of the lines ``first..last`` (in run order); None if none does."""
+    ids = set()
+    for ln in range(first, last + 1):
+        ids.update(lines.get(ln, ()))
+    return sorted(ids, key=order.__getitem__) if ids else None
+
+
 def run_module(module: str, tests: list[str], timeout: float, limit: int | None,
                paths: tuple[str, ...] = ("1", "0"), root: Path | None = None,
-               only: set[int] | None = None) -> list[tuple[Mutant, str]]:
-    """Run every mutant of ``module`` (or the indices in ``only``) in the copy at ``root``."""
+               only: set[int] | None = None, by_line: bool = False,
+               span: tuple[int, int] | None = None) -> list[tuple[Mutant, str]]:
+    """Run every mutant of ``module`` (or the indices in ``only``) in the copy at ``root``.
+
+    With ``by_line``, each mutant runs only the tests that execute its lines on the unmutated
+    module (per path); a mutant on lines no test executes (a default argument, a module
+    constant: they run at import) runs all of ``tests``.
+    """
     path = root / module
     for jit in paths:  # the unmutated module must pass, or every mutant would look killed
         r = subprocess.run([sys.executable, "-m", "pytest", "-x", "-q", "-p", "no:cacheprovider",
@@ -168,19 +246,33 @@ def run_module(module: str, tests: list[str], timeout: float, limit: int | None,
     original = path.read_text()
     tree = ast.parse(original)
     n = len(_spots(tree))
+    maps: dict[str, tuple[dict[int, list[str]], dict[str, int]]] = {}
+    if by_line:
+        for jit in paths:
+            maps[jit] = line_map(root, module, tests, jit)
+            print(f"traced the tests' lines of {module} (FLOWGYM_JIT={jit}): {len(maps[jit][1])} tests, "
+                  f"{len(maps[jit][0])} lines", flush=True)
     results = []
     try:
         for k in range(n if limit is None else min(n, limit)):
             if only is not None and k not in only:
                 continue
-            source, mut = _mutate(tree, k)
+            source, mut, first, last = _mutate(tree, k)
+            if span is not None and not span[0] <= first <= span[1]:
+                continue
             path.write_text(source)
             t0 = time.perf_counter()
             verdict = "survived"
+            ran = 0
             for jit in paths:  # the compiled kernels, then the numpy twins (CI runs both)
+                selected = tests
+                if by_line:
+                    run_lines, seq = maps[jit]
+                    selected = _select(run_lines, seq, first, last) or tests
+                ran += len(selected)
                 try:
                     r = subprocess.run([sys.executable, "-m", "pytest", "-x", "-q", "-p", "no:cacheprovider",
-                                        "--hypothesis-seed=0", *tests], cwd=root, env=_env(root, jit),
+                                        "--hypothesis-seed=0", *selected], cwd=root, env=_env(root, jit),
                                        capture_output=True, text=True, timeout=timeout)
                 except subprocess.TimeoutExpired:
                     verdict = f"killed (timeout, FLOWGYM_JIT={jit})"
@@ -189,7 +281,8 @@ def run_module(module: str, tests: list[str], timeout: float, limit: int | None,
                     verdict = f"killed (FLOWGYM_JIT={jit})"
                     break
             results.append((mut, verdict))
-            print(f"{module}:{mut.line}: #{k} {mut.what}: {verdict} ({time.perf_counter() - t0:.0f} s)", flush=True)
+            print(f"{module}:{mut.line}: #{k} {mut.what}: {verdict} ({time.perf_counter() - t0:.0f} s"
+                  + (f", {ran} tests/files)" if by_line else ")"), flush=True)
     finally:
         path.write_text(original)
     return results
@@ -203,6 +296,10 @@ def main() -> int:
     ap.add_argument("--timeout", type=float, default=300.0, help="seconds per mutant (default 300)")
     ap.add_argument("--limit", type=int, default=None, help="at most this many mutants per module")
     ap.add_argument("--only", default=None, help="run only these mutants (comma-separated numbers, the #k printed)")
+    ap.add_argument("--lines", default=None, help="only mutants starting on these lines (e.g. 233-520)")
+    ap.add_argument("--by-line", action="store_true",
+                    help="run against each mutant only the tests that execute its lines (traced once per path on "
+                    "the unmutated module; lines run only at import, e.g. defaults, run all the tests)")
     ap.add_argument("--paths", choices=["both", "compiled", "numpy"], default="both",
                     help="run the tests with the numba kernels, on the numpy path (FLOWGYM_JIT=0), or both "
                     "(default: a mutant survives only if it survives both, as in CI)")
@@ -213,6 +310,10 @@ def main() -> int:
         targets = [(args.module, args.tests)]
     else:
         ap.error("give a module and --tests, or --preset")
+    span = None
+    if args.lines:
+        lo, _, hi = args.lines.partition("-")
+        span = (int(lo), int(hi or lo))
     only = None
     if args.only:
         only = {int(x) for x in args.only.split(",") if x.strip()}
@@ -224,7 +325,8 @@ def main() -> int:
         _check_copy(root)
         print(f"mutants run in a copy of the repository: {root}", flush=True)
         for module, tests in targets:
-            res = run_module(module, tests, args.timeout, args.limit, paths, root=root, only=only)
+            res = run_module(module, tests, args.timeout, args.limit, paths, root=root, only=only,
+                             by_line=args.by_line, span=span)
             total += len(res)
             survivors += [(module, m) for m, v in res if v == "survived"]
     print(f"\n{total} mutants, {total - len(survivors)} killed, {len(survivors)} survived")
