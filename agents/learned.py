@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import importlib.resources
 import json
 import os
 import pickle
@@ -15,6 +16,7 @@ from flowgym.envs.view import SystemView
 
 __all__ = [
     "LearnedBudget",
+    "DEFAULT_MODEL",
     "POLICY_FILE",
     "NORM_FILE",
     "write_safe",
@@ -43,6 +45,9 @@ VECNORM_FILE = "vecnormalize.pkl"
 META_FILE = "flowgym_agent.json"
 POLICY_FILE = "policy.pt"
 NORM_FILE = "normalization.npz"
+#: The shipped generalist (``learned`` with no path): the pickle-free files of ``flowgym train``
+#: with no scenario, installed with the package (reproduce: ``flowgym train``; docs/training.md).
+DEFAULT_MODEL = str(importlib.resources.files("flowgym.data") / "models" / "generalist")
 #: Version of the layout of a model directory (2: the policy and normalisation load without pickle).
 FORMAT_VERSION = 2
 
@@ -242,11 +247,14 @@ class LearnedBudget(Agent):
     reset by :meth:`reset`. A model trained with ``budget_levels`` chooses the
     index of a level, and the agent plays that level's budget.
 
-    By name: ``make_agent("learned", path="examples/ppo_default")``, or
-    ``flowgym compare --agents "learned:path=examples/ppo_default"``.
+    With no path it loads the shipped generalist (:data:`DEFAULT_MODEL`: trained by
+    ``flowgym train`` with no scenario on randomised workloads; scale-free, so it runs on
+    any slot-model scenario with unknown lengths). By name: ``make_agent("learned")``,
+    ``make_agent("learned", path="runs/ppo-generalist")``, or
+    ``flowgym compare --add-agents "learned"``.
 
     Args:
-        path: the model directory.
+        path: the model directory (default: :data:`DEFAULT_MODEL`).
         label: table label (default ``learned (<directory name>)``).
         trust: also load SB3's pickle-based files (``model.zip``, ``vecnormalize.pkl``) and
             algorithms outside :data:`ALGORITHMS`; loading them can run code, so only for a
@@ -260,8 +268,11 @@ class LearnedBudget(Agent):
 
     name = "learned"
 
-    def __init__(self, path: str, label: str | None = None, action_rule: str | None = None,
+    def __init__(self, path: str | None = None, label: str | None = None, action_rule: str | None = None,
                  trust: bool = False) -> None:
+        if path is None:
+            path = DEFAULT_MODEL
+            label = label or "learned (generalist)"
         if not isinstance(path, (str, os.PathLike)) or not os.path.isdir(path):
             raise ValueError(f"learned agent: path {path!r} is not a model directory (written by flowgym train)")
         self.path = os.fspath(path)

@@ -1,187 +1,271 @@
-"""Learned budget (PPO) against the best fixed budget and the greedy baselines, per adaptive scenario.
+"""The learned budget against honest references, zero-shot, with 95% confidence intervals.
 
-For each scenario it loads (or, with ``--train``, first trains) the model directory
-``<models>/ppo-<scenario>`` written by ``flowgym train``, then on held-out seeds
-(reports ``0..N-1``; training used 10,000.., evaluation during training 20,000..):
+For every ``adaptive-*`` scenario (the Azure conv trace among them) and the held-out
+non-stationary scenarios defined *only here* (:data:`HELD_OUT`: never used by training or
+model selection), it reports mean time in system of
 
-* tunes the fixed budget (flow control, Algorithm 2, ``b`` over the scenario's grid)
-  and alpha-greedy on tuning seeds 1000.. (lowest mean time in system), as
-  ``flowgym compare`` does;
-* also finds the fixed budget that is best *on the report seeds themselves*
-  (``--oracle``; a hindsight choice no deployable fixed budget can beat);
-* runs the learned agent, the tuned fixed budget, every greedy baseline (alpha-greedy,
-  MC, A_min, greedy-LIFO) through :func:`flowgym.lab.evaluation.evaluate`;
-* prints and writes (``--out``) a Markdown table of average and p95 latency, mean time
-  in system, request and token throughput and evictions, the learned agent's latency
-  relative to the best fixed budget with the issue's goal (within 2% on stationary
-  load, at least 10% better on non-stationary load) marked met or missed, and the
-  training wall time and environment steps per second read from the model directory;
-* copies each model's ``curves.png`` to ``--figures`` as ``learned_<scenario>.png``.
+* the learned model (default: the shipped generalist, ``learned`` with no path);
+* the best fixed budget (Algorithm 2), tuned per scenario on the tuning seeds;
+* the rate-switch rule (``high``, ``low`` and ``threshold``), tuned per scenario on the tuning
+  seeds by coordinate search (two rounds over each parameter's grid);
+* the phase oracle where the scenario has a known periodic schedule: ``schedule`` with the
+  scenario's phase boundaries and one budget per phase, tuned the same way;
+* the untuned safe-budget rule ``k = 2`` (the learned action's structure without learning);
 
-The Azure scenario is one trace replay (the same for every seed), so it has one report run.
-Not a timed test: run it by hand, e.g. ::
+on report seeds ``0..N-1`` (default 20; tuning used ``1000..``, training ``10000..``, model
+selection ``20000..``). Ratios are ratios of means with a 95% paired bootstrap interval over
+the report seeds. The goal of issue #16 is marked per scenario: learned <= 1.00x the tuned
+rate-switch and <= 0.90x the best fixed budget on non-stationary scenarios, within 2% of the
+best fixed budget on stationary ones. The agents are built by
+:func:`flowgym.lab.evaluation.build_agent` from :class:`~flowgym.lab.scenarios.AgentSpec`,
+as ``flowgym compare`` builds them.
 
-    python benchmarks/bench_learned.py --models runs --seeds 5 --out results/bench_learned \\
-        --figures docs/figures
-    python benchmarks/bench_learned.py --train --total-timesteps 1500000   # train missing models first
+Not a timed test; run by hand (about 25 minutes on 2 cores for the defaults)::
+
+    python benchmarks/bench_learned.py --out results/bench_learned
+    python benchmarks/bench_learned.py --scenarios H1-codechat,adaptive-mix --seeds 5 --model runs/ppo-generalist
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import math
 import os
-import shutil
 import sys
 import time
+from collections.abc import Sequence
 from typing import Any
 
-from flowgym.lab.scenarios import ADAPTIVE_SCENARIOS, get_scenario
+import numpy as np
 
-#: Stationary scenarios (goal: within 2% of the best fixed budget's average latency).
-STATIONARY = ("adaptive-low", "adaptive-high")
-COLUMNS = ("avg_latency", "p95_latency", "mean_time_in_system", "request_throughput", "token_throughput",
-           "evictions")
+from flowgym.lab.evaluation import evaluate, tune
+from flowgym.lab.scenarios import ADAPTIVE_SCENARIOS, AgentSpec, get_scenario
 
-
-def _oracle_fixed(sc: Any, seeds: list[int], horizons: Any) -> tuple[Any, dict[str, Any]]:
-    """The fixed budget of the scenario's grid with the lowest mean time in system on the report seeds."""
-    from flowgym.lab.evaluation import tune
-
-    spec = sc.agents[0]
-    best, rows = tune(spec, sc.env_kwargs(), seeds, None if horizons is None else horizons[0])
-    return best, {r["value"]: r["mean_time_in_system"] for r in rows}
+#: Fixed-budget grid of the tuning (wide: the held-out scenarios' best budgets range 12..96).
+FIXED_GRID = [1, 2, 3, 4, 6, 8, 12, 16, 24, 32, 40, 48, 64, 96, 128, 192, 256]
+LOW_GRID = [1, 2, 3, 4, 6, 8, 12, 16]
+#: Stationary scenarios (goal: within 2% of the best fixed budget).
+STATIONARY = ("adaptive-low", "adaptive-high", "S1-stationary")
 
 
-def bench_scenario(name: str, model_dir: str, seeds: list[int], tune_seeds: list[int],
-                   oracle: bool) -> dict[str, Any]:
-    """Evaluate one scenario's model against its baselines; the summary rows and the goal check."""
-    from flowgym.lab.evaluation import evaluate
-    from flowgym.lab.scenarios import AgentSpec
-    from flowgym.lab.train import final_evaluation
+def _stream(pairs: list[list[int]], on_rate: float, t_on: float, t_off: float, period: float,
+            bg: float = 0.0) -> dict[str, Any]:
+    times = sorted({0.0, float(t_on), float(t_off)} - {float(period)})
+    rates = [on_rate if t_on <= t < t_off else bg for t in times]
+    return {"kind": "iid", "rate": {"kind": "steps", "times": times, "rates": rates, "period": float(period)},
+            "lengths": {"kind": "empirical", "pairs": pairs, "weights": [1.0] * len(pairs)}}
 
-    sc = get_scenario(name)
-    report = [seeds[0]] if sc.finite else seeds  # a trace replay is the same for every seed
-    tune_seeds = tune_seeds[:1] if sc.finite else tune_seeds
-    t0 = time.perf_counter()
-    table = final_evaluation(model_dir, scenario=name, seeds=report, tune_seeds=tune_seeds, write=False)
-    summary = {r["agent"]: r for r in table.summary()}
-    learned = table.agents[0]
-    fixed = next(a for a in table.agents if a.startswith("flow-control"))
-    out: dict[str, Any] = {"scenario": name, "description": sc.description, "seeds": report,
-                           "tune_seeds": tune_seeds, "learned": learned, "fixed": fixed,
-                           "rows": [{"agent": a, **{k: summary[a][k] for k in COLUMNS},
-                                     **{k + "_ci": summary[a][k + "_ci"] for k in COLUMNS}} for a in table.agents]}
-    if oracle:
-        horizons = None if sc.finite else table.horizons
-        b, grid = _oracle_fixed(sc, report, horizons)
-        t2 = evaluate([AgentSpec("flow-control", {"b": b}, label=f"fixed b={b} (best on report seeds)")],
-                      sc.env_kwargs(), report, horizons)
-        r = t2.summary()[0]
-        out["rows"].append({"agent": r["agent"], **{k: r[k] for k in COLUMNS}, **{k + "_ci": r[k + "_ci"] for k in COLUMNS}})
-        out["oracle_b"], out["oracle_grid"] = b, grid
-    lr = summary[learned]
-    fr = summary[fixed]
-    out["latency_ratio"] = lr["avg_latency"] / fr["avg_latency"]
-    out["time_in_system_ratio"] = lr["mean_time_in_system"] / fr["mean_time_in_system"]
-    if name in STATIONARY:
-        out["goal"] = "within 2% of best fixed avg latency"
-        out["goal_met"] = bool(out["latency_ratio"] <= 1.02)
-    else:
-        out["goal"] = "avg latency >= 10% below best fixed"
-        out["goal_met"] = bool(out["latency_ratio"] <= 0.90)
-    meta = json.load(open(os.path.join(model_dir, "flowgym_agent.json")))
-    out["train_wall_seconds"] = meta.get("wall_seconds")
-    out["train_timesteps"] = meta.get("timesteps")
-    out["train_steps_per_second"] = meta.get("steps_per_second")
-    out["train_slots_per_second"] = meta.get("env_slots_per_second")
-    out["action_repeat"] = meta.get("action_repeat", 1)
-    out["action_rule"] = meta.get("action_rule", "mode")
-    out["selected"] = meta.get("selected")
-    out["bench_seconds"] = time.perf_counter() - t0
+
+def _rate(rho: float, M: int, pairs: list[list[int]]) -> float:
+    w = sum(l * o + o * (o + 1) / 2 for l, o in pairs) / len(pairs)
+    return rho * M / w
+
+
+def held_out() -> dict[str, dict[str, Any]]:
+    """Scenarios defined only in this benchmark (environment arguments), not in training or selection."""
+    out: dict[str, dict[str, Any]] = {}
+    M = 16492
+    A, B = [[30, 8], [30, 16], [30, 24]], [[20, 80], [20, 120], [20, 160]]
+    out["H1-codechat"] = {"M": M, "workload": {"kind": "mix", "streams": [
+        _stream(A, _rate(0.8, M, A), 0, 600, 2000), _stream(B, _rate(0.9, M, B), 600, 2000, 2000)]}}
+    M = 32768
+    S, Md, L = [[10, 10], [10, 20], [10, 30]], [[50, 30], [50, 50], [50, 70]], [[10, 100], [10, 150], [10, 200]]
+    out["H2-three-phase"] = {"M": M, "workload": {"kind": "mix", "streams": [
+        _stream(S, _rate(0.8, M, S), 0, 700, 2600), _stream(L, _rate(0.97, M, L), 700, 2000, 2600),
+        _stream(Md, _rate(0.9, M, Md), 2000, 2600, 2600)]}}
+    M = 8192
+    S, L = [[10, 5], [10, 10], [10, 15]], [[10, 60], [10, 90], [10, 120]]
+    rs = _rate(0.85, M, S)
+    out["H3-bursty-smallM"] = {"M": M, "workload": {"kind": "mix", "streams": [
+        _stream(S, rs, 0, 500, 1500, bg=0.1 * rs), _stream(L, _rate(0.97, M, L), 500, 1500, 1500)]}}
+    M = 16492
+    C, L = [[20, 10], [20, 25], [20, 40]], [[10, 80], [10, 110], [10, 140]]
+    out["H4-short-phases"] = {"M": M, "workload": {"kind": "mix", "streams": [
+        _stream(C, _rate(0.85, M, C), 0, 300, 1000), _stream(L, _rate(0.95, M, L), 300, 1000, 1000)]}}
+    M = 65536
+    C, R = [[200, 30], [400, 60], [800, 90]], [[60, 300], [60, 500], [60, 700]]
+    out["H5-rag-vs-reasoning"] = {"M": M, "workload": {"kind": "mix", "streams": [
+        _stream(C, _rate(0.9, M, C), 0, 1200, 2400), _stream(R, _rate(0.95, M, R), 1200, 2400, 2400)]}}
+    M = 24000
+    P = [[25, 40], [25, 80], [25, 120]]
+    out["S1-stationary"] = {"M": M, "workload": {"kind": "iid", "rate": _rate(0.9, M, P),
+                                                 "lengths": {"kind": "empirical", "pairs": P, "weights": [1, 1, 1]}}}
+    for v in out.values():
+        v.update({"output_length_known": False, "horizon": 4000})
     return out
 
 
+def phases(env_kwargs: dict[str, Any]) -> tuple[list[float], float] | None:
+    """``(phase start times, period)`` of a workload whose streams share one periodic step schedule."""
+    wl = env_kwargs.get("workload", {})
+    streams = wl.get("streams", [wl]) if isinstance(wl, dict) else []
+    times: set[float] = set()
+    periods = set()
+    for s in streams:
+        r = s.get("rate") if isinstance(s, dict) else None
+        if not isinstance(r, dict) or r.get("kind") != "steps" or r.get("period") is None:
+            return None
+        times |= {float(t) for t in r["times"]}
+        periods.add(float(r["period"]))
+    if len(periods) != 1 or len(times) < 2:
+        return None
+    return sorted(times), periods.pop()
+
+
+def _mean_tis(spec: AgentSpec, kw: dict[str, Any], seeds: Sequence[int], H: int | None, backend: str) -> float:
+    t = evaluate([spec], kw, seeds, None if H is None else [H], backend=backend)
+    v = [r["mean_time_in_system"] for r in t.rows]
+    return float(np.mean(v)) if np.all(np.isfinite(v)) else math.inf
+
+
+def coordinate_search(name: str, params: dict[str, Any], grids: dict[str, list[Any]], kw: dict[str, Any],
+                      seeds: Sequence[int], H: int | None, backend: str, rounds: int = 2) -> dict[str, Any]:
+    """Tune several parameters of one agent: each in turn over its grid (:func:`tune`), ``rounds`` times."""
+    params = dict(params)
+    for _ in range(rounds):
+        for p, grid in grids.items():
+            best, _ = tune(AgentSpec(name, params, tune=(p, list(grid))), kw, seeds, H, backend=backend)
+            params[p] = best
+    return params
+
+
+def tune_schedule(times: list[float], period: float, start: int, kw: dict[str, Any], seeds: Sequence[int],
+                  H: int | None, backend: str) -> dict[str, Any]:
+    """Per-phase budgets of the phase oracle, by coordinate search from the best fixed budget."""
+    budgets = [start] * len(times)
+    for _ in range(2):
+        for i in range(len(times)):
+            best, best_v = budgets[i], math.inf
+            for b in FIXED_GRID:
+                trial = budgets[:i] + [b] + budgets[i + 1:]
+                v = _mean_tis(AgentSpec("schedule", {"times": times, "budgets": trial, "period": period}),
+                              kw, seeds, H, backend)
+                if v < best_v:
+                    best, best_v = b, v
+            budgets[i] = best
+    return {"times": times, "budgets": budgets, "period": period}
+
+
+def ratio_ci(a: np.ndarray, b: np.ndarray, n_boot: int = 4000, seed: int = 0) -> tuple[float, float, float]:
+    """``mean(a) / mean(b)`` and its 95% paired bootstrap interval over the seeds."""
+    r = float(a.mean() / b.mean())
+    if a.size < 2:
+        return r, float("nan"), float("nan")
+    rng = np.random.default_rng(seed)
+    idx = rng.integers(0, a.size, size=(n_boot, a.size))
+    boots = a[idx].mean(axis=1) / b[idx].mean(axis=1)
+    lo, hi = np.percentile(boots, [2.5, 97.5])
+    return r, float(lo), float(hi)
+
+
+def bench_scenario(name: str, model: str | None, seeds: list[int], tune_seeds: list[int],
+                   backend: str) -> dict[str, Any]:
+    """Tune the references, run everything on the report seeds; the rows and the ratios."""
+    t0 = time.perf_counter()
+    ho = held_out()
+    if name in ho:
+        kw = dict(ho[name])
+        tune_kw, H, finite = kw, kw["horizon"], False
+    else:
+        sc = get_scenario(name)
+        kw, tune_kw, finite = sc.env_kwargs(), sc.tune_env_kwargs(), sc.finite
+        H = None if finite else kw.get("horizon")  # tuned and reported over the whole episode
+    report = [seeds[0]] if finite else seeds
+    tune_seeds = tune_seeds[:1] if finite else tune_seeds
+    b, _ = tune(AgentSpec("flow-control", {}, tune=("b", FIXED_GRID)), tune_kw, tune_seeds, H, backend=backend)
+    # rate-switch thresholds at quantiles of the arrival-rate signal it reads (under the best fixed budget)
+    from flowgym.envs.flow_control import FlowControlEnv
+
+    env = FlowControlEnv(**{**tune_kw, "max_budget": max(int(b), 1)})
+    o, _ = env.reset(seed=tune_seeds[0])
+    rates = []
+    for _ in range(min(H or 4000, 4000)):
+        rates.append(float(o["arrival_rate"][0]))
+        o, _, te, tr, _ = env.step(int(b))
+        if te or tr:
+            break
+    thr_grid = sorted({round(float(q), 3) for q in np.quantile(rates, [0.1, 0.25, 0.4, 0.5, 0.6, 0.75, 0.9])})
+    rs = coordinate_search("rate-switch", {"high": b, "low": b, "threshold": thr_grid[len(thr_grid) // 2]},
+                           {"low": LOW_GRID, "high": FIXED_GRID, "threshold": thr_grid}, tune_kw, tune_seeds, H,
+                           backend)
+    specs = [
+        AgentSpec("learned", {} if model is None else {"path": model}, label="learned"),
+        AgentSpec("flow-control", {"b": b}, label="best fixed"),
+        AgentSpec("rate-switch", rs, label="rate-switch (tuned)"),
+        AgentSpec("safe-budget", {"k": 2.0}, label="safe-budget k=2 (untuned)"),
+    ]
+    ph = None if finite else phases(kw)
+    oracle = None
+    if ph is not None:
+        oracle = tune_schedule(ph[0], ph[1], int(b), tune_kw, tune_seeds, H, backend)
+        specs.append(AgentSpec("schedule", oracle, label="phase oracle"))
+    table = evaluate(specs, kw, report, None if H is None else [H], backend=backend)
+    per = {lab: np.array([r["mean_time_in_system"] for r in table.rows if r["agent"] == lab]) for lab in table.agents}
+    learned = per["learned"]
+    out: dict[str, Any] = {
+        "scenario": name, "held_out": name in ho, "stationary": name in STATIONARY, "seeds": report,
+        "tune_seeds": tune_seeds, "fixed_b": b, "rate_switch": rs, "phase_oracle": oracle,
+        "mean_time_in_system": {k: float(v.mean()) for k, v in per.items()},
+        "ratios": {k: ratio_ci(learned, v) for k, v in per.items() if k != "learned"},
+        "wall_seconds": time.perf_counter() - t0,
+    }
+    r_fixed = out["ratios"]["best fixed"][0]
+    r_rs = out["ratios"]["rate-switch (tuned)"][0]
+    if out["stationary"]:
+        out["goal"] = "met" if r_fixed <= 1.02 else "missed"
+    else:
+        out["goal"] = "met" if (r_fixed <= 0.90 and r_rs <= 1.00) else "missed"
+    return out
+
+
+def _fmt(r: tuple[float, float, float]) -> str:
+    v, lo, hi = r
+    return f"{v:.3f}" if math.isnan(lo) else f"{v:.3f} [{lo:.2f}, {hi:.2f}]"
+
+
 def markdown(results: list[dict[str, Any]]) -> str:
-    """The results as Markdown: one table per scenario, then the summary of goals and training cost."""
-    lines = []
-    for res in results:
-        lines.append(f"### {res['scenario']}\n")
-        lines.append(f"{res['description']} Report seeds {res['seeds']}, baselines tuned on {res['tune_seeds']}.\n")
-        lines.append("| agent | avg latency | p95 latency | mean time in system | requests/unit | tokens/unit | evictions |")
-        lines.append("|---|---:|---:|---:|---:|---:|---:|")
-        for r in res["rows"]:
-            cells = []
-            for k in COLUMNS:
-                ci = r.get(k + "_ci")
-                cells.append(f"{r[k]:.4g}" + (f" ± {ci:.2g}" if ci == ci and ci is not None else ""))
-            lines.append(f"| {r['agent']} | " + " | ".join(cells) + " |")
-        lines.append("")
-    lines.append("### Goals and training cost\n")
-    lines.append("| scenario | learned / best fixed, avg latency | mean time in system | goal | met | "
-                 "decisions (slots) | train wall s | decisions/s (slots/s) |")
-    lines.append("|---|---:|---:|---|---|---:|---:|---:|")
-    for res in results:
-        lines.append(f"| {res['scenario']} | {res['latency_ratio']:.3f} | {res['time_in_system_ratio']:.3f} | "
-                     f"{res['goal']} | {'yes' if res['goal_met'] else 'no'} | "
-                     f"{res['train_timesteps']} ({res['train_timesteps'] * res['action_repeat']}) | "
-                     f"{res['train_wall_seconds']:.0f} | {res['train_steps_per_second']:.0f} "
-                     f"({res['train_steps_per_second'] * res['action_repeat']:.0f}) |")
-    return "\n".join(lines) + "\n"
+    lines = ["| scenario | learned TIS | / best fixed (b) | / tuned rate-switch | / phase oracle | / safe-budget k=2 "
+             "| goal |", "|---|---:|---:|---:|---:|---:|---|"]
+    for r in results:
+        m, q = r["mean_time_in_system"], r["ratios"]
+        name = r["scenario"] + (" (held out)" if r["held_out"] else "") + (" (stationary)" if r["stationary"] else "")
+        lines.append(
+            f"| {name} | {m['learned']:.2f} | {_fmt(q['best fixed'])} (b={r['fixed_b']}) | "
+            f"{_fmt(q['rate-switch (tuned)'])} | {_fmt(q['phase oracle']) if 'phase oracle' in q else '-'} | "
+            f"{_fmt(q['safe-budget k=2 (untuned)'])} | {r['goal']} |")
+    return "\n".join(lines)
 
 
-def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--scenarios", default=",".join(ADAPTIVE_SCENARIOS), help="comma-separated (default: all six)")
-    ap.add_argument("--models", default="runs", help="folder holding ppo-<scenario>/ model directories (default runs)")
-    ap.add_argument("--model", action="append", default=[], metavar="SCENARIO=DIR",
-                    help="use DIR for SCENARIO instead of <models>/ppo-<scenario> (repeatable)")
-    ap.add_argument("--seeds", type=int, default=5, help="report seeds 0..N-1 (default 5)")
+def main(argv: Sequence[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--model", default=None, help="model directory (default: the shipped generalist)")
+    ap.add_argument("--scenarios", default=None,
+                    help="comma-separated (default: every adaptive-* scenario and every held-out one)")
+    ap.add_argument("--seeds", type=int, default=20, help="report seeds 0..N-1 (default 20)")
     ap.add_argument("--tune-seeds", type=int, default=2, help="tuning seeds 1000.. (default 2)")
-    ap.add_argument("--no-oracle", dest="oracle", action="store_false",
-                    help="skip the fixed budget tuned on the report seeds themselves")
-    ap.add_argument("--train", action="store_true", help="train the missing models first (flowgym train defaults)")
-    ap.add_argument("--total-timesteps", type=int, default=None, help="with --train: steps per scenario")
-    ap.add_argument("--out", default="results/bench_learned", help="writes <out>.md and <out>.json")
-    ap.add_argument("--figures", default=None, help="copy each curves.png here as learned_<scenario>.png")
+    ap.add_argument("--backend", default="serial", help="serial (default) or process")
+    ap.add_argument("--out", default=None, help="write <out>.md and <out>.json")
     args = ap.parse_args(argv)
-
-    names = [s.strip() for s in args.scenarios.split(",") if s.strip()]
-    chosen = dict(m.split("=", 1) for m in args.model)
+    names = args.scenarios.split(",") if args.scenarios else [*ADAPTIVE_SCENARIOS, *held_out()]
+    seeds = list(range(args.seeds))
+    tune_seeds = [1000 + i for i in range(args.tune_seeds)]
     results = []
     for name in names:
-        model_dir = chosen.get(name, os.path.join(args.models, f"ppo-{name}"))
-        if not os.path.exists(os.path.join(model_dir, "model.zip")):
-            if not args.train:
-                print(f"skip {name}: no model in {model_dir} (train it: flowgym train --scenario {name} "
-                      f"--out {model_dir}, or pass --train)", file=sys.stderr)
-                continue
-            from flowgym.lab.train import train
-
-            kw = {} if args.total_timesteps is None else {"total_timesteps": args.total_timesteps}
-            train(scenario=name, out=model_dir, final_eval_seeds=0, **kw)
-        print(f"== {name}", file=sys.stderr, flush=True)
-        res = bench_scenario(name, model_dir, list(range(args.seeds)), [1000 + i for i in range(args.tune_seeds)],
-                             args.oracle)
-        results.append(res)
-        print(markdown([res]), flush=True)
-        if args.figures:
-            src = os.path.join(model_dir, "curves.png")
-            if os.path.exists(src):
-                os.makedirs(args.figures, exist_ok=True)
-                shutil.copy(src, os.path.join(args.figures, f"learned_{name}.png"))
-    if not results:
-        print("nothing to benchmark", file=sys.stderr)
-        return 1
-    text = markdown(results)
-    print(text)
+        r = bench_scenario(name, args.model, seeds, tune_seeds, args.backend)
+        results.append(r)
+        print(f"{name}: learned {r['mean_time_in_system']['learned']:.2f}, "
+              + ", ".join(f"/{k} {_fmt(v)}" for k, v in r["ratios"].items())
+              + f"; goal {r['goal']} ({r['wall_seconds']:.0f} s)", flush=True)
+    md = markdown(results)
+    print()
+    print(md)
     if args.out:
         os.makedirs(os.path.dirname(args.out) or ".", exist_ok=True)
         with open(args.out + ".md", "w") as fh:
-            fh.write(text)
+            fh.write(md + "\n")
         with open(args.out + ".json", "w") as fh:
             json.dump(results, fh, indent=1, default=float)
-        print(f"wrote {args.out}.md and {args.out}.json", file=sys.stderr)
     return 0
 
 

@@ -269,3 +269,39 @@ def test_generalist_pipeline_end_to_end(tmp_path):
         TrainConfig.generalist(observation="flat").validate()
     with pytest.raises(ValueError, match="budget_levels are the actions of action='budget'"):
         TrainConfig.generalist(budget_levels=(0, 1, 2)).validate()
+
+
+# --------------------------------------------------------------------------- batched training
+
+
+@needs_sb3
+def test_batched_training_vecenv_matches_the_dummy_one():
+    from flowgym.lab.scenarios import get_scenario
+    from flowgym.lab.train import batched_reason, learned_env_kwargs, make_vec_env
+
+    kw = learned_env_kwargs(get_scenario("adaptive-switch").tune_env_kwargs(), 16)
+    kw["horizon"] = 64
+    assert batched_reason(kw, 8) is None
+    levels = (0, 2, 4, 8, 16)
+    a = make_vec_env(kw, 3, 7, kind="batched", action_repeat=8, budget_levels=levels)
+    b = make_vec_env(kw, 3, 7, kind="dummy", action_repeat=8, budget_levels=levels)
+    assert type(a).__name__ == "VecRepeatLevels" and type(b).__name__ == "DummyVecEnv"
+    oa, ob = a.reset(), b.reset()
+    np.testing.assert_allclose(oa, ob)
+    rng = np.random.default_rng(0)
+    ends = 0
+    for _ in range(20):  # 160 slots: two and a half episodes of 64
+        act = rng.integers(0, len(levels), size=3)
+        oa, ra, da, ia = a.step(act)
+        ob, rb, db, ib = b.step(act)
+        np.testing.assert_allclose(oa, ob, rtol=1e-6)
+        np.testing.assert_allclose(ra, rb, rtol=1e-5)
+        assert np.array_equal(da, db)
+        ends += int(da.all())
+    assert ends == 2
+    # why not, by name
+    assert "distribution" in batched_reason(kw, 8, distribution="random-mix")
+    assert "multiple of action_repeat" in batched_reason({**kw, "horizon": 60}, 8)
+    assert "queue_order" in batched_reason({**kw, "queue_order": "estimate"}, 8)
+    with pytest.raises(ValueError, match="vec_env='batched' cannot run this configuration: horizon=60"):
+        make_vec_env({**kw, "horizon": 60}, 2, 0, kind="batched", action_repeat=8)

@@ -53,6 +53,9 @@ def batched_unsupported(config: FlowControlConfig, render_mode: str | None = Non
         return f"render_mode={render_mode!r} (the batched environment does not render)"
     if config.time_model != "slot":
         return f"time_model={config.time_model!r} (the batched engine runs unit slots only)"
+    if config.observation == "load" or config.action == "multiplier":
+        return (f"observation={config.observation!r}, action={config.action!r} (the online load tracker runs in "
+                "single environments)")
     record = getattr(config, "record", "full")
     if record != "full":
         return f"record={record!r} (the batched engine keeps the full request log)"

@@ -571,8 +571,9 @@ def build_parser() -> argparse.ArgumentParser:
                    help="decisions (SB3 timesteps; slots = decisions x action repeat) "
                    f"(default {g.total_timesteps} for the generalist, {d.total_timesteps} with --scenario)")
     t.add_argument("--n-envs", type=int, default=d.n_envs, help=f"vectorised environments (default {d.n_envs})")
-    t.add_argument("--vec-env", choices=["dummy", "subproc"], default=d.vec_env,
-                   help="dummy: one process (default); subproc: one process per env")
+    t.add_argument("--vec-env", choices=["auto", "batched", "dummy", "subproc"], default=d.vec_env,
+                   help="auto (default): the batched VecEnv (flowgym.envs.sb3) where the configuration allows, else "
+                   "dummy; batched: that or an error naming why not; dummy: one process; subproc: one process per env")
     t.add_argument("--seed", type=int, default=d.seed, help=f"seed of the algorithm and of training env 0 (default {d.seed})")
     t.add_argument("--learning-rate", type=float, default=d.learning_rate, help=f"(default {d.learning_rate})")
     t.add_argument("--n-steps", type=int, default=d.n_steps, help=f"rollout steps per env (default {d.n_steps})")

@@ -125,8 +125,11 @@ class TrainConfig:
     total_timesteps: int = 1_000_000
     #: Number of environments stepped together.
     n_envs: int = 8
-    #: ``"dummy"`` (one process) or ``"subproc"`` (one process per environment).
-    vec_env: str = "dummy"
+    #: ``"auto"`` (the batched SB3 VecEnv, :class:`flowgym.envs.sb3.FlowControlSB3VecEnv`, where the
+    #: configuration allows it, else ``"dummy"``; :func:`batched_reason` says why not), ``"batched"``
+    #: (that VecEnv, or an error naming why it cannot), ``"dummy"`` (SB3's ``DummyVecEnv`` over
+    #: ``gym.make`` environments, one process) or ``"subproc"`` (one process per environment).
+    vec_env: str = "auto"
     #: Seed of the algorithm and of the first training environment (the others: ``seed + i``).
     seed: int = 10_000
     learning_rate: float = 3e-4
@@ -256,8 +259,8 @@ class TrainConfig:
             v = getattr(self, name)
             if isinstance(v, bool) or not isinstance(v, (int, float)) or not 0 < v <= 1:
                 raise ValueError(f"{name} must be in (0, 1], got {v!r}")
-        if self.vec_env not in ("dummy", "subproc"):
-            raise ValueError(f"vec_env must be 'dummy' or 'subproc', got {self.vec_env!r}")
+        if self.vec_env not in ("auto", "batched", "dummy", "subproc"):
+            raise ValueError(f"vec_env must be 'auto', 'batched', 'dummy' or 'subproc', got {self.vec_env!r}")
         if self.action_rule not in ACTION_RULES:
             raise ValueError(f"action_rule must be one of {list(ACTION_RULES)}, got {self.action_rule!r}")
         if self.select not in ("best", "last"):
@@ -422,6 +425,60 @@ def _budget_levels_wrapper() -> type:
     return BudgetLevels
 
 
+def batched_reason(env_kwargs: Mapping[str, Any], action_repeat: int = 1, distribution: Any = None) -> str | None:
+    """Why training cannot run on the batched VecEnv (naming the argument), or ``None`` when it can."""
+    if distribution is not None:
+        return "distribution= (each environment draws its own workload)"
+    from flowgym.envs.flow_control import FlowControlConfig
+    from flowgym.envs.vector import batched_unsupported
+
+    cfg = FlowControlConfig.from_any(dict(env_kwargs))
+    why = batched_unsupported(cfg)
+    if why is not None:
+        return why
+    if cfg.horizon is None or cfg.horizon % action_repeat:
+        return (f"horizon={cfg.horizon} is not a multiple of action_repeat={action_repeat} (the batched "
+                "environments end their episodes together, between two decisions)")
+    return None
+
+
+def _vec_repeat_wrapper() -> type:
+    from gymnasium import spaces
+    from stable_baselines3.common.vec_env import VecEnvWrapper
+
+    class VecRepeatLevels(VecEnvWrapper):
+        """Action repeat and budget levels on a whole VecEnv (the batched one): each decision held for
+        ``repeat`` slots, rewards summed; with ``levels`` the action is a level's index. The batched
+        environments share one horizon, a multiple of ``repeat``, so all episodes end together at
+        the end of a decision (as :func:`_action_repeat_wrapper` ends them one by one)."""
+
+        def __init__(self, venv: Any, repeat: int, levels: Sequence[int] | None) -> None:
+            space = spaces.Discrete(len(levels)) if levels is not None else venv.action_space
+            super().__init__(venv, action_space=space)
+            self.repeat = int(repeat)
+            self.levels = None if levels is None else np.asarray(levels, dtype=np.int64)
+            self._actions: Any = None
+
+        def reset(self) -> Any:
+            return self.venv.reset()
+
+        def step_async(self, actions: np.ndarray) -> None:
+            a = np.asarray(actions, dtype=np.int64).reshape(self.num_envs)
+            self._actions = a if self.levels is None else self.levels[a]
+
+        def step_wait(self) -> Any:
+            total = np.zeros(self.num_envs, dtype=np.float32)
+            for _ in range(self.repeat):
+                self.venv.step_async(self._actions)
+                obs, rew, dones, infos = self.venv.step_wait()
+                total += rew
+                if dones.any():
+                    break
+            return obs, total, dones, infos
+
+    return VecRepeatLevels
+
+
 def _metrics_wrapper() -> type:
     import gymnasium as gym
 
@@ -461,6 +518,21 @@ def make_vec_env(env_kwargs: Mapping[str, Any], n_envs: int, seed: int, *, kind:
     import flowgym  # noqa: F401  (registers FlowControl-v0)
 
     kw = dict(env_kwargs)
+    if kind in ("auto", "batched"):
+        why = None if metrics else batched_reason(kw, action_repeat, distribution)
+        if metrics:
+            why = "evaluation environments (they report each episode's latency metrics)"
+        if why is None:
+            from stable_baselines3.common.vec_env import VecMonitor  # noqa: F401  (SB3 check)
+
+            from flowgym.envs.sb3 import FlowControlSB3VecEnv
+
+            venv = FlowControlSB3VecEnv(n_envs, **kw)
+            venv.seed(seed)
+            return _vec_repeat_wrapper()(venv, action_repeat, budget_levels)
+        if kind == "batched":
+            raise ValueError(f"vec_env='batched' cannot run this configuration: {why}; use vec_env='auto' or 'dummy'")
+        kind = "dummy"
     layers: list[Any] = []
     if action_repeat > 1:
         layers.append(lambda e, _cls=_action_repeat_wrapper(): _cls(e, action_repeat))
@@ -655,9 +727,11 @@ def train(cfg: TrainConfig | None = None, *, on_eval: Any = None, **overrides: A
     if cfg.eval_freq > 0:
         # a trace replay is the same episode for every seed: one evaluation episode suffices
         n_eval = 1 if sc.finite and dist is None else cfg.eval_episodes
-        eval_venv = VecNormalize(make_vec_env(train_kw, n_eval, cfg.eval_seed, metrics=True,
-                                              action_repeat=cfg.action_repeat, budget_levels=cfg.budget_levels,
-                                              distribution=dist),
+        raw_eval = make_vec_env(train_kw, n_eval, cfg.eval_seed, metrics=True, action_repeat=cfg.action_repeat,
+                                budget_levels=cfg.budget_levels, distribution=dist)
+        if type(venv.venv).__name__ == "VecRepeatLevels":  # SB3 syncs normalisation along equal wrapper chains
+            raw_eval = _vec_repeat_wrapper()(raw_eval, 1, None)  # (a pass-through layer)
+        eval_venv = VecNormalize(raw_eval,
                                  training=False, norm_obs=cfg.norm_obs, norm_reward=False, clip_obs=cfg.clip_obs)
 
     kwargs = _algo_kwargs(cfg, algo_cls)
