@@ -305,3 +305,31 @@ def test_batched_training_vecenv_matches_the_dummy_one():
     assert "queue_order" in batched_reason({**kw, "queue_order": "estimate"}, 8)
     with pytest.raises(ValueError, match="vec_env='batched' cannot run this configuration: horizon=60"):
         make_vec_env({**kw, "horizon": 60}, 2, 0, kind="batched", action_repeat=8)
+
+
+def test_rate_anchor_multiplies_the_arrival_rate():
+    env = FlowControlEnv(M=8000, workload=_iid(6.0), horizon=200, action="multiplier", multiplier_of="rate",
+                         multipliers=(0.5, 1.5), max_budget=64)
+    env.reset(seed=1)
+    for t in range(199):
+        rate = env.tracker.arrival_rate()
+        assert env.check_action(1) == int(min(max(round(1.5 * rate), 1), 64))
+        assert env.check_action(0) == int(min(max(round(0.5 * rate), 1), 64))
+        env.step(t % 2)
+    assert 4.0 < env.tracker.arrival_rate() < 8.0  # the moving average settles near the rate, 6 per slot
+    with pytest.raises(ValueError, match="multiplier_of must be 'safe' or 'rate', got 'queue'"):
+        FlowControlEnv(multiplier_of="queue")
+
+
+def test_load_observation_is_the_same_in_streaming_record_mode():
+    kw = {"M": 8000, "workload": _iid(5.0), "horizon": 3000, "observation": "load", "action": "multiplier"}
+    seqs = []
+    for rec in ("full", "stream"):
+        env = FlowControlEnv(**kw, record=rec)
+        o, _ = env.reset(seed=3)
+        seq = [o]
+        for t in range(2999):
+            o, *_ = env.step(t % 11)
+            seq.append(o)
+        seqs.append(np.array(seq))
+    np.testing.assert_array_equal(seqs[0], seqs[1])

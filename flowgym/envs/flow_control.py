@@ -88,6 +88,11 @@ class FlowControlConfig:
     action: str = "budget"
     #: The multipliers ``k`` of ``action="multiplier"`` (positive, ascending).
     multipliers: tuple[float, ...] = (0.25, 0.5, 0.75, 1.0, 1.25, 1.5, 2.0, 3.0, 4.0, 6.0, 8.0)
+    #: What ``action="multiplier"`` multiplies: ``"safe"`` (the safe budget ``M / E_hat[w]``) or
+    #: ``"rate"`` (the tracker's arrival rate, moving average over 32 decision points: ``k``
+    #: starts per arrival; admitting a little faster than requests arrive keeps up with them
+    #: without releasing a backlog all at once).
+    multiplier_of: str = "safe"
     #: Cap for observed counts (queue length, per-class queues, arrival rate).
     queue_cap: int = 4096
     #: Cap for observed queued prompt tokens, in units of ``M``.
@@ -176,6 +181,8 @@ class FlowControlConfig:
             or any(b <= a for a, b in zip(ks, ks[1:]))
         ):
             raise ValueError(f"multipliers must be positive finite numbers in ascending order, got {ks!r}")
+        if self.multiplier_of not in ("safe", "rate"):
+            raise ValueError(f"multiplier_of must be 'safe' or 'rate', got {self.multiplier_of!r}")
         if self.action == "multiplier" and self.per_class_budget:
             raise ValueError("action='multiplier' sets one global budget: it cannot be combined with per_class_budget=True")
         edges = list(self.hist_edges)
@@ -429,7 +436,7 @@ class FlowControlEnv(gym.Env[Any, Any]):
             self._act_type = PerClassBudget(cfg.max_budget, m)
         elif cfg.action == "multiplier":
             assert self.tracker is not None
-            self._act_type = MultiplierBudget(cfg.multipliers, cfg.max_budget, self.tracker)
+            self._act_type = MultiplierBudget(cfg.multipliers, cfg.max_budget, self.tracker, of=cfg.multiplier_of)
         else:
             self._act_type = GlobalBudget(cfg.max_budget)
         self.action_space = self._act_type.space()

@@ -249,13 +249,18 @@ class PerClassBudget:
 
 
 class MultiplierBudget:
-    """``Discrete(len(multipliers))``: action ``a`` asks for ``multipliers[a]`` times the safe budget.
+    """``Discrete(len(multipliers))``: action ``a`` asks for ``multipliers[a]`` times an anchor.
 
-    ``B_t = clip(round(multipliers[a] * M / E_hat[w]), 1, max_budget)`` with the
-    tracker's online safe budget (:meth:`~flowgym.sim.estimators.LoadTracker.safe_budget`).
+    ``B_t = clip(round(multipliers[a] * anchor), 1, max_budget)`` with ``anchor`` the
+    tracker's online safe budget ``M / E_hat[w]`` (``of="safe"``,
+    :meth:`~flowgym.sim.estimators.LoadTracker.safe_budget`) or its arrival rate per
+    decision point (``of="rate"``, :meth:`~flowgym.sim.estimators.LoadTracker.arrival_rate`).
     """
 
-    def __init__(self, multipliers: Sequence[float], max_budget: int, tracker: LoadTracker) -> None:
+    def __init__(self, multipliers: Sequence[float], max_budget: int, tracker: LoadTracker, of: str = "safe") -> None:
+        if of not in ("safe", "rate"):
+            raise ValueError(f"multiplier_of must be 'safe' or 'rate', got {of!r}")
+        self.of = of
         self.multipliers = tuple(float(k) for k in multipliers)
         self.max_budget = int(max_budget)
         self.tracker = tracker
@@ -274,5 +279,6 @@ class MultiplierBudget:
             raise _bad_action(action, self._space)
         if not 0 <= a < len(self.multipliers):
             raise _bad_action(action, self._space)
-        b = round(self.multipliers[a] * self.tracker.safe_budget())
+        anchor = self.tracker.safe_budget() if self.of == "safe" else self.tracker.arrival_rate()
+        b = round(self.multipliers[a] * anchor)
         return int(min(max(b, 1), self.max_budget))

@@ -179,6 +179,9 @@ class TrainConfig:
     action: str = "budget"
     #: The multipliers of ``action="multiplier"``.
     multipliers: tuple[float, ...] = (0.25, 0.5, 0.75, 1.0, 1.25, 1.5, 2.0, 3.0, 4.0, 6.0, 8.0)
+    #: What they multiply: ``"safe"`` (``M / E_hat[w]``) or ``"rate"`` (the arrival rate); see
+    #: ``FlowControlConfig.multiplier_of``.
+    multiplier_of: str = "safe"
     #: Overrides of the scenario's environment arguments for training and for the agent
     #: (e.g. ``{"reward_weights": {...}}``); the workload is always the scenario's.
     env_overrides: dict[str, Any] = field(default_factory=dict)
@@ -287,7 +290,8 @@ class TrainConfig:
                              "among multipliers= instead")
         from flowgym.envs.flow_control import FlowControlConfig
 
-        FlowControlConfig(multipliers=tuple(self.multipliers)).validate()  # names a bad multipliers value
+        FlowControlConfig(multipliers=tuple(self.multipliers),
+                          multiplier_of=self.multiplier_of).validate()  # names a bad value
         if self.distribution is not None:
             from flowgym.lab.distributions import make_distribution
 
@@ -362,7 +366,8 @@ class _RuleModel:
 
 def learned_env_kwargs(scenario_env: Mapping[str, Any], max_budget: int,
                        overrides: Mapping[str, Any] | None = None, *, observation: str = "flat",
-                       action: str = "budget", multipliers: Sequence[float] | None = None) -> dict[str, Any]:
+                       action: str = "budget", multipliers: Sequence[float] | None = None,
+                       multiplier_of: str = "safe") -> dict[str, Any]:
     """Environment arguments of a learned agent: the scenario's, the overrides, its observation
     (``flat`` or ``load``) and action (a budget up to ``max_budget``, or a multiplier of the safe budget)."""
     kw = {**dict(scenario_env), **dict(overrides or {})}
@@ -375,6 +380,7 @@ def learned_env_kwargs(scenario_env: Mapping[str, Any], max_budget: int,
 
             multipliers = FlowControlConfig().multipliers
         kw["multipliers"] = tuple(float(k) for k in multipliers)
+        kw["multiplier_of"] = multiplier_of
     return kw
 
 
@@ -714,7 +720,8 @@ def train(cfg: TrainConfig | None = None, *, on_eval: Any = None, **overrides: A
         cfg = dataclasses.replace(cfg, budget_levels=tuple(cfg.budget_levels), max_budget=int(cfg.budget_levels[-1]))
     assert cfg.max_budget is not None
     train_kw = learned_env_kwargs(sc.tune_env_kwargs(), cfg.max_budget, cfg.env_overrides,
-                                  observation=cfg.observation, action=cfg.action, multipliers=cfg.multipliers)
+                                  observation=cfg.observation, action=cfg.action, multipliers=cfg.multipliers,
+                                  multiplier_of=cfg.multiplier_of)
     dist = cfg.distribution
     out = cfg.out
     os.makedirs(out, exist_ok=True)
@@ -870,6 +877,7 @@ def _agent_options(env_kwargs: Mapping[str, Any]) -> dict[str, Any]:
     if env_kwargs.get("action", "budget") == "multiplier":
         opts["action"] = "multiplier"
         opts["multipliers"] = [float(k) for k in env_kwargs["multipliers"]]
+        opts["multiplier_of"] = env_kwargs.get("multiplier_of", "safe")
     for k in OBSERVATION_OPTIONS:
         v = env_kwargs.get(k, getattr(defaults, k))
         opts[k] = list(v) if isinstance(v, tuple) else v

@@ -147,6 +147,10 @@ class LoadTracker:
             return w if w_lb is None else max(w, w_lb)
         return w_lb
 
+    def arrival_rate(self) -> float:
+        """Arrivals per decision point, moving average with time constant 32."""
+        return float(self.rates[1])
+
     def safe_budget(self) -> float:
         """``M / E_hat[w]`` clipped to ``[0.5, cap]`` (the cap while ``E[w]`` is unknown)."""
         w = self.work
