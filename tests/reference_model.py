@@ -154,8 +154,12 @@ def simulate(
     Returns a dict with per-request ``finish`` (int, -1 if unfinished),
     ``evictions`` (int), ``rejected`` (bool); per-slot ``usage``,
     ``queue_len``, ``active`` (int arrays of length = slots run); and ints
-    ``wasted_tokens``, ``overflow_events``; and ``estimate`` (each request's
-    ``e_i`` at the end).
+    ``wasted_tokens``, ``overflow_events``; ``estimate`` (each request's
+    ``e_i`` at the end); per slot ``queued_prompt`` (prompt tokens of the
+    waiting requests at the end of the slot), ``arrived`` and ``rejected_now``
+    (requests arriving in the slot, and of those the rejected),
+    ``completed_tokens`` (the ``l_i + o_i`` sum of the requests completing in
+    the slot: the memory they free).
     """
     arrival = _as_int_list("arrival", arrival)
     prompt_len = _as_int_list("prompt_len", prompt_len)
@@ -231,6 +235,7 @@ def simulate(
     active = []  # active requests
     activation_counter = 0
     usage, queue_len, active_len = [], [], []
+    queued_prompt, arrived_at, rejected_at, completed_tokens = [], [], [], []
     wasted_tokens = 0
     overflow_events = 0
     last_arrival = max(arrival) if n else -1
@@ -261,10 +266,13 @@ def simulate(
                 )
 
         # 1. Arrive.
+        arrived_at.append(sum(1 for r in reqs if r.arrival == t))
+        rejected_at.append(0)
         for r in reqs:
             if r.arrival == t:
                 if r.l + r.o > M:
                     r.rejected = True
+                    rejected_at[-1] += 1
                 else:
                     queue.append(r)
         queue.sort(key=sort_key)
@@ -305,16 +313,19 @@ def simulate(
         assert demand <= M
 
         # 4. Decode.
+        completed_tokens.append(0)
         for r in list(active):
             r.j += 1
             if r.j == r.o:
                 r.finish = t + 1
                 active.remove(r)
+                completed_tokens[-1] += r.l + r.o
 
         # 5. Record.
         usage.append(demand)
         queue_len.append(len(queue))
         active_len.append(len(active))
+        queued_prompt.append(sum(r.l for r in queue))
         t += 1
 
     return {
@@ -325,6 +336,10 @@ def simulate(
         "usage": np.array(usage, dtype=np.int64),
         "queue_len": np.array(queue_len, dtype=np.int64),
         "active": np.array(active_len, dtype=np.int64),
+        "queued_prompt": np.array(queued_prompt, dtype=np.int64),
+        "arrived": np.array(arrived_at, dtype=np.int64),
+        "rejected_now": np.array(rejected_at, dtype=np.int64),
+        "completed_tokens": np.array(completed_tokens, dtype=np.int64),
         "wasted_tokens": int(wasted_tokens),
         "overflow_events": int(overflow_events),
     }

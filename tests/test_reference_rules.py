@@ -246,9 +246,15 @@ def _engine_run(path, arrival, prompt_len, output_len, *, M, budgets, eviction, 
     eng = Engine(M, trace, eviction=eviction, queue_order=queue_order, estimate_floor=estimate_floor)
     eng.jit = path == "compiled"
     eng.reset(np.random.default_rng(0))
+    arrived, rejected, queued_prompt, completed_tokens = [], [], [], []
     for t in range(horizon):
-        eng.arrive()
+        n = eng.arrive()  # returns the slot's arrivals, rejected ones included
+        assert n == eng.last_arrivals
+        arrived.append(n)
+        rejected.append(eng.last_rejected)
         eng.serve(budgets[t] if t < len(budgets) else 0)
+        queued_prompt.append(eng.queued_prompt_tokens)
+        completed_tokens.append(eng.last_completed_tokens)
     n = len(trace)
     inv = np.empty(n, np.int64)
     inv[trace.row] = np.arange(n)
@@ -258,7 +264,8 @@ def _engine_run(path, arrival, prompt_len, output_len, *, M, budgets, eviction, 
     est = np.full(n, estimate_floor, np.int64)
     est[: eng.n_arrived] = eng.estimate[: eng.n_arrived]
     return {"finish": finish[inv], "estimate": est[inv], "usage": eng.series()["usage"],
-            "wasted_tokens": eng.wasted_tokens, "track": eng.track_estimates}
+            "wasted_tokens": eng.wasted_tokens, "track": eng.track_estimates, "arrived": arrived,
+            "rejected_now": rejected, "queued_prompt": queued_prompt, "completed_tokens": completed_tokens}
 
 
 @pytest.mark.parametrize("path", PATHS)
@@ -266,7 +273,9 @@ def _engine_run(path, arrival, prompt_len, output_len, *, M, budgets, eviction, 
 @given(case=traces(classes=False), floor=st.integers(1, 6), order=st.sampled_from(ORDERS), eviction=st.sampled_from(RULES))
 def test_property_estimate_floor_and_estimates_agree(path, case, floor, order, eviction):
     """Other initial estimates (``estimate_floor``): the engine's final estimates (when it tracks
-    them) and its finish slots and usage equal the reference model's."""
+    them) and its finish slots and usage equal the reference model's; so do the counters the
+    environment observes: arrivals and rejections of each slot, waiting prompt tokens, the
+    ``l + o`` tokens freed by each slot's completions."""
     arrival, prompt_len, output_len, kwargs = case
     b = kwargs["budgets"]
     budgets = [b] * kwargs["horizon"] if isinstance(b, int) else list(b)
@@ -276,6 +285,8 @@ def test_property_estimate_floor_and_estimates_agree(path, case, floor, order, e
     assert got["finish"].tolist() == expected["finish"].tolist()
     assert got["usage"].tolist() == expected["usage"].tolist()
     assert got["wasted_tokens"] == expected["wasted_tokens"]
+    for key in ("arrived", "rejected_now", "queued_prompt", "completed_tokens"):
+        assert list(got[key]) == expected[key].tolist(), key
     assert got["track"] == (order == "estimate" or eviction == "estimate")
     if got["track"]:
         assert got["estimate"].tolist() == expected["estimate"].tolist()

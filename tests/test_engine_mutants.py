@@ -1,0 +1,111 @@
+"""Engine behaviour that the mutation run of ``flowgym/sim/engine.py`` found unpinned
+(docs/testing.md lists the mutants): an eviction rule that frees too little is refused, and in
+continuous time the clock neither jumps while a batch runs nor misses an arrival that falls
+exactly on the start of an iteration, nor hangs when no request will ever come.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+import flowgym
+from flowgym import FlowControlEnv, Trace
+from flowgym.sim.engine import Engine
+from flowgym.sim.rules import EvictionRule
+
+LIN = {"kind": "linear", "c0": 1.0, "c_prefill": 0.1, "c_decode": 0.01, "c_kv": 0.001}
+
+
+class OldestOnly(EvictionRule):
+    """A broken rule: evicts only the oldest active request, whatever the excess."""
+
+    name = "oldest-only"
+
+    def select(self, active, excess):
+        return np.array([0])
+
+
+class Nobody(EvictionRule):
+    name = "nobody"
+
+    def select(self, active, excess):
+        return np.array([], dtype=np.int64)
+
+
+@pytest.mark.parametrize("rule", [OldestOnly(), Nobody()])
+def test_an_eviction_rule_that_frees_too_little_is_refused(rule):
+    """r0 = (0, 1, 2), r1 = r2 = (0, 8, 2), B = 3, M = 10: t0 demand 2 + 9 + 9 = 20, excess 10;
+    evicting r0 alone frees 2 (and nobody frees 0): the engine names the rule instead of going on
+    with 18 > M tokens."""
+    with pytest.raises(RuntimeError, match=f"eviction rule '{rule.name}' did not free 10 tokens"):
+        flowgym.replay([0, 0, 0], [1, 8, 8], [2, 2, 2], M=10, budgets=3, eviction=rule, horizon=3)
+
+
+def _timed_run(trace, time_model, budget=5, M=1000):
+    env = FlowControlEnv(M=M, workload=trace, horizon=None, time_model=time_model)
+    env.reset(seed=0)
+    infos, done = [], False
+    while not done:
+        _, _, te, tr, info = env.step(budget)
+        infos.append(info)
+        done = te or tr
+    return env, infos
+
+
+def test_clock_does_not_jump_while_a_batch_runs_with_an_empty_queue():
+    """d = 1 + 0.1 P + 0.01 D + 0.001 K s. r0 (0.0 s, l 2, o 3), r1 (5.0 s, l 1, o 1); B = 5.
+
+    - iteration 0 at 0.0: r0 joins and starts: P = 2, D = 0, K = 0 -> d = 1.2, ends 1.2.
+    - iteration 1 at 1.2: the queue is empty but r0 decodes (j = 1): no jump to r1's 5.0;
+      P = 0, D = 1, K = 2 + 1 = 3 -> d = 1.013, ends 2.213.
+    - iteration 2 at 2.213: D = 1, K = 4 -> d = 1.014, ends 3.227; r0 finishes (j = 3).
+    - iteration 3: idle, jumps to 5.0: r1 joins, P = 1 -> d = 1.1, ends 6.1.
+    """
+    env, infos = _timed_run(Trace([0.0, 5.0], [2, 1], [3, 1], timed=True), LIN)
+    assert [round(i["time"], 9) for i in infos] == [1.2, 2.213, 3.227, 6.1]
+    assert [i["arrived"] for i in infos] == [1, 0, 0, 1]
+    log = env.request_log()
+    assert log["arrival"].tolist() == [0, 3]
+    np.testing.assert_allclose(log["finish_time"], [3.227, 6.1])
+
+
+def test_an_arrival_exactly_at_an_iteration_start_on_a_chunk_boundary_joins_it():
+    """Arrivals are generated in 60-second chunks. With d = 1 s per iteration, iteration 60
+    starts at exactly 60.0 s, the first instant of the second chunk, while r0 (o = 100) still
+    runs; r1 arriving at 60.0 joins iteration 60 ("the first iteration that starts at or after
+    its arrival time", the spec) and finishes at its end, 61.0 s."""
+    env, infos = _timed_run(Trace([0.0, 60.0], [1, 1], [100, 1], timed=True), lambda P, D, K, B: 1.0)
+    log = env.request_log()
+    assert log["arrival"].tolist() == [0, 60]
+    assert log["finish_time"].tolist() == [100.0, 61.0]
+
+
+def test_a_workload_that_never_sends_a_request_does_not_hang_in_continuous_time():
+    """An infinite timed workload with rate 0 (and one whose rate is unknown, ``None``, that sends
+    nothing): the idle server finds no next arrival and the iteration ends with nothing to do."""
+    from flowgym.sim.workloads import Workload, Requests
+
+    class Silent(Workload):
+        timed = True
+        chunk_span = 60.0
+
+        def sample(self, rng, t0, t1):
+            return Requests.empty()
+
+    for wl in ({"kind": "iid", "rate": 0.0, "lengths": {"kind": "lmsys-like"}, "timed": True}, Silent()):
+        eng = Engine(100, wl, time_model=LIN)
+        eng.reset(np.random.default_rng(0))
+        for _ in range(3):
+            assert eng.arrive() == 0
+            eng.serve(1)
+        assert eng.total_arrived == 0 and eng.t == 3
+
+
+def test_a_gap_of_a_million_years_between_arrivals_costs_one_chunk():
+    """Chunks of 60 s hold no request between r0 (0 s) and r1 (3e13 s, about a million years):
+    the idle server jumps to r1 without generating the empty chunks one by one (which would
+    never end), and r1 is served at its arrival time: d = 1 + 0.1 * 1 = 1.1 s."""
+    env, infos = _timed_run(Trace([0.0, 3e13], [1, 1], [1, 1], timed=True), LIN)
+    assert len(infos) == 2
+    assert env.request_log()["finish_time"].tolist() == pytest.approx([1.1, 3e13 + 1.1])
