@@ -109,3 +109,44 @@ def test_a_gap_of_a_million_years_between_arrivals_costs_one_chunk():
     env, infos = _timed_run(Trace([0.0, 3e13], [1, 1], [1, 1], timed=True), LIN)
     assert len(infos) == 2
     assert env.request_log()["finish_time"].tolist() == pytest.approx([1.1, 3e13 + 1.1])
+
+
+def test_rejections_in_continuous_time_are_counted_per_iteration():
+    """M = 10: r0 (0.0 s, l 2, o 2) fits; r1 and r2 (both 0.5 s, l 6, o 6: 12 > 10) are rejected
+    on arrival, in the same iteration (the one starting at 1.2 s); r3 (0.7 s, l 1, o 1) joins it.
+    Iteration 0: arrived 1, rejected 0; iteration 1: arrived 3, rejected 2."""
+    eng = Engine(10, Trace([0.0, 0.5, 0.5, 0.7], [2, 6, 6, 1], [2, 6, 6, 1], timed=True), time_model=LIN)
+    eng.reset(np.random.default_rng(0))
+    seen = []
+    for _ in range(3):
+        n = eng.arrive()
+        seen.append((n, eng.last_arrivals, eng.last_rejected))
+        eng.serve(5)
+    assert seen[:2] == [(1, 1, 0), (3, 3, 2)]
+    assert eng.total_rejected == 2 and eng.total_arrived == 4
+    assert eng.request_log()["rejected"].tolist() == [False, True, True, False]
+
+
+def test_a_finished_timed_trace_keeps_serving_idle_iterations():
+    """Driven past its last request (the engine, unlike the environment, does not stop), the
+    iterations are idle: nothing arrives, nothing runs, the run does not hang."""
+    eng = Engine(100, Trace([0.0], [1], [1], timed=True), time_model=LIN)
+    eng.reset(np.random.default_rng(0))
+    arrived = []
+    for _ in range(6):
+        arrived.append(eng.arrive())
+        eng.serve(1)
+    assert arrived == [1, 0, 0, 0, 0, 0]
+    assert eng.total_completed == 1 and eng.in_system == 0 and eng.t == 6
+    assert eng.request_log()["finish_time"].tolist() == pytest.approx([1.1])
+
+
+@pytest.mark.parametrize("path", ["compiled", "numpy"])
+def test_a_batch_larger_than_the_active_arrays_is_admitted_at_once(path):
+    """600 requests (l 1, o 2) at t = 0, B = 600, M = 10**5: the active arrays (256 entries at
+    first) grow to take them in one admission; all finish at t = 2, usage 600 * 2 then 600 * 3."""
+    from test_reference_rules import _both
+
+    r = _both(path, [0] * 600 + [1] * 300, [1] * 900, [2] * 900, M=10**5, budgets=[600, 600, 600], horizon=5)
+    assert r["finish"].tolist() == [2] * 600 + [3] * 300
+    assert r["usage"].tolist() == [1200, 1800 + 600, 900, 0, 0]
