@@ -159,7 +159,8 @@ def simulate(
     waiting requests at the end of the slot), ``arrived`` and ``rejected_now``
     (requests arriving in the slot, and of those the rejected),
     ``completed_tokens`` (the ``l_i + o_i`` sum of the requests completing in
-    the slot: the memory they free).
+    the slot: the memory they free); ``admitted``, ``evicted``, ``completed``
+    (requests activated, evicted and completed in each slot).
     """
     arrival = _as_int_list("arrival", arrival)
     prompt_len = _as_int_list("prompt_len", prompt_len)
@@ -236,6 +237,7 @@ def simulate(
     activation_counter = 0
     usage, queue_len, active_len = [], [], []
     queued_prompt, arrived_at, rejected_at, completed_tokens = [], [], [], []
+    admitted_at, evicted_at, completed_at = [], [], []
     wasted_tokens = 0
     overflow_events = 0
     last_arrival = max(arrival) if n else -1
@@ -244,6 +246,7 @@ def simulate(
     def evict(r):
         nonlocal wasted_tokens
         active.remove(r)
+        evicted_at[-1] += 1
         wasted_tokens += r.j
         r.estimate = r.current_estimate()  # o_i >= j_i + 1 is now known
         r.j = 0
@@ -285,6 +288,8 @@ def simulate(
             for k, b_k in enumerate(class_budgets):
                 of_class_k = [r for r in queue if r.cls == k]
                 admitted.extend(of_class_k[:b_k])
+        admitted_at.append(len(admitted))
+        evicted_at.append(0)
         for r in admitted:
             queue.remove(r)
             activation_counter += 1
@@ -314,12 +319,14 @@ def simulate(
 
         # 4. Decode.
         completed_tokens.append(0)
+        completed_at.append(0)
         for r in list(active):
             r.j += 1
             if r.j == r.o:
                 r.finish = t + 1
                 active.remove(r)
                 completed_tokens[-1] += r.l + r.o
+                completed_at[-1] += 1
 
         # 5. Record.
         usage.append(demand)
@@ -340,6 +347,9 @@ def simulate(
         "arrived": np.array(arrived_at, dtype=np.int64),
         "rejected_now": np.array(rejected_at, dtype=np.int64),
         "completed_tokens": np.array(completed_tokens, dtype=np.int64),
+        "admitted": np.array(admitted_at, dtype=np.int64),
+        "evicted": np.array(evicted_at, dtype=np.int64),
+        "completed": np.array(completed_at, dtype=np.int64),
         "wasted_tokens": int(wasted_tokens),
         "overflow_events": int(overflow_events),
     }

@@ -152,3 +152,42 @@ def test_a_batch_larger_than_the_active_arrays_is_admitted_at_once(path):
     r = _both(path, [0] * 600 + [1] * 300, [1] * 900, [2] * 900, M=10**5, budgets=[600, 600, 600], horizon=5)
     assert r["finish"].tolist() == [2] * 600 + [3] * 300
     assert r["usage"].tolist() == [1200, 1800 + 600, 900, 0, 0]
+
+
+def test_two_requests_evicted_in_their_admission_iteration_are_not_charged():
+    """d = 1 + 0.1 P + 0.01 D + 0.001 K s; M = 6; r0 (l 3, o 3), r1 (l 2, o 3), r2 (l 1, o 2), all
+    at 0.0 s; LIFO.
+    - iteration 0, B = 1: r0 starts: P = 3 -> d = 1.3.
+    - iteration 1, B = 2: r1, r2 start: demand 5 + 3 + 2 = 10 > 6, excess 4: r2 (frees 2), then
+      r1 (frees 3) are evicted, both in the iteration that admitted them: neither is prefilled
+      (P = 3 - 3 = 0) nor decodes (D = 1, r0 alone), K = 3 + 1 = 4 -> d = 1.014."""
+    env = FlowControlEnv(M=6, workload=Trace([0.0, 0.0, 0.0], [3, 2, 1], [3, 3, 2], timed=True), horizon=None,
+                         time_model=LIN, max_budget=2)
+    env.reset(seed=0)
+    i0 = env.step(1)[4]
+    i1 = env.step(2)[4]
+    assert i0["duration"] == pytest.approx(1.3)
+    assert i1["evicted"] == 2
+    assert i1["duration"] == pytest.approx(1.014)
+
+
+def test_an_idle_server_jumps_to_the_next_arrival_at_a_low_rate():
+    """Poisson arrivals at 0.5 per second: whenever the system is empty, the next iteration
+    starts at the next arrival's time, or at once if one came during the last iteration (it does
+    not idle for ``c0`` seconds at a time): every iteration that starts empty receives a request."""
+    eng = Engine(10_000, {"kind": "iid", "rate": 0.5, "timed": True,
+                                 "lengths": {"kind": "lognormal", "prompt_median": 2, "prompt_mean": 3,
+                                             "output_median": 2, "output_mean": 3, "max_prompt": 10,
+                                             "max_output": 10}},
+                 time_model=LIN)
+    eng.reset(np.random.default_rng(3))
+    jumps = 0
+    for _ in range(300):
+        empty, first, before = eng.in_system == 0, eng.n_arrived, eng.now
+        n = eng.arrive()
+        if empty:
+            assert n >= 1
+            assert eng.now == max(before, eng.arrival_time[first])
+            jumps += eng.now > before
+        eng.serve(8)
+    assert jumps > 10

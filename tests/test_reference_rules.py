@@ -43,7 +43,8 @@ import reference_model  # noqa: E402
 ORDERS = ("fifo", "sjf", "estimate")
 RULES = ("lifo", "all", "estimate")
 PATHS = ("compiled", "numpy")
-COMPARED = ("finish", "evictions", "rejected", "usage", "queue_len", "active", "wasted_tokens", "overflow_events")
+COMPARED = ("finish", "evictions", "rejected", "usage", "queue_len", "active", "admitted", "evicted", "completed",
+            "wasted_tokens", "overflow_events")
 
 EXAMPLES = int(os.environ.get("FLOWGYM_FUZZ_EXAMPLES", "50"))
 PROPERTY = settings(max_examples=EXAMPLES, deadline=None, derandomize=not os.environ.get("FLOWGYM_FUZZ_EXPLORE"),
@@ -230,7 +231,8 @@ def traces(draw, classes=True):
 @given(case=traces())
 def test_property_engine_agrees_with_reference(order, eviction, path, case):
     """``flowgym.replay`` == the reference model (finish slots, evictions, rejections, per-slot
-    usage, queue and active counts, waste, overflow events) for this order and rule."""
+    usage, queue and active counts, admissions, evictions and completions, waste, overflow
+    events) for this order and rule."""
     arrival, prompt_len, output_len, kwargs = case
     _both(path, arrival, prompt_len, output_len, queue_order=order, eviction=eviction, **kwargs)
 

@@ -15,6 +15,7 @@ line, for a test that kills them or a reason they are equivalent (docs/testing.m
 
     python tools/mutate.py flowgym/sim/metrics.py --tests tests/test_metrics_by_hand.py tests/test_env.py
     python tools/mutate.py --preset core           # the modules and tests of docs/testing.md
+    python tools/mutate.py --preset engine --by-line --lines 309-602   # the engine's slot phases
 
 The standard library's ``ast`` makes the mutants (maintained mutation tools did not fit this
 repository's layout: ``agents/`` is installed as ``flowgym.agents``, and they rewrite the tree
@@ -29,6 +30,7 @@ import copy
 import json
 import os
 import shutil
+import signal
 import subprocess
 import tempfile
 import sys
@@ -39,14 +41,23 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parent.parent
 
 #: Modules and the tests that are meant to pin them (docs/testing.md).
+ENGINE_TESTS = ["tests/test_reference_rules.py", "tests/test_semantics.py", "tests/test_engine.py",
+                "tests/test_metrics_by_hand.py", "tests/test_continuous.py", "tests/test_engine_mutants.py",
+                "tests/test_streaming.py"]
+AGENT_TESTS = ["tests/test_agents.py", "tests/test_agents_mutants.py"]
+
+#: Modules and the tests that are meant to pin them (docs/testing.md).
 PRESETS = {
     "core": [
         ("flowgym/sim/metrics.py", ["tests/test_metrics_by_hand.py", "tests/test_env.py", "tests/test_evaluation.py"]),
-        ("flowgym/sim/rules.py", ["tests/test_engine.py", "tests/test_semantics.py", "tests/test_agents.py"]),
-        ("agents/flow_control.py", ["tests/test_agents.py"]),
-        ("agents/memory_check.py", ["tests/test_agents.py"]),
-        ("agents/greedy.py", ["tests/test_agents.py"]),
+        ("flowgym/sim/rules.py", ["tests/test_engine.py", "tests/test_semantics.py", "tests/test_reference_rules.py",
+                                  "tests/test_agents.py"]),
+        ("agents/flow_control.py", AGENT_TESTS),
+        ("agents/memory_check.py", AGENT_TESTS),
+        ("agents/greedy.py", AGENT_TESTS),
     ],
+    # the engine (several hundred mutants): run it with --by-line (and --lines for a part)
+    "engine": [("flowgym/sim/engine.py", ENGINE_TESTS)],
 }
 
 _CMP = {ast.Lt: ast.LtE, ast.LtE: ast.Lt, ast.Gt: ast.GtE, ast.GtE: ast.Gt, ast.Eq: ast.NotEq, ast.NotEq: ast.Eq}
@@ -304,6 +315,8 @@ def main() -> int:
                     help="run the tests with the numba kernels, on the numpy path (FLOWGYM_JIT=0), or both "
                     "(default: a mutant survives only if it survives both, as in CI)")
     args = ap.parse_args()
+    # a terminated run still deletes its copy (SystemExit unwinds the temporary directory)
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
     if args.preset:
         targets = PRESETS[args.preset]
     elif args.module and args.tests:
