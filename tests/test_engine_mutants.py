@@ -191,3 +191,21 @@ def test_an_idle_server_jumps_to_the_next_arrival_at_a_low_rate():
             jumps += eng.now > before
         eng.serve(8)
     assert jumps > 10
+
+
+def test_replay_until_drained_gives_up_after_its_documented_cap():
+    """``horizon=None`` raises once ``last arrival + 10 * sum(l + o) + 100`` slots have run without
+    draining: one request (0, 1, 1) gives a cap of 0 + 10 * 2 + 100 = 120 slots. Admitted at slot
+    119 it finishes at 120, when the run stops (drained, before the cap's check); admitted at
+    slot 120 it is too late."""
+    r = flowgym.replay([0], [1], [1], M=10, budgets=[0] * 119 + [1])
+    assert r["finish"].tolist() == [120] and r["slots"] == 120
+    with pytest.raises(RuntimeError, match="within 120 slots"):
+        flowgym.replay([0], [1], [1], M=10, budgets=[0] * 120 + [1])
+    with pytest.raises(RuntimeError, match="within 120 slots"):
+        flowgym.replay([0], [1], [1], M=10, budgets=0)
+
+
+def test_replay_with_classes_wants_one_budget_per_class():
+    with pytest.raises(ValueError, match="one budget per class"):
+        flowgym.replay([0, 0], [1, 1], [1, 1], M=10, budgets=[[1, 2]], classes=[0, 1], horizon=3)
