@@ -115,7 +115,8 @@ def test_rejections_in_continuous_time_are_counted_per_iteration():
     """M = 10: r0 (0.0 s, l 2, o 2) fits; r1 and r2 (both 0.5 s, l 6, o 6: 12 > 10) are rejected
     on arrival, in the same iteration (the one starting at 1.2 s); r3 (0.7 s, l 1, o 1) and r4
     (0.8 s, l 3, o 1) join it. Iteration 0: arrived 1, rejected 0, waiting prompt tokens 2 before
-    admission; iteration 1: arrived 4, rejected 2, waiting prompt tokens 1 + 3 = 4."""
+    admission; iteration 1: arrived 4, rejected 2, waiting prompt tokens 1 + 3 = 4; iteration 2:
+    nothing arrives (and nothing is rejected), nothing waits."""
     eng = Engine(10, Trace([0.0, 0.5, 0.5, 0.7, 0.8], [2, 6, 6, 1, 3], [2, 6, 6, 1, 1], timed=True),
                  time_model=LIN)
     eng.reset(np.random.default_rng(0))
@@ -124,7 +125,7 @@ def test_rejections_in_continuous_time_are_counted_per_iteration():
         n = eng.arrive()
         seen.append((n, eng.last_arrivals, eng.last_rejected, eng.queued_prompt_tokens))
         eng.serve(5)
-    assert seen[:2] == [(1, 1, 0, 2), (4, 4, 2, 4)]
+    assert seen == [(1, 1, 0, 2), (4, 4, 2, 4), (0, 0, 0, 0)]  # iteration 2: nothing arrives
     assert eng.total_rejected == 2 and eng.total_arrived == 5
     assert eng.request_log()["rejected"].tolist() == [False, True, True, False, False]
 
