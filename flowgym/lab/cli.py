@@ -35,6 +35,7 @@ LLM serving under a KV-cache limit as a Gymnasium environment (FlowControl-v0).
   flowgym run        one scenario under a fixed activation budget, metrics printed
   flowgym hindsight  the hindsight optimum of a small trace against the agents
   flowgym scenario   list the named scenarios, or print one as a file to start from
+  flowgym reproduce  rerun the paper's experiments and check each claim against the docs
   flowgym train      train a learned budget (Stable-Baselines3) and compare it with the
                      baselines; then: flowgym compare --agents "learned:path=DIR"
 
@@ -264,6 +265,37 @@ def _hindsight(args: argparse.Namespace) -> int:
         with open(args.json, "w") as fh:
             json.dump(out, fh, indent=1, default=lambda v: v.tolist() if hasattr(v, "tolist") else float(v))
         print(f"wrote {args.json}")
+    return 0
+
+
+def _reproduce(args: argparse.Namespace) -> int:
+    """``flowgym reproduce``: rerun the paper's experiments, check every claim against the docs' verdicts."""
+    import os
+
+    from flowgym.lab.reproduce import reproduce, write_docs
+
+    only = [x.strip() for x in args.only.split(",") if x.strip()] if args.only else None
+    if args.write_docs and (args.quick or only):
+        print("error: --write-docs records the full run of every claim: drop --quick and --only", file=sys.stderr)
+        return 2
+    t0 = time.perf_counter()
+    with _backend(args) as backend:
+        results = reproduce(quick=args.quick, only=only, out=args.out, claims_path=args.claims, backend=backend,
+                            log=(lambda s: None) if args.quiet else print)
+    print(f"\nclaims ({'quick' if args.quick else 'full'} run, {time.perf_counter() - t0:.0f} s; "
+          "'A better than B' holds when the 95% CI of the paired difference excludes 0 in A's favour):")
+    for r in results:
+        print(r.line())
+    if args.write_docs:
+        write_docs(args.write_docs, results)
+        print(f"wrote the verdicts to {args.write_docs}")
+    differ = [r for r in results if not r.matches]
+    print(f"wrote {os.path.join(args.out, 'claims.md')}, {os.path.join(args.out, 'claims.json')} and the tables")
+    if differ:
+        print(f"{len(differ)} of {len(results)} verdicts differ from the recorded ones: "
+              + ", ".join(r.claim.id for r in differ), file=sys.stderr)
+        return 1
+    print(f"all {len(results)} verdicts match the recorded ones")
     return 0
 
 
@@ -523,6 +555,25 @@ def build_parser() -> argparse.ArgumentParser:
     h.add_argument("--json", default=None, help="also write the instance, schedules and rows as JSON")
     _add_backend_args(h, "the solves and the agents' runs")
     h.set_defaults(func=_hindsight)
+    q = sub.add_parser(
+        "reproduce", formatter_class=_HelpFormatter,
+        help="rerun the paper's experiments and check each claim (flowgym/data/claims.toml) against the docs",
+        description="Rerun the experiments behind docs/reproduction.md (the full settings, or a short version with "
+        "--quick), write tables, CSVs, figures and claims.json/claims.md, and print one verdict per claim (holds / "
+        "does not hold / holds only on some metrics) with its deciding numbers and 95% CIs. 'A better than B on "
+        "m' holds when the 95% Student-t CI of the paired (same-seed) difference excludes 0 in A's favour. Exits 1 "
+        "when a verdict differs from the one the docs record.",
+    )
+    q.add_argument("--quick", action="store_true", help="the short version (fewer seeds, shorter runs; CI runs it)")
+    q.add_argument("--only", default=None,
+                   help="comma-separated sections (theory, sec4.1, sec4.2, hindsight), setting ids or claim ids")
+    q.add_argument("--out", default="results/reproduce", help="output folder (default results/reproduce)")
+    q.add_argument("--claims", default=None, help="a claims file (default: the packaged flowgym/data/claims.toml)")
+    q.add_argument("--write-docs", default=None, metavar="PATH",
+                   help="write the full run's verdicts into the generated block of PATH (docs/reproduction.md)")
+    q.add_argument("--quiet", action="store_true", help="print only the claim lines")
+    _add_backend_args(q, "the episodes")
+    q.set_defaults(func=_reproduce)
     s = sub.add_parser(
         "scenario", formatter_class=_HelpFormatter,
         help="list the named scenarios, or print one as a file to start your own from",
