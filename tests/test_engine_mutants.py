@@ -102,13 +102,13 @@ def test_a_workload_that_never_sends_a_request_does_not_hang_in_continuous_time(
         assert eng.total_arrived == 0 and eng.t == 3
 
 
-def test_a_gap_of_a_million_years_between_arrivals_costs_one_chunk():
-    """Chunks of 60 s hold no request between r0 (0 s) and r1 (3e13 s, about a million years):
-    the idle server jumps to r1 without generating the empty chunks one by one (which would
-    never end), and r1 is served at its arrival time: d = 1 + 0.1 * 1 = 1.1 s."""
-    env, infos = _timed_run(Trace([0.0, 3e13], [1, 1], [1, 1], timed=True), LIN)
-    assert len(infos) == 2
-    assert env.request_log()["finish_time"].tolist() == pytest.approx([1.1, 3e13 + 1.1])
+def test_gaps_of_years_between_arrivals_cost_one_chunk_each():
+    """Chunks of 60 s hold no request between r0 (0 s), r1 (1e9 s, about 30 years) and r2 (1e12 s,
+    about 30,000 years): the idle server jumps to each without generating the empty chunks one by
+    one (which would never end), and each is served at its arrival time: d = 1 + 0.1 * 1 = 1.1 s."""
+    env, infos = _timed_run(Trace([0.0, 1e9, 1e12], [1, 1, 1], [1, 1, 1], timed=True), LIN)
+    assert len(infos) == 3
+    assert env.request_log()["finish_time"].tolist() == pytest.approx([1.1, 1e9 + 1.1, 1e12 + 1.1])
 
 
 def test_rejections_in_continuous_time_are_counted_per_iteration():
