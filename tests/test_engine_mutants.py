@@ -173,10 +173,11 @@ def test_two_requests_evicted_in_their_admission_iteration_are_not_charged():
 
 
 def test_an_idle_server_jumps_to_the_next_arrival_at_a_low_rate():
-    """Poisson arrivals at 0.5 per second: whenever the system is empty, the next iteration
+    """Poisson arrivals at 0.05 per second (a few per 60-second chunk, so the server often waits
+    past the end of what has been generated): whenever the system is empty, the next iteration
     starts at the next arrival's time, or at once if one came during the last iteration (it does
     not idle for ``c0`` seconds at a time): every iteration that starts empty receives a request."""
-    eng = Engine(10_000, {"kind": "iid", "rate": 0.5, "timed": True,
+    eng = Engine(10_000, {"kind": "iid", "rate": 0.05, "timed": True,
                                  "lengths": {"kind": "lognormal", "prompt_median": 2, "prompt_mean": 3,
                                              "output_median": 2, "output_mean": 3, "max_prompt": 10,
                                              "max_output": 10}},
