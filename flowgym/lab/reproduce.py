@@ -56,6 +56,10 @@ __all__ = [
     "reproduce",
     "docs_table",
     "check_docs",
+    "docs_verdicts",
+    "write_docs",
+    "claims_markdown",
+    "mean_ci",
 ]
 
 HOLDS, FAILS, SOME = "holds", "does not hold", "holds only on some metrics"
@@ -619,11 +623,21 @@ def claims_markdown(results: Sequence[ClaimResult], quick: bool) -> str:
     return "\n".join(lines) + "\n"
 
 
-def docs_table(results: Sequence[ClaimResult]) -> str:
-    """The generated block of ``docs/reproduction.md``: claim id, statement, setting, verdict."""
+def _as_row(r: ClaimResult | dict[str, Any]) -> tuple[str, str, str, str]:
+    if isinstance(r, ClaimResult):
+        return r.claim.id, r.claim.statement, r.claim.setting, r.verdict
+    return r["id"], r["statement"], r["setting"], r["verdict"]
+
+
+def docs_table(results: Sequence[ClaimResult | dict[str, Any]]) -> str:
+    """The generated block of ``docs/reproduction.md``: claim id, statement, setting, verdict.
+
+    ``results`` are :class:`ClaimResult` objects or the ``claims`` entries of a ``claims.json``.
+    """
     lines = [DOCS_BEGIN, "| claim | statement (setting) | verdict (full run) |", "|---|---|---|"]
     for r in results:
-        lines.append(f"| `{r.claim.id}` | {r.claim.statement} ({r.claim.setting}) | **{r.verdict}** |")
+        cid, statement, setting, verdict = _as_row(r)
+        lines.append(f"| `{cid}` | {statement} ({setting}) | **{verdict}** |")
     lines.append(DOCS_END)
     return "\n".join(lines)
 
@@ -657,8 +671,8 @@ def check_docs(docs_path: str | os.PathLike[str], claims: ClaimSet | None = None
     return problems
 
 
-def write_docs(docs_path: str | os.PathLike[str], results: Sequence[ClaimResult]) -> None:
-    """Replace the generated block of ``docs_path`` with ``results``' verdicts."""
+def write_docs(docs_path: str | os.PathLike[str], results: Sequence[ClaimResult | dict[str, Any]]) -> None:
+    """Replace the generated block of ``docs_path`` with ``results``' verdicts (see :func:`docs_table`)."""
     with open(docs_path) as fh:
         text = fh.read()
     if DOCS_BEGIN not in text or DOCS_END not in text:
