@@ -99,6 +99,10 @@ def test_help_texts(capsys):
     assert set(once_each(section).values()) == {1}
     readme = (ROOT / "README.md").read_text()
     assert f"about {DEFAULT_TRAIN_MINUTES} minutes" in " ".join(readme.split())
+    from flowgym.lab.train import GENERALIST_TRAIN_MINUTES
+
+    assert f"about {GENERALIST_TRAIN_MINUTES} minutes" in " ".join(readme.split())
+    assert f"about {GENERALIST_TRAIN_MINUTES} minutes" in train
     run = _help(["run"], capsys)
     for flag in ("--eviction", "--seed"):
         line = next(ln for ln in run.splitlines() if ln.strip().startswith(flag))

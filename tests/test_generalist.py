@@ -333,3 +333,86 @@ def test_load_observation_is_the_same_in_streaming_record_mode():
             seq.append(o)
         seqs.append(np.array(seq))
     np.testing.assert_array_equal(seqs[0], seqs[1])
+
+
+# --------------------------------------------------------------------------- shipped model, CLI, benchmark
+
+
+@needs_sb3
+def test_shipped_generalist_loads_and_runs_without_training():
+    from flowgym.agents.learned import DEFAULT_MODEL
+
+    agent = make_agent("learned")
+    assert agent.path == DEFAULT_MODEL and agent.label() == "learned (generalist)"
+    assert agent.requires["observation"] == "load" and agent.requires["multiplier_of"] == "rate"
+    assert agent.meta["trained_on"]["kind"] == "random-mix"
+    # scale-free: it runs at any M and request scale, and its decisions are reproducible
+    kw = {"M": 50000, "workload": _iid(3.0, [[200, 50], [50, 300]]), "horizon": 400}
+    e1 = run_episode(agent, kw, seed=1, horizon=400)
+    e2 = run_episode(make_agent("learned"), kw, seed=1, horizon=400)
+    assert np.array_equal(e1.series["admitted"], e2.series["admitted"])
+    assert e1.metrics()["completed"] > 0
+
+
+def test_train_cli_default_is_the_generalist(monkeypatch):
+    import flowgym.lab.train as train_mod
+    from flowgym.lab.cli import main
+
+    seen = {}
+
+    def fake_train(cfg):
+        seen["cfg"] = cfg
+        raise SystemExit(0)
+
+    monkeypatch.setattr(train_mod, "train", fake_train)
+    pytest.importorskip("stable_baselines3")
+    with pytest.raises(SystemExit):
+        main(["train", "--quiet"])
+    cfg = seen["cfg"]
+    assert cfg.distribution == "random-mix" and cfg.action == "multiplier" and cfg.multiplier_of == "rate"
+    assert cfg.out == "runs/ppo-generalist" and cfg.total_timesteps == 1_000_000 and cfg.seed == 10_000
+    with pytest.raises(SystemExit):
+        main(["train", "--quiet", "--scenario", "adaptive-switch"])
+    cfg = seen["cfg"]
+    assert cfg.distribution is None and cfg.scenario == "adaptive-switch" and cfg.action == "budget"
+    with pytest.raises(SystemExit):
+        main(["train", "--quiet", "--scenario", "adaptive-switch", "--distribution", '{"kind": "random-mix", "stationary_p": 1}'])
+    assert seen["cfg"].distribution == {"kind": "random-mix", "stationary_p": 1}
+
+
+def test_benchmark_uses_the_compare_path_and_its_held_out_scenarios_build():
+    import importlib.util
+    import pathlib
+
+    import flowgym.lab.evaluation as ev
+
+    path = pathlib.Path(__file__).resolve().parents[1] / "benchmarks" / "bench_learned.py"
+    spec = importlib.util.spec_from_file_location("bench_learned", path)
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    assert mod.evaluate is ev.evaluate and mod.tune is ev.tune  # the functions flowgym compare runs
+    ho = mod.held_out()
+    assert len([n for n in ho if n not in mod.STATIONARY]) >= 3
+    from flowgym.lab.scenarios import SCENARIOS
+
+    assert not set(ho) & set(SCENARIOS)
+    for kw in ho.values():
+        FlowControlEnv(**kw).reset(seed=0)
+    assert mod.phases(ho["H2-three-phase"]) == ([0.0, 700.0, 2000.0], 2600.0)
+    assert mod.phases(ho["S1-stationary"]) is None
+    r, lo, hi = mod.ratio_ci(np.array([2.0, 4.0, 6.0]), np.array([1.0, 2.0, 3.0]))
+    assert r == 2.0 and lo == hi == 2.0
+    r, lo, hi = mod.ratio_ci(np.array([1.0, 3.0, 2.0, 5.0]), np.array([2.0, 2.0, 2.0, 2.0]))
+    assert lo < r < hi
+
+
+def test_both_anchors_in_one_action():
+    env = FlowControlEnv(M=8000, workload=_iid(6.0), horizon=100, action="multiplier", multiplier_of="both",
+                         multipliers=(1.0, 2.0), max_budget=256)
+    assert env.action_space == gym.spaces.Discrete(4)
+    env.reset(seed=0)
+    for _ in range(60):
+        env.step(1)
+    rate, safe = env.tracker.arrival_rate(), env.safe_budget()
+    want = [round(rate), round(2 * rate), round(safe), round(2 * safe)]
+    assert [env.check_action(a) for a in range(4)] == [int(min(max(w, 1), 256)) for w in want]

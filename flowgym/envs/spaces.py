@@ -254,17 +254,20 @@ class MultiplierBudget:
     ``B_t = clip(round(multipliers[a] * anchor), 1, max_budget)`` with ``anchor`` the
     tracker's online safe budget ``M / E_hat[w]`` (``of="safe"``,
     :meth:`~flowgym.sim.estimators.LoadTracker.safe_budget`) or its arrival rate per
-    decision point (``of="rate"``, :meth:`~flowgym.sim.estimators.LoadTracker.arrival_rate`).
+    decision point (``of="rate"``, :meth:`~flowgym.sim.estimators.LoadTracker.arrival_rate`);
+    with ``of="both"`` the space is ``Discrete(2 * len(multipliers))``: actions ``0..n-1``
+    multiply the rate, ``n..2n-1`` the safe budget.
     """
 
     def __init__(self, multipliers: Sequence[float], max_budget: int, tracker: LoadTracker, of: str = "safe") -> None:
-        if of not in ("safe", "rate"):
-            raise ValueError(f"multiplier_of must be 'safe' or 'rate', got {of!r}")
+        if of not in ("safe", "rate", "both"):
+            raise ValueError(f"multiplier_of must be 'safe', 'rate' or 'both', got {of!r}")
         self.of = of
         self.multipliers = tuple(float(k) for k in multipliers)
         self.max_budget = int(max_budget)
         self.tracker = tracker
-        self._space = spaces.Discrete(len(self.multipliers))
+        n = len(self.multipliers)
+        self._space = spaces.Discrete(2 * n if of == "both" else n)
 
     def space(self) -> spaces.Discrete:
         return self._space
@@ -277,8 +280,10 @@ class MultiplierBudget:
             a = int(action.reshape(()))
         else:
             raise _bad_action(action, self._space)
-        if not 0 <= a < len(self.multipliers):
+        n = len(self.multipliers)
+        if not 0 <= a < self._space.n:
             raise _bad_action(action, self._space)
-        anchor = self.tracker.safe_budget() if self.of == "safe" else self.tracker.arrival_rate()
-        b = round(self.multipliers[a] * anchor)
+        safe = self.of == "safe" or (self.of == "both" and a >= n)
+        anchor = self.tracker.safe_budget() if safe else self.tracker.arrival_rate()
+        b = round(self.multipliers[a % n] * anchor)
         return int(min(max(b, 1), self.max_budget))
