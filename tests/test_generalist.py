@@ -317,7 +317,7 @@ def test_rate_anchor_multiplies_the_arrival_rate():
         assert env.check_action(0) == int(min(max(round(0.5 * rate), 1), 64))
         env.step(t % 2)
     assert 4.0 < env.tracker.arrival_rate() < 8.0  # the moving average settles near the rate, 6 per slot
-    with pytest.raises(ValueError, match="multiplier_of must be 'safe' or 'rate', got 'queue'"):
+    with pytest.raises(ValueError, match="multiplier_of must be 'safe', 'rate' or 'both', got 'queue'"):
         FlowControlEnv(multiplier_of="queue")
 
 
