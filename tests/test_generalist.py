@@ -416,3 +416,19 @@ def test_both_anchors_in_one_action():
     rate, safe = env.tracker.arrival_rate(), env.safe_budget()
     want = [round(rate), round(2 * rate), round(safe), round(2 * safe)]
     assert [env.check_action(a) for a in range(4)] == [int(min(max(w, 1), 256)) for w in want]
+
+
+@needs_sb3
+def test_generalist_training_same_seed_same_model(tmp_path):
+    import torch
+
+    from flowgym.lab.train import TrainConfig, train
+
+    def run(out):
+        train(TrainConfig.generalist(total_timesteps=512, n_envs=2, n_steps=128, batch_size=64, n_epochs=1,
+                                     eval_freq=256, eval_episodes=2, final_eval_seeds=0, out=str(out),
+                                     progress=False, plot=False, distribution={"kind": "random-mix", "horizon": 200}))
+        return torch.load(str(out / "policy.pt"), weights_only=True)
+
+    a, b = run(tmp_path / "a"), run(tmp_path / "b")
+    assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
