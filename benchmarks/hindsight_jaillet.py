@@ -43,12 +43,12 @@ from typing import Any
 import numpy as np
 
 from flowgym.lab.hindsight import run_agent_on_trace, solve_hindsight
+from flowgym.lab.reproduce import APPB_M
+from flowgym.lab.reproduce import appb_instance as reproduce_appb_instance
 from flowgym.lab.scenarios import ALPHA_GRID
 
 AGENTS = ["mc-sf", "mc", "a-min", "greedy-lifo"]
 B_GRID_SMALL = [1, 2, 3, 4, 6, 8]
-APPB_CLASSES = np.array([[1, 2], [1, 4], [1, 6]])
-APPB_M = 187
 
 
 def jaillet_instance(rng: np.random.Generator, n_lo: int, n_hi: int, load: float | None) -> dict[str, Any]:
@@ -66,15 +66,9 @@ def jaillet_instance(rng: np.random.Generator, n_lo: int, n_hi: int, load: float
 
 
 def appb_instance(rng: np.random.Generator, rate: float, span: int) -> dict[str, Any]:
-    a, k = [], []
-    for t in range(span):
-        c = np.repeat(np.arange(3), rng.poisson(rate, 3))
-        rng.shuffle(c)
-        a += [t] * c.size
-        k += c.tolist()
-    k = np.asarray(k, dtype=np.int64)
-    return {"a": np.asarray(a, dtype=np.int64), "l": APPB_CLASSES[k, 0], "o": APPB_CLASSES[k, 1], "M": APPB_M,
-            "cls": k, "desc": f"n={k.size} span={span}"}
+    """flowgym reproduce's Appendix-B instance, with the cache size and a description."""
+    inst = reproduce_appb_instance(rng, rate, span)
+    return {**inst, "M": APPB_M, "desc": f"n={inst['a'].size} span={span}"}
 
 
 def tuned(name: str, param: str, grid: list[Any], inst: dict[str, Any]) -> dict[str, Any]:

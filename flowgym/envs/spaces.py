@@ -186,7 +186,6 @@ class LoadObservation:
 
     def __init__(self, tracker: LoadTracker) -> None:
         self.tracker = tracker
-        self._buf = np.empty(len(LOAD_FEATURES), np.float32)
 
     def space(self) -> spaces.Box:
         n = len(LOAD_FEATURES)
@@ -202,6 +201,19 @@ def _bad_action(action: Any, space: spaces.Space) -> ValueError:
     return ValueError(f"action {action!r} is not in the action space {space}")
 
 
+def _int_action(action: Any, space: spaces.Discrete) -> int:
+    """A ``Discrete`` action as an int (a Python or numpy integer, or a one-element integer array)."""
+    if isinstance(action, (int, np.integer)) and not isinstance(action, bool):
+        a = int(action)
+    elif isinstance(action, np.ndarray) and action.size == 1 and np.issubdtype(action.dtype, np.integer):
+        a = int(action.reshape(()))
+    else:
+        raise _bad_action(action, space)
+    if not 0 <= a < space.n:
+        raise _bad_action(action, space)
+    return a
+
+
 class GlobalBudget:
     """``Discrete(max_budget + 1)``: the action is ``B_t``, how many queued requests may start."""
 
@@ -214,15 +226,7 @@ class GlobalBudget:
 
     def budget(self, action: Any) -> int:
         """Validate and convert; raises ``ValueError`` naming the action and the space."""
-        if isinstance(action, (int, np.integer)) and not isinstance(action, bool):
-            b = int(action)
-        elif isinstance(action, np.ndarray) and action.size == 1 and np.issubdtype(action.dtype, np.integer):
-            b = int(action.reshape(()))
-        else:
-            raise _bad_action(action, self._space)
-        if not 0 <= b <= self.max_budget:
-            raise _bad_action(action, self._space)
-        return b
+        return _int_action(action, self._space)
 
 
 class PerClassBudget:
@@ -274,15 +278,8 @@ class MultiplierBudget:
 
     def budget(self, action: Any) -> int:
         """The budget the action stands for now; raises ``ValueError`` naming the action and the space."""
-        if isinstance(action, (int, np.integer)) and not isinstance(action, bool):
-            a = int(action)
-        elif isinstance(action, np.ndarray) and action.size == 1 and np.issubdtype(action.dtype, np.integer):
-            a = int(action.reshape(()))
-        else:
-            raise _bad_action(action, self._space)
+        a = _int_action(action, self._space)
         n = len(self.multipliers)
-        if not 0 <= a < self._space.n:
-            raise _bad_action(action, self._space)
         safe = self.of == "safe" or (self.of == "both" and a >= n)
         anchor = self.tracker.safe_budget() if safe else self.tracker.arrival_rate()
         b = round(self.multipliers[a % n] * anchor)

@@ -42,6 +42,7 @@ from typing import Any
 import numpy as np
 
 __all__ = [
+    "appb_instance",
     "VERDICTS",
     "SECTIONS",
     "ClaimsError",
@@ -444,7 +445,7 @@ APPB_CLASSES = np.array([[1, 2], [1, 4], [1, 6]])
 APPB_M = 187
 
 
-def _appb_instance(rng: np.random.Generator, rate: float, span: int) -> dict[str, Any]:
+def appb_instance(rng: np.random.Generator, rate: float, span: int) -> dict[str, Any]:
     """The paper's classes scaled to ``(1,2),(1,4),(1,6)``, ``M = 187``, Poisson arrivals for ``span`` slots."""
     a: list[int] = []
     k: list[int] = []
@@ -550,7 +551,7 @@ def _run_hindsight(setting: Setting, args: dict[str, Any], out: str | None, back
     agents = dict(setting.params.get("agents", {}))  # claim name -> agent string
     instances = []
     for i in range(n_inst):
-        inst = _appb_instance(rng, rate, span)
+        inst = appb_instance(rng, rate, span)
         res, rows = compare_to_hindsight(inst["a"], inst["l"], inst["o"], APPB_M, list(agents.values()),
                                          objectives=("total_latency",), time_limit=limit, cls=inst["cls"],
                                          backend=backend)

@@ -528,9 +528,8 @@ def make_vec_env(env_kwargs: Mapping[str, Any], n_envs: int, seed: int, *, kind:
 
     kw = dict(env_kwargs)
     if kind in ("auto", "batched"):
-        why = None if metrics else batched_reason(kw, action_repeat, distribution)
-        if metrics:
-            why = "evaluation environments (they report each episode's latency metrics)"
+        why = ("evaluation environments (they report each episode's latency metrics)" if metrics
+               else batched_reason(kw, action_repeat, distribution))
         if why is None:
             from stable_baselines3.common.vec_env import VecMonitor  # noqa: F401  (SB3 check)
 
