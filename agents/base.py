@@ -17,6 +17,7 @@ import numpy as np
 
 from flowgym.envs.flow_control import FlowControlConfig
 from flowgym.envs.view import SystemView
+from flowgym.sim.admission import AdmissionRule
 
 __all__ = ["Agent"]
 
@@ -48,6 +49,17 @@ class Agent:
     def act(self, observation: Any, view: SystemView) -> Any:
         """The action for the current slot: ``B_t`` (or per-class budgets)."""
         raise NotImplementedError
+
+    def admission_rule(self, view: SystemView) -> AdmissionRule | None:
+        """The rule :meth:`act` follows as data, when it is one the engine runs compiled
+        (:class:`~flowgym.sim.admission.AdmissionRule`), else ``None`` (the default).
+
+        Called after :meth:`reset`. Evaluation then runs the episode in one compiled loop
+        (:meth:`flowgym.envs.flow_control.FlowControlEnv.run_rule`) with the same results as
+        calling :meth:`act` every step; ``tests/test_compiled_episode.py`` checks each agent that
+        states one.
+        """
+        return None
 
     def label(self) -> str:
         """Name with parameters, for tables."""

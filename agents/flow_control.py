@@ -9,6 +9,7 @@ import numpy as np
 
 from flowgym.agents.base import Agent
 from flowgym.envs.view import SystemView
+from flowgym.sim.admission import AdmissionRule
 
 __all__ = ["FlowControl", "RateSwitch", "FixedBudget", "RandomBudget"]
 
@@ -60,6 +61,11 @@ class FlowControl(Agent):
                 self.b = bf
                 self.requires = {"eviction": "lifo", "max_budget": int(cap)}
         self.cap = None if cap is None else int(cap)
+
+    def admission_rule(self, view: SystemView) -> AdmissionRule | None:
+        if self.per_class is not None or self.cap is not None:
+            return None
+        return AdmissionRule("fixed", budget=self.b)
 
     def act(self, observation: Any, view: SystemView) -> Any:
         if self.per_class is not None:

@@ -8,6 +8,7 @@ import numpy as np
 
 from flowgym.agents.base import Agent
 from flowgym.envs.view import SystemView
+from flowgym.sim.admission import AdmissionRule
 
 __all__ = ["AlphaProtectionGreedy", "GreedyLIFO", "greedy_fit_count"]
 
@@ -45,6 +46,9 @@ class AlphaProtectionGreedy(Agent):
         self.alpha = float(alpha)
         self.requires = {"eviction": "all", "max_budget": int(max_budget)}
 
+    def admission_rule(self, view: SystemView) -> AdmissionRule | None:
+        return AdmissionRule("greedy", limit=(1 - self.alpha) * view.M, max_count=self.config.max_budget)
+
     def act(self, observation: Any, view: SystemView) -> int:
         return greedy_fit_count(view, (1 - self.alpha) * view.M, self.config.max_budget)
 
@@ -65,6 +69,9 @@ class GreedyLIFO(Agent):
 
     def __init__(self, max_budget: int = 1024) -> None:
         self.requires = {"eviction": "lifo", "max_budget": int(max_budget)}
+
+    def admission_rule(self, view: SystemView) -> AdmissionRule | None:
+        return AdmissionRule("greedy", limit=float(view.M), max_count=self.config.max_budget)
 
     def act(self, observation: Any, view: SystemView) -> int:
         return greedy_fit_count(view, view.M, self.config.max_budget)

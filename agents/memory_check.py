@@ -8,6 +8,7 @@ import numpy as np
 
 from flowgym.agents.base import Agent
 from flowgym.envs.view import SystemView
+from flowgym.sim.admission import AdmissionRule
 
 __all__ = ["future_fit_count", "MemoryCheck", "MCSF", "AMin"]
 
@@ -85,6 +86,12 @@ class MemoryCheck(Agent):
         o = view.max_output_len
         return np.full(a.ids.size, o, dtype=np.int64), np.full(q.ids.size, o, dtype=np.int64)
 
+    def admission_rule(self, view: SystemView) -> AdmissionRule | None:
+        if view.known:
+            return AdmissionRule("future-fit", max_count=self.config.max_budget, lengths="known")
+        return AdmissionRule("future-fit", max_count=self.config.max_budget, lengths="bound",
+                             bound=int(view.max_output_len))
+
     def act(self, observation: Any, view: SystemView) -> int:
         if view.n_queued == 0:
             return 0
@@ -128,3 +135,6 @@ class AMin(MemoryCheck):
 
     def _lengths(self, view: SystemView, q: Any, a: Any) -> tuple[np.ndarray, np.ndarray]:
         return a.estimate, q.estimate
+
+    def admission_rule(self, view: SystemView) -> AdmissionRule | None:
+        return AdmissionRule("future-fit", max_count=self.config.max_budget, lengths="estimate")

@@ -171,3 +171,17 @@ def test_compare_cli_agents_and_errors(tmp_path, capsys):
     assert main(["compare", "--scenario", "paper-synthetic-unknown", "--agents", "mc-sf", "--horizons", "30",
                  "--out", str(tmp_path), "--quiet", "--no-plots"]) == 2
     assert "output_length_known" in capsys.readouterr().err
+
+
+def test_a_run_that_stops_at_the_iteration_cap_is_named_in_the_table():
+    """Finite workloads run to their end; one that never drains stops at the cap, and the table says so."""
+    from flowgym.agents import FlowControl
+    from flowgym.lab.evaluation import evaluate
+
+    env = {"M": 6000, "time_model": "llama2-70b-tp2-a100", "horizon": 4000,
+           "workload": {"kind": "iid", "rate": 2.0, "timed": True, "n_requests": 40, "lengths": {"kind": "lmsys-like"}}}
+    table = evaluate([FlowControl(b=0), FlowControl(b=4)], env, seeds=[0, 1], horizons=None)
+    text = table.format()
+    stuck = [line for line in text.splitlines() if line.startswith("! ")]
+    assert stuck == ["! flow-control b=0: did not drain on 2 of 2 seeds: stopped at the iteration cap (4,000 "
+                     "iterations) with 40 requests unfinished on average, counted in time in system up to the cap"]

@@ -45,7 +45,16 @@ CONFIGS = {**BATCHED, **{f"fallback-{k}": v for k, v in FALLBACK.items()},
                                                 "rates": 1.5}},
            "estimate-order": {"queue_order": "estimate", "eviction": "estimate", "M": 500, "horizon": 400,
                               "workload": {"kind": "poisson", "classes": [[10, 20], [10, 40], [10, 60]],
-                                           "rates": 1.5}}}
+                                           "rates": 1.5}},
+           # continuous time: the compiled eviction under every built-in rule (the kernel also
+           # books the victims admitted in their own iteration, which the latency model charges)
+           **{f"timed-{rule}": {"eviction": rule, "queue_order": "estimate" if rule == "estimate" else "fifo",
+                                "M": 700, "horizon": 500, "time_model": "llama2-70b-tp2-a100",
+                                "workload": {"kind": "iid", "rate": 40.0, "timed": True,
+                                             "lengths": {"kind": "lmsys-like"}}}
+              for rule in ("lifo", "all", "estimate")},
+           "slot-all": {"eviction": "all", "M": 500, "horizon": 400,
+                        "workload": {"kind": "poisson", "classes": [[10, 20], [10, 40], [10, 60]], "rates": 1.5}}}
 
 
 def _episode(kwargs: dict, jit: bool, seed: int, steps: int) -> tuple[list, dict, dict]:
@@ -87,6 +96,45 @@ def test_compiled_equals_numpy(name, seed):
     fast = _episode(kwargs, True, seed, 600)
     slow = _episode(kwargs, False, seed, 600)
     _equal(fast, slow, name)
+
+
+@pytest.mark.parametrize("rule", ["lifo", "all", "estimate"])
+def test_compiled_eviction_runs_and_evicts_under_every_rule(rule):
+    """The equality above is about eviction only if both paths evicted, and the compiled one ran the kernel."""
+    kwargs = CONFIGS[f"timed-{rule}"]
+    fast, slow = _episode(kwargs, True, 0, 600), _episode(kwargs, False, 0, 600)
+    assert int(np.asarray(fast[1]["evictions"]).sum()) > 20
+    assert int(np.asarray(fast[1]["evictions"]).sum()) == int(np.asarray(slow[1]["evictions"]).sum())
+    env = FlowControlEnv(**kwargs)
+    env.reset(seed=0)
+    assert env.engine._evict_code == {"lifo": kernels.EVICT_LIFO, "all": kernels.EVICT_ALL,
+                                      "estimate": kernels.EVICT_ESTIMATE}[rule]
+    env.engine.jit = False
+    env.reset(seed=0)
+    assert env.engine._evict_code == -1
+
+
+def test_a_custom_eviction_rule_keeps_its_own_select_on_the_compiled_path():
+    from flowgym.sim.engine import Engine
+    from flowgym.sim.rules import LIFOEviction
+
+    class OldestFirst(LIFOEviction):  # a subclass: not the built-in rule, so its select() runs
+        name = "oldest"
+
+        def select(self, active, excess):
+            return self.prefix_covering(np.arange(active.ids.size), active.demand, excess)
+
+    logs = []
+    for rule in (OldestFirst(), "lifo"):
+        eng = Engine(300, {"kind": "poisson", "classes": [[10, 20], [10, 40]], "rates": 1.0}, eviction=rule)
+        eng.jit = True
+        eng.reset(np.random.default_rng(3))
+        assert eng._evict_code == (-1 if isinstance(rule, OldestFirst) else kernels.EVICT_LIFO)
+        for _ in range(300):
+            eng.arrive()
+            eng.serve(4)
+        logs.append(eng.request_log()["finish"])
+    assert not np.array_equal(logs[0], logs[1])  # the rules differ, and each was applied
 
 
 def test_compiled_path_is_the_default_and_both_paths_ran():

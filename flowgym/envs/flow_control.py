@@ -12,6 +12,7 @@ from typing import Any
 import gymnasium as gym
 import numpy as np
 
+from flowgym.sim.admission import AdmissionRule
 from flowgym.sim.engine import EVICTION_RULES, QUEUE_ORDERS, RECORD_MODES, Engine
 from flowgym.envs import rendering
 from flowgym.envs.spaces import (
@@ -535,6 +536,38 @@ class FlowControlEnv(gym.Env[Any, Any]):
             if self.render_mode == "human":
                 self.render()
         return self._observe(), float(reward), terminated, truncated, info
+
+    def rule_unsupported(self, rule: AdmissionRule) -> str | None:
+        """Why :meth:`run_rule` cannot run ``rule`` in this environment (``None`` when it can)."""
+        if self.render_mode is not None:
+            return f"render_mode={self.render_mode!r} (frames are drawn every step)"
+        return self.engine.rule_unsupported(rule)
+
+    def run_rule(self, rule: AdmissionRule) -> int:
+        """Run the rest of the episode with the budget ``rule`` gives each step, compiled; returns the steps.
+
+        The engine ends in the state (request log, series, metrics) that calling :meth:`step`
+        with that budget until the episode ends would leave; the skipped steps' observations,
+        rewards and ``info`` are not produced, and the episode has ended (call :meth:`reset`).
+        For evaluating scripted agents (:func:`flowgym.lab.evaluation.run_episode` uses it for
+        every agent that states its :class:`~flowgym.sim.admission.AdmissionRule`). The budget
+        must be one the action space allows; ``ValueError`` names what the compiled loop lacks
+        (:meth:`rule_unsupported`).
+        """
+        if not self._started:
+            raise RuntimeError("call reset() before run_rule()")
+        if self._ended:
+            raise RuntimeError("the episode has ended (terminated or truncated): call reset() before run_rule()")
+        why = self.rule_unsupported(rule)
+        if why is not None:
+            raise ValueError(f"run_rule cannot run here: {why}")
+        for name in ("budget", "max_count"):  # what a step could not be given either
+            if getattr(rule, name) > self.config.max_budget:
+                raise ValueError(f"AdmissionRule.{name}={getattr(rule, name)} exceeds max_budget="
+                                 f"{self.config.max_budget}")
+        n = self.engine.run_rule(rule, horizon=self._horizon)
+        self._ended = True
+        return n
 
     def check_action(self, action: Any) -> Any:
         """The budget(s) ``action`` stands for; ``ValueError`` naming it and the space when it is not in it."""

@@ -135,18 +135,25 @@ def env_for(agent: Any, env_kwargs: dict[str, Any], horizon: int | None) -> Flow
 
 
 def run_episode(
-    agent: Any, env_kwargs: dict[str, Any], seed: int, horizon: int | None, label: str | None = None
+    agent: Any, env_kwargs: dict[str, Any], seed: int, horizon: int | None, label: str | None = None,
+    *, compiled: bool = True,
 ) -> Episode:
     """Run ``agent`` for ``horizon`` slots on ``seed``.
 
     ``horizon=None`` keeps the scenario's ``horizon`` (for a finite workload, a safety cap:
-    the run ends when the workload drains) or, if it has none, runs to the end.
+    the run ends when the workload drains) or, if it has none, runs to the end. An agent that
+    states its :meth:`~flowgym.agents.base.Agent.admission_rule` runs in one compiled loop
+    where the environment allows (:meth:`FlowControlEnv.run_rule`: continuous time, numba),
+    with the same result; ``compiled=False`` steps it in Python every iteration.
     """
     env = env_for(agent, env_kwargs, horizon)
     t0 = time.perf_counter()
     obs, _ = env.reset(seed=seed)
     agent.reset(env.config, seed=seed)
-    done = False
+    rule = agent.admission_rule(env.view()) if compiled else None
+    done = rule is not None and env.rule_unsupported(rule) is None
+    if done:  # the agent's rule, one compiled loop: the same run as stepping it (tests/test_compiled_episode.py)
+        env.run_rule(rule)
     while not done:
         obs, _, terminated, truncated, _ = env.step(agent.act(obs, env.view()))
         done = terminated or truncated
@@ -305,6 +312,16 @@ class ResultTable:
             lines.append(f"{r['agent']:<{w}}  " + "  ".join(f"{s:>{k}}" for s, k in zip(c, widths)))
         if any(m in ("avg_latency", "p95_latency") for m in metrics):
             lines.append("* over completed requests only (survivors); time in system counts every request")
+        if T is None:  # runs to the end of a finite workload: say which ones stopped at the cap instead
+            for agent in self.agents:
+                rs = [r for r in self.rows if r["agent"] == agent and r["horizon"] is None]
+                stuck = [r for r in rs if r.get("unfinished", 0) > 0]
+                if stuck:
+                    its = max(int(r.get("T", 0)) for r in stuck)
+                    left = float(np.mean([r["unfinished"] for r in stuck]))
+                    lines.append(f"! {agent}: did not drain on {len(stuck)} of {len(rs)} seeds: stopped at the "
+                                 f"iteration cap ({its:,} iterations) with {left:,.0f} requests unfinished on "
+                                 "average, counted in time in system up to the cap")
         return "\n".join(lines)
 
     def to_csv(self, path: str) -> None:

@@ -51,7 +51,8 @@ from flowgym.sim.rules import (
 )
 from flowgym.sim.latency import JailletLatency, LinearLatency, make_latency_model
 from flowgym.sim.metrics import compute_metrics
-from flowgym.sim.rules import FIFO, ShortestEstimateFirst, ShortestOutputFirst
+from flowgym.sim.admission import ADMISSION_KINDS, ADMISSION_LENGTHS, AdmissionRule
+from flowgym.sim.rules import FIFO, EstimateEviction, EvictAll, LIFOEviction, ShortestEstimateFirst, ShortestOutputFirst
 from flowgym.sim.streaming import StreamTotals
 from flowgym.sim.workloads import Trace, Workload, make_workload
 
@@ -65,6 +66,19 @@ _ID_BITS = 32  # keyed queue orders: key = (primary << 32) | id (flowgym.sim.rul
 RECORD_MODES = ("full", "stream")
 #: Fewest finished or rejected rows the streaming mode drops at once.
 _RECYCLE_MIN = 4096
+
+
+#: Engine attributes packed into the compiled loop's scalar state (index in ``kernels.S_*``, name).
+_S_FIELDS = (
+    (kernels.S_T, "t"), (kernels.S_ARRIVED, "n_arrived"), (kernels.S_NREQ, "n_req"), (kernels.S_AH, "_h"),
+    (kernels.S_ATAIL, "_tail"), (kernels.S_NACT, "n_active"), (kernels.S_HELD, "held"), (kernels.S_NQ, "n_queued"),
+    (kernels.S_QPROMPT, "queued_prompt_tokens"), (kernels.S_TARR, "total_arrived"),
+    (kernels.S_TREJ, "total_rejected"), (kernels.S_TDONE, "total_completed"), (kernels.S_TEV, "total_evictions"),
+    (kernels.S_OVF, "overflow_events"), (kernels.S_WASTE, "wasted_tokens"), (kernels.S_GEN, "generated_tokens"),
+    (kernels.S_LARR, "last_arrivals"), (kernels.S_LREJ, "last_rejected"), (kernels.S_LDONE, "last_completed_tokens"),
+    (kernels.S_RECN, "_rec_n"), (kernels.S_CLOCKB, "_clock_base"), (kernels.S_NEED, ""),
+)
+_EVICT_CODES = {LIFOEviction: kernels.EVICT_LIFO, EvictAll: kernels.EVICT_ALL, EstimateEviction: kernels.EVICT_ESTIMATE}
 
 
 class SlotStats(NamedTuple):
@@ -184,6 +198,9 @@ class Engine:
                 raise RuntimeError("Engine.jit=True needs numba: pip install 'flowgym[fast]'")
             kernels.load()
         self._use_jit = bool(self.jit)
+        # the built-in eviction rules run compiled (a subclass or another rule: its select())
+        self._evict_code = (_EVICT_CODES.get(type(self.eviction), -1) if self._use_jit else -1)
+        self._ev_buf = np.empty(256, _I64)
         self._rng = rng
         self.t = 0
         cap = 1024
@@ -518,6 +535,8 @@ class Engine:
         return np.flatnonzero(self._a_fin[self._h : self._tail] > self.t)
 
     def _evict(self, excess: int) -> tuple[int, int]:
+        if self._evict_code >= 0:
+            return self._evict_jit(excess)
         t, h = self.t, self._h
         wpos = self._alive()
         ids = self._a_id[h : self._tail][wpos]
@@ -555,6 +574,29 @@ class Engine:
         self.queued_prompt_tokens += int(self.prompt[victims].sum())
         self._enqueue(np.sort(victims))
         return victims.size, wasted
+
+    def _evict_jit(self, excess: int) -> tuple[int, int]:
+        """:meth:`_evict` with the compiled kernel (built-in rules): same victims, same state."""
+        buf = self._ev_buf
+        if buf.size < self._tail - self._h:
+            buf = self._ev_buf = np.empty(self._a_id.size, _I64)
+        nv, freed, wasted, new_n, new_p, psum = kernels.evict(
+            self._evict_code, self._a_id, self._a_start, self._a_fin, self._h, self._tail, self.t, self.prompt,
+            self.output, self.estimate, self.track_estimates, excess, self._cal_n, self._cal_tok, self.finish,
+            self.evictions, buf)
+        if nv == 0:
+            raise RuntimeError(f"eviction rule {self.eviction.name!r} did not free {excess} tokens")
+        if self.timed and new_n:
+            self._ev_new_n, self._ev_new_prompt = new_n, new_p
+        self.n_active -= nv
+        self.held -= freed
+        self.wasted_tokens += wasted
+        self.total_evictions += nv
+        self.overflow_events += 1
+        self.n_queued += nv
+        self.queued_prompt_tokens += psum
+        self._enqueue(buf[:nv].copy())
+        return nv, wasted
 
     def serve(self, budget: int | Sequence[int] | np.ndarray) -> SlotStats:
         """Phases 2-5 of slot ``t`` with activation budget ``budget``; then ``t += 1``.
@@ -600,6 +642,102 @@ class Engine:
             if self._stream is not None:
                 self._maybe_recycle()
         return st
+
+    # ------------------------------------------------------------------ compiled episodes
+
+    def rule_unsupported(self, rule: AdmissionRule) -> str | None:
+        """Why :meth:`run_rule` cannot run ``rule`` on this engine (``None`` when it can)."""
+        rule.check()
+        if not self._use_jit:
+            return "the compiled kernels are off (numba missing, FLOWGYM_JIT=0 or Engine.jit=False)"
+        if not self.timed:
+            return "discrete slots (the compiled loop is for continuous time)"
+        if self.record != "full":
+            return "record='stream'"
+        if self.per_class or self.track_class_queue:
+            return "per-class budgets or per-class queue counts"
+        if type(self.order) not in (FIFO, ShortestEstimateFirst):
+            return f"queue_order {self.order.name!r} (the loop has fifo and estimate)"
+        if self._evict_code < 0:
+            return f"eviction rule {self.eviction.name!r} is not a built-in one"
+        if type(self.time_model) not in (LinearLatency, JailletLatency):
+            return f"time model {type(self.time_model).__name__} (the loop has linear and jaillet)"
+        if rule.lengths == "estimate" and rule.kind == "future-fit" and not self.track_estimates:
+            return "estimated lengths need an order or eviction rule that tracks estimates"
+        return None
+
+    def run_rule(self, rule: AdmissionRule, horizon: int | None = None, max_iterations: int | None = None) -> int:
+        """Run iterations with the budget ``rule`` gives, compiled, from a decision point (after
+        :meth:`arrive`) until the run ends, as a loop of ``serve(rule's budget)`` then ``arrive()``
+        would; returns the iterations run.
+
+        The run ends when the workload is exhausted and the system empty, at slot ``horizon``, or
+        after ``max_iterations``. Every state, log and record is what that Python loop leaves
+        (``tests/test_compiled_episode.py``). ``ValueError`` names what this engine has that the
+        compiled loop lacks (:meth:`rule_unsupported`).
+        """
+        why = self.rule_unsupported(rule)
+        if why is not None:
+            raise ValueError(f"run_rule cannot run here: {why}")
+        assert self.time_model is not None
+        self._flush_records()
+        pol = np.array([ADMISSION_KINDS[rule.kind], rule.budget, rule.max_count, ADMISSION_LENGTHS[rule.lengths],
+                        rule.bound], _I64)
+        tm = self.time_model
+        if isinstance(tm, LinearLatency):
+            lat, coef = 0, (tm.c0, tm.c_prefill, tm.c_decode, tm.c_kv)
+        else:
+            lat, coef = 1, (tm.a, tm.b, tm.c, tm.p)
+        limit = np.iinfo(_I64).max if max_iterations is None else int(max_iterations)
+        keyed = not self.order.keys_are_ids
+        ran = 0
+        S = np.zeros(kernels.S_LIMIT + 1, _I64)
+        F = np.zeros(7, np.float64)
+        F[3:7] = coef
+        while True:
+            lane = self.lanes[0]
+            for f, name in _S_FIELDS:
+                S[f] = getattr(self, name) if name else 0
+            S[kernels.S_TOTAL] = -1 if self._total_requests is None else self._total_requests
+            S[kernels.S_QHEAD], S[kernels.S_QTAIL] = lane.head, lane.tail
+            S[kernels.S_HORIZON] = -1 if horizon is None else int(horizon)
+            S[kernels.S_LIMIT] = limit - ran
+            F[0], F[1] = self.now, self.last_duration
+            F[2] = math.inf if self._workload_done() else self._gen_t
+            t0 = self.t
+            status = kernels.run_timed(
+                S, F, pol, float(rule.limit), lat, self.arrival, self.arrival_time, self.prompt, self.output,
+                self.finish, self.evictions, self.rejected, self.estimate, self.track_estimates, keyed,
+                keyed, lane.buf, lane.kbuf, self._a_id, self._a_start, self._a_fin, self._cal_n, self._cal_tok,
+                self._rec, self._clock, self._evict_code, self.M, self._ev_buf)
+            for f, name in _S_FIELDS:
+                if name:
+                    setattr(self, name, int(S[f]))
+            lane.head, lane.tail = int(S[kernels.S_QHEAD]), int(S[kernels.S_QTAIL])
+            self.now, self.last_duration = float(F[0]), float(F[1])
+            ran += self.t - t0
+            if status == kernels.RUN_DONE or status == kernels.RUN_LIMIT:
+                return ran
+            if status == kernels.RUN_ARRIVE:
+                self.arrive()
+                continue
+            # RUN_GROW: make every buffer roomy enough, then go on from the same decision point
+            need = int(S[kernels.S_NEED])
+            if need < 0:
+                raise RuntimeError(f"eviction rule {self.eviction.name!r} did not free enough tokens")
+            if self._rec_n >= self._rec.shape[0]:
+                grown = np.zeros((2 * self._rec.shape[0], self._rec.shape[1]), _I64)
+                grown[: self._rec_n] = self._rec[: self._rec_n]
+                self._rec = grown
+            if self.t - self._clock_base >= self._clock.size:
+                self._clock = np.concatenate([self._clock, np.zeros_like(self._clock)])
+            bound = self.n_queued + self.n_active + (self.n_req - self.n_arrived)
+            if bound + 1 > lane.buf.size:
+                lane._reserve(bound + 1 - len(lane))
+            if self._tail + need > self._a_id.size:
+                self._compact(room=need)
+            if self._ev_buf.size < self._tail - self._h + need:
+                self._ev_buf = np.empty(2 * (self._tail - self._h + need), _I64)
 
     def _flush_records(self) -> None:
         """Write the pending slot records into ``_rec`` (growing it), or in streaming mode fold them."""

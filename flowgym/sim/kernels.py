@@ -47,7 +47,7 @@ from typing import Any
 import numpy as np
 
 __all__ = ["AVAILABLE", "ENABLED", "load", "admit_lane", "count_classes", "fill_range", "histogram_into",
-           "projected_demand", "batched_step", "batched_projection", "poisson_chunk", "poisson_chunks",
+           "projected_demand", "evict", "EVICT_LIFO", "EVICT_ALL", "EVICT_ESTIMATE", "future_fit", "run_timed", "batched_step", "batched_projection", "poisson_chunk", "poisson_chunks",
            "poisson_counts", "poisson_counts2", "poisson_place", "pcg_fill", "pcg_fill2",
            "vector_observe"]
 
@@ -133,6 +133,496 @@ def _projected_demand(held, act, t, mask, cal_n, cal_tok, offsets, out):  # prag
         for j in range(offsets.size):
             if offsets[j] == h:
                 out[j] = d
+
+
+#: Eviction rule codes of :func:`evict`: LIFO, all, ascending estimate (ties newest first).
+EVICT_LIFO, EVICT_ALL, EVICT_ESTIMATE = 0, 1, 2
+
+
+def _evict(code, a_id, a_start, a_fin, h, tail, t, prompt, output, estimate, track, excess, cal_n, cal_tok,
+           finish, evictions, out):  # pragma: no cover - compiled
+    """One eviction phase of the single engine (``Engine._evict``), for the built-in rules.
+
+    The alive entries of ``[h, tail)`` (``a_fin > t``) in activation order are the active set;
+    ``code`` picks the rule (:data:`EVICT_LIFO`, :data:`EVICT_ALL`, :data:`EVICT_ESTIMATE`, the
+    same choices as ``flowgym.sim.rules``). Victims get ``a_fin = -1``, ``finish = -1``, one more
+    eviction, their completion taken off the calendar and (``track``) their estimate raised to
+    ``max(e_i, j_i + 1)``. Their ids go to ``out[:n]``, in ascending id order. Returns ``(n,
+    freed, wasted, new_n, new_prompt, prompt_sum)``: tokens the active set no longer holds
+    (``l + j`` each), generated tokens lost, how many were admitted this slot (``j = 0``) and their
+    prompt tokens, and all victims' prompt tokens. ``n = 0`` means the rule freed fewer than
+    ``excess`` tokens (cannot happen for these rules; the engine raises).
+    """
+    mask = cal_n.size - 1
+    n = 0
+    for r in range(h, tail):
+        if a_fin[r] > t:
+            n += 1
+    pos = np.empty(n, np.int64)  # window positions of the alive entries, activation order
+    k = 0
+    for r in range(h, tail):
+        if a_fin[r] > t:
+            pos[k] = r
+            k += 1
+    order = np.empty(n, np.int64)  # eviction order: indices into pos
+    if code == 2:
+        keys = np.empty(n, np.int64)
+        for q in range(n):
+            i = a_id[pos[q]]
+            e = max(estimate[i], t - a_start[pos[q]] + 1)
+            keys[q] = (e << 32) | (n - 1 - q)  # ascending estimate, ties newest first
+        order[:] = np.argsort(keys)
+    elif code == 1:
+        for q in range(n):
+            order[q] = q
+    else:
+        for q in range(n):
+            order[q] = n - 1 - q
+    freed = 0
+    nv = 0
+    if code == 1:
+        nv = n
+        for q in range(n):
+            r = pos[q]
+            freed += prompt[a_id[r]] + t - a_start[r] + 1
+    else:
+        while nv < n and freed < excess:
+            r = pos[order[nv]]
+            freed += prompt[a_id[r]] + t - a_start[r] + 1
+            nv += 1
+    if freed < excess:
+        return 0, 0, 0, 0, 0, 0
+    held = 0
+    wasted = 0
+    new_n = 0
+    new_p = 0
+    psum = 0
+    for q in range(nv):
+        r = pos[order[q]]
+        i = a_id[r]
+        j = t - a_start[r]
+        ln = prompt[i]
+        held += ln + j
+        wasted += j
+        psum += ln
+        if j == 0:
+            new_n += 1
+            new_p += ln
+        f = a_fin[r]
+        c = f & mask
+        cal_n[c] -= 1
+        cal_tok[c] -= ln + output[i]
+        a_fin[r] = -1
+        finish[i] = -1
+        evictions[i] += 1
+        if track and estimate[i] < j + 1:
+            estimate[i] = j + 1
+        out[q] = i
+    out[:nv].sort()
+    return nv, held, wasted, new_n, new_p, psum
+
+
+# --------------------------------------------------------------------------- fused continuous-time episode
+
+
+#: Scalar state of :func:`run_timed` (indices into its int64 array ``S``; ``F`` holds
+#: ``now``, ``last_duration``, the generated-through time and the latency coefficients).
+(S_T, S_ARRIVED, S_NREQ, S_TOTAL, S_QHEAD, S_QTAIL, S_AH, S_ATAIL, S_NACT, S_HELD, S_NQ, S_QPROMPT, S_TARR,
+ S_TREJ, S_TDONE, S_TEV, S_OVF, S_WASTE, S_GEN, S_LARR, S_LREJ, S_LDONE, S_RECN, S_CLOCKB, S_HORIZON,
+ S_NEED, S_LIMIT) = range(27)
+#: Status of :func:`run_timed`: the episode ended; the next arrivals need Python (a new chunk of the
+#: workload, or an idle jump past what is generated); a buffer must grow first; the iteration limit.
+RUN_DONE, RUN_ARRIVE, RUN_GROW, RUN_LIMIT = 0, 1, 2, 3
+#: Admission rules of :func:`run_timed` (``flowgym.sim.policies``).
+POL_FIXED, POL_GREEDY, POL_FUTURE = 0, 1, 2
+
+
+def _lane_merge(buf, kbuf, keyed, S, ids, keys, n):  # pragma: no cover - compiled
+    """Merge ``ids[:n]`` (ascending ``keys``, unique) into the ascending lane ``buf[head:tail]``.
+
+    Moves the shorter side: into the free space in front of the head when it is large enough
+    and fewer queued requests come before the last new key than after the first one, else
+    towards the tail (room checked by the caller). The lane's contents are those of
+    ``Lane.push``; only where they sit in the buffer differs.
+    """
+    if n == 0:
+        return
+    h, tl = S[S_QHEAD], S[S_QTAIL]
+    lo, hi = h, tl
+    while lo < hi:  # queued requests before the first new key
+        mid = (lo + hi) >> 1
+        if kbuf[mid] < keys[0]:
+            lo = mid + 1
+        else:
+            hi = mid
+    first = lo
+    lo, hi = first, tl
+    while lo < hi:  # ... and before the last
+        mid = (lo + hi) >> 1
+        if kbuf[mid] < keys[n - 1]:
+            lo = mid + 1
+        else:
+            hi = mid
+    last = lo
+    if h >= n and last - h < tl - first:  # front: write from head - n upwards
+        w = h - n
+        r = h
+        q = 0
+        while q < n:
+            if r < tl and kbuf[r] < keys[q]:
+                buf[w] = buf[r]
+                if keyed:
+                    kbuf[w] = kbuf[r]
+                r += 1
+            else:
+                buf[w] = ids[q]
+                if keyed:
+                    kbuf[w] = keys[q]
+                q += 1
+            w += 1
+        S[S_QHEAD] = h - n
+    else:  # back: write from tail + n - 1 downwards
+        w = tl + n - 1
+        r = tl - 1
+        q = n - 1
+        while q >= 0:
+            if r >= h and kbuf[r] > keys[q]:
+                buf[w] = buf[r]
+                if keyed:
+                    kbuf[w] = kbuf[r]
+                r -= 1
+            else:
+                buf[w] = ids[q]
+                if keyed:
+                    kbuf[w] = keys[q]
+                q -= 1
+            w -= 1
+        S[S_QTAIL] = tl + n
+
+
+def _future_fit(M, a_prompt, a_gen, a_out, c_prompt, c_out):  # pragma: no cover - compiled
+    """``agents.memory_check.future_fit_count`` compiled: the same prefix length."""
+    n = a_prompt.size
+    kc = c_prompt.size
+    if kc == 0:
+        return 0
+    rem = np.empty(n, np.int64)
+    b = np.empty(n, np.int64)
+    for i in range(n):
+        rem[i] = max(a_out[i] - a_gen[i], 1)
+        b[i] = a_prompt[i] + a_gen[i] + 1
+    order = np.argsort(rem, kind="mergesort")
+    rem_s = rem[order]
+    suffix = np.zeros(n + 1, np.int64)
+    for i in range(n - 1, -1, -1):
+        suffix[i] = suffix[i + 1] + b[order[i]]
+
+    def free_at(h):
+        lo, hi = 0, n  # first active with rem > h
+        while lo < hi:
+            mid = (lo + hi) >> 1
+            if rem_s[mid] <= h:
+                lo = mid + 1
+            else:
+                hi = mid
+        return M - (suffix[lo] + h * (n - lo))
+
+    room0 = free_at(0)
+    for i in range(n):
+        if free_at(rem_s[i] - 1) < 0:  # the active set alone must fit
+            return 0
+    k = 0
+    c = 0
+    while k < kc:
+        c += c_prompt[k] + 1
+        if c > room0:
+            break
+        k += 1
+    if k == 0:
+        return 0
+    # Candidates one by one, checked at the last slots of the active requests and of the candidates
+    # so far. The usage only grows between two of these, so they are the only places it can exceed M;
+    # the agent's function also checks at later candidates' last slots, which never fail first.
+    pts = np.empty(n + k, np.int64)
+    fr = np.empty(n + k, np.int64)
+    used = np.zeros(n + k, np.int64)
+    for i in range(n):
+        pts[i] = rem_s[i] - 1
+        fr[i] = free_at(pts[i])
+    npt = n
+    for ci in range(k):
+        hc = c_out[ci] - 1
+        u = 0
+        for cj in range(ci):
+            if hc < c_out[cj]:
+                u += c_prompt[cj] + 1 + hc
+        pts[npt] = hc
+        fr[npt] = free_at(hc)
+        used[npt] = u
+        npt += 1
+        for x in range(npt):
+            if pts[x] < c_out[ci]:
+                used[x] += c_prompt[ci] + 1 + pts[x]
+            if used[x] > fr[x]:
+                return ci
+    return k
+
+
+def _run_timed(S, F, pol, pol_limit, lat_code, arrival, arrival_time, prompt, output, finish, evictions, rejected,
+               estimate, track, keyed, est_order, buf, kbuf, a_id, a_start, a_fin, cal_n, cal_tok, rec, clock,
+               evict_code, M, ev_buf):  # pragma: no cover - compiled
+    """Continuous-time iterations of the single engine with a compiled admission rule, from a decision
+    point (this iteration's arrivals queued) until the episode ends or Python is needed.
+
+    Every iteration is ``Engine.serve`` (admission, eviction with :func:`evict`, the clock, decode,
+    the record) followed by ``Engine.arrive``, with the budget the rule ``pol`` gives (``pol[0]``:
+    :data:`POL_FIXED` ``b = pol[1]``; :data:`POL_GREEDY` fit under ``pol_limit`` taking at most
+    ``pol[2]`` queued requests; :data:`POL_FUTURE` the memory check over the first ``pol[2]``
+    with lengths ``pol[3]``: 0 known, 1 the bound ``pol[4]``, 2 estimates). Returns a ``RUN_*``
+    status; the state is in ``S``/``F`` and the arrays, exactly as the numpy path leaves it.
+    """
+    mask = cal_n.size - 1
+    c0, c1, c2, c3 = F[3], F[4], F[5], F[6]
+    done_iters = 0
+    while True:
+        # ---------------------------------------------------------- decision point: room first
+        t = S[S_T]
+        nq, nact = S[S_NQ], S[S_NACT]
+        if S[S_RECN] >= rec.shape[0] or t - S[S_CLOCKB] >= clock.size:
+            return RUN_GROW
+        bound = nq + nact + (S[S_NREQ] - S[S_ARRIVED])  # all that can be queued before Python runs again
+        if bound + 1 > buf.size:
+            S[S_NEED] = 0
+            return RUN_GROW
+        h, tl = S[S_QHEAD], S[S_QTAIL]
+        if tl + (bound - nq) + 1 > buf.size:  # re-centre the queue: room behind it, a gap in front
+            g = (buf.size - (tl - h) - (bound - nq) - 1) // 2
+            if g < h:
+                for r in range(tl - h):
+                    buf[g + r] = buf[h + r]
+                    if keyed:
+                        kbuf[g + r] = kbuf[h + r]
+            else:
+                for r in range(tl - h - 1, -1, -1):
+                    buf[g + r] = buf[h + r]
+                    if keyed:
+                        kbuf[g + r] = kbuf[h + r]
+            S[S_QHEAD], S[S_QTAIL] = g, g + tl - h
+            h, tl = g, g + tl - h
+        # ---------------------------------------------------------- the budget
+        code = pol[0]
+        if code == 0:
+            budget = pol[1]
+        elif code == 1:
+            room = pol_limit - (S[S_HELD] + nact)
+            budget = 0
+            if room >= 2 and nq > 0:
+                kmax = min(nq, pol[2])
+                half = np.floor(room / 2)
+                if half < kmax:
+                    kmax = int(half)
+                c = 0
+                for r in range(kmax):
+                    c += prompt[buf[h + r]] + 1
+                    if c > room:
+                        break
+                    budget += 1
+        else:
+            budget = 0
+            if nq > 0:
+                # only the candidates whose first-slot tokens fit can be admitted (future_fit's quick
+                # bound: the room now is M - demand); read no further into the queue
+                room0 = M - (S[S_HELD] + nact)
+                kc = 0
+                c = 0
+                while kc < min(nq, pol[2]):
+                    c += prompt[buf[h + kc]] + 1
+                    if c > room0:
+                        break
+                    kc += 1
+                ap = np.empty(nact, np.int64)
+                ag = np.empty(nact, np.int64)
+                ao = np.empty(nact, np.int64)
+                q = 0
+                for r in range(S[S_AH], S[S_ATAIL]):
+                    if a_fin[r] > t:
+                        i = a_id[r]
+                        j = t - a_start[r]
+                        ap[q] = prompt[i]
+                        ag[q] = j
+                        if pol[3] == 0:
+                            ao[q] = output[i]
+                        elif pol[3] == 1:
+                            ao[q] = pol[4]
+                        else:
+                            ao[q] = max(estimate[i], j + 1)
+                        q += 1
+                cp = np.empty(kc, np.int64)
+                co = np.empty(kc, np.int64)
+                for r in range(kc):
+                    i = buf[h + r]
+                    cp[r] = prompt[i]
+                    if pol[3] == 0:
+                        co[r] = output[i]
+                    elif pol[3] == 1:
+                        co[r] = pol[4]
+                    else:
+                        co[r] = estimate[i]
+                budget = future_fit(M, ap, ag, ao, cp, co) if kc > 0 else 0
+        k = min(budget, nq)
+        # active arrays: drop dead entries (order kept) when they are many or room is short
+        ah, at = S[S_AH], S[S_ATAIL]
+        if at + k > a_id.size or at - ah - nact > max(256, nact):
+            w = 0
+            for r in range(ah, at):
+                if a_fin[r] > t:
+                    a_id[w], a_start[w], a_fin[w] = a_id[r], a_start[r], a_fin[r]
+                    w += 1
+            S[S_AH], S[S_ATAIL] = 0, w
+            ah, at = 0, w
+            if at + k > a_id.size:
+                S[S_NEED] = k
+                return RUN_GROW
+        if ev_buf.size < at - ah + k:
+            S[S_NEED] = k
+            return RUN_GROW
+        if done_iters >= S[S_LIMIT]:
+            return RUN_LIMIT
+        done_iters += 1
+        # ---------------------------------------------------------- serve: admission
+        adm_prompt = 0
+        if k > 0:
+            adm_prompt = admit_lane(buf, h, k, a_id, a_start, a_fin, at, t, output, prompt, finish, cal_n, cal_tok)
+            S[S_QHEAD] = h + k
+            if h + k == tl:
+                S[S_QHEAD], S[S_QTAIL] = 0, 0
+            S[S_HELD] += adm_prompt
+            S[S_QPROMPT] -= adm_prompt
+            S[S_NQ] -= k
+            S[S_NACT] += k
+            S[S_ATAIL] = at + k
+        demand = S[S_HELD] + S[S_NACT]
+        n_ev = 0
+        wasted = 0
+        ev_new_n = 0
+        ev_new_p = 0
+        if demand > M:
+            nv, freed, wasted, ev_new_n, ev_new_p, psum = evict(
+                evict_code, a_id, a_start, a_fin, S[S_AH], S[S_ATAIL], t, prompt, output, estimate, track,
+                demand - M, cal_n, cal_tok, finish, evictions, ev_buf)
+            if nv == 0:
+                S[S_NEED] = -1  # the rule freed too little (cannot happen for the built-in rules)
+                return RUN_GROW
+            n_ev = nv
+            S[S_NACT] -= nv
+            S[S_HELD] -= freed
+            S[S_WASTE] += wasted
+            S[S_TEV] += nv
+            S[S_OVF] += 1
+            S[S_NQ] += nv
+            S[S_QPROMPT] += psum
+            # back to the queue at their places (ev_buf holds them by ascending id)
+            if est_order:
+                keys = np.empty(nv, np.int64)
+                for q in range(nv):
+                    keys[q] = (estimate[ev_buf[q]] << 32) | ev_buf[q]
+                o = np.argsort(keys)
+                lane_merge(buf, kbuf, keyed, S, ev_buf[:nv][o], keys[o], nv)
+            else:
+                lane_merge(buf, kbuf, keyed, S, ev_buf, ev_buf, nv)
+            demand = S[S_HELD] + S[S_NACT]
+        # ---------------------------------------------------------- the clock
+        new_n = k - ev_new_n
+        P = (adm_prompt if k else 0) - ev_new_p
+        D = S[S_NACT] - new_n
+        K = S[S_HELD] - P
+        B = S[S_NACT]
+        if lat_code == 0:
+            d = c0 + c1 * P + c2 * D + c3 * K
+        else:
+            mean_ctx = (K + P) / B if B else 0.0
+            d = ((c0 * mean_ctx + c1) * B + c2 + c3 * P) / 1000.0
+        F[1] = d
+        F[0] += d
+        clock[t - S[S_CLOCKB]] = F[0]
+        # ---------------------------------------------------------- decode
+        S[S_HELD] = demand
+        S[S_GEN] += S[S_NACT]
+        ci = (t + 1) & mask
+        n_done = cal_n[ci]
+        S[S_LDONE] = 0
+        if n_done:
+            S[S_LDONE] = cal_tok[ci]
+            S[S_HELD] -= cal_tok[ci]
+            cal_n[ci] = 0
+            cal_tok[ci] = 0
+            S[S_NACT] -= n_done
+            S[S_TDONE] += n_done
+        rn = S[S_RECN]
+        rec[rn, 0] = t
+        rec[rn, 1] = demand
+        rec[rn, 2] = k
+        rec[rn, 3] = n_ev
+        rec[rn, 4] = wasted
+        rec[rn, 5] = n_done
+        rec[rn, 6] = S[S_NQ]
+        rec[rn, 7] = S[S_NACT]
+        S[S_RECN] = rn + 1
+        t += 1
+        S[S_T] = t
+        # ---------------------------------------------------------- the end of the episode
+        exhausted = S[S_TOTAL] >= 0 and S[S_ARRIVED] >= S[S_TOTAL]
+        if exhausted and S[S_NQ] + S[S_NACT] == 0:
+            return RUN_DONE
+        if S[S_HORIZON] >= 0 and t >= S[S_HORIZON]:
+            return RUN_DONE
+        # ---------------------------------------------------------- arrivals of the next iteration
+        now = F[0]
+        if now >= F[2]:
+            return RUN_ARRIVE  # the workload's next chunk is drawn in Python
+        lo = S[S_ARRIVED]
+        nreq = S[S_NREQ]
+        if S[S_NQ] == 0 and S[S_NACT] == 0:  # idle: jump to the next arrival
+            if lo >= nreq or arrival_time[lo] >= F[2]:
+                return RUN_ARRIVE
+            if arrival_time[lo] > now:
+                now = arrival_time[lo]
+                F[0] = now
+        hi = lo
+        while hi < nreq and arrival_time[hi] <= now:
+            hi += 1
+        kk = hi - lo
+        S[S_ARRIVED] = hi
+        S[S_LARR] = kk
+        S[S_LREJ] = 0
+        if kk:
+            n_rej = 0
+            for i in range(lo, hi):
+                arrival[i] = t
+                if rejected[i]:
+                    n_rej += 1
+            S[S_TARR] += kk
+            S[S_TREJ] += n_rej
+            S[S_LREJ] = n_rej
+            if keyed:
+                nid = np.empty(kk - n_rej, np.int64)
+                nk = np.empty(kk - n_rej, np.int64)
+            q = 0
+            for i in range(lo, hi):
+                if not rejected[i]:
+                    S[S_NQ] += 1
+                    S[S_QPROMPT] += prompt[i]
+                    if keyed:
+                        nid[q] = i
+                        nk[q] = (estimate[i] << 32) | i
+                        q += 1
+                    else:
+                        tl = S[S_QTAIL]
+                        buf[tl] = i
+                        S[S_QTAIL] = tl + 1
+            if keyed:
+                o = np.argsort(nk)  # (arrivals share the floor estimate: already in order)
+                lane_merge(buf, kbuf, keyed, S, nid[o], nk[o], q)
 
 
 # --------------------------------------------------------------------------- batched engine (flowgym.sim.batched)
@@ -747,12 +1237,17 @@ pcg_step: Any = None
 pcg_double: Any = None
 pcg_fill: Any = None
 pcg_fill2: Any = None
+evict: Any = None
+lane_merge: Any = None
+future_fit: Any = None
+run_timed: Any = None
 
 
 def load() -> None:
     """Import numba and set up the kernels (compiled on first call); raises ``RuntimeError`` without numba."""
     global _numba, fill_range, admit_lane, count_classes, histogram_into, projected_demand
     global poisson_chunk, batched_step, vector_observe, poisson_chunks, batched_projection, request_lengths
+    global evict, lane_merge, future_fit, run_timed
     global poisson_counts, poisson_counts2, poisson_place, poisson_step, pcg_step, pcg_double, pcg_fill, pcg_fill2
     if _numba is not None:
         return
@@ -763,6 +1258,9 @@ def load() -> None:
     njit = numba.njit(cache=True, nogil=True)
     fill_range, admit_lane, count_classes = njit(_fill_range), njit(_admit_lane), njit(_count_classes)
     histogram_into, projected_demand = njit(_histogram_into), njit(_projected_demand)
+    evict = njit(_evict)
+    lane_merge, future_fit = njit(_lane_merge), njit(_future_fit)
+    run_timed = njit(_run_timed)  # calls admit_lane, evict, lane_merge, future_fit (globals resolved when it compiles)
     request_lengths = njit(_request_lengths)  # called by batched_step (a global resolved when it compiles)
     batched_step, vector_observe = njit(_batched_step), njit(_vector_observe)
     from llvmlite import ir

@@ -341,3 +341,4 @@ def make_eviction_rule(rule: str | EvictionRule) -> EvictionRule:
         return EVICTION_RULES[rule]()
     except (KeyError, TypeError):
         raise ValueError(f"eviction must be one of {sorted(EVICTION_RULES)}, got {rule!r}") from None
+
