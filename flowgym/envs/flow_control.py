@@ -323,7 +323,11 @@ class FlowControlEnv(gym.Env[Any, Any]):
     *Record mode* for long runs).
     ``env.unwrapped.view()`` is the read-only :class:`~flowgym.envs.view.SystemView`
     of the queue and the active set that scripted agents read (without output
-    lengths unless they are known).
+    lengths unless they are known). ``env.unwrapped.run_rule(rule)`` runs the rest of
+    the episode in one compiled loop with the budget an
+    :class:`~flowgym.sim.admission.AdmissionRule` gives (a fixed budget, the greedy fit,
+    the memory check): the run stepping with that budget would give, for evaluating
+    scripted agents fast in continuous time (``rule_unsupported`` says when it cannot).
 
     ## Rendering
 
