@@ -317,7 +317,7 @@ def test_rate_anchor_multiplies_the_arrival_rate():
         assert env.check_action(0) == int(min(max(round(0.5 * rate), 1), 64))
         env.step(t % 2)
     assert 4.0 < env.tracker.arrival_rate() < 8.0  # the moving average settles near the rate, 6 per slot
-    with pytest.raises(ValueError, match="multiplier_of must be 'safe', 'rate' or 'both', got 'queue'"):
+    with pytest.raises(ValueError, match="multiplier_of must be 'safe', 'rate', 'both' or 'min', got 'queue'"):
         FlowControlEnv(multiplier_of="queue")
 
 
@@ -416,6 +416,22 @@ def test_both_anchors_in_one_action():
     rate, safe = env.tracker.arrival_rate(), env.safe_budget()
     want = [round(rate), round(2 * rate), round(safe), round(2 * safe)]
     assert [env.check_action(a) for a in range(4)] == [int(min(max(w, 1), 256)) for w in want]
+
+
+def test_min_anchor_is_the_smaller_of_rate_and_safe_budget():
+    seen = set()
+    for rate_per_slot, M in ((6.0, 8000), (40.0, 3000)):  # the cache sustains the rate; it does not
+        env = FlowControlEnv(M=M, workload=_iid(rate_per_slot), horizon=100, action="multiplier",
+                             multiplier_of="min", multipliers=(1.0, 2.0), max_budget=256)
+        assert env.action_space == gym.spaces.Discrete(2)
+        env.reset(seed=0)
+        for _ in range(80):
+            env.step(0)
+        rate, safe = env.tracker.arrival_rate(), env.safe_budget()
+        assert [env.check_action(a) for a in range(2)] == [int(min(max(round(k * min(rate, safe)), 1), 256))
+                                                           for k in (1.0, 2.0)]
+        seen.add(rate < safe)
+    assert seen == {True, False}  # both anchors were the smaller one once
 
 
 @needs_sb3

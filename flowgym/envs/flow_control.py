@@ -92,8 +92,9 @@ class FlowControlConfig:
     #: What ``action="multiplier"`` multiplies: ``"safe"`` (the safe budget ``M / E_hat[w]``) or
     #: ``"rate"`` (the tracker's arrival rate, moving average over 32 decision points: ``k``
     #: starts per arrival; admitting a little faster than requests arrive keeps up with them
-    #: without releasing a backlog all at once), or ``"both"``: ``Discrete(2 * len(multipliers))``,
-    #: the first half multiplies the rate, the second the safe budget.
+    #: without releasing a backlog all at once), ``"both"``: ``Discrete(2 * len(multipliers))``,
+    #: the first half multiplies the rate, the second the safe budget, or ``"min"``: the smaller
+    #: of the rate and the safe budget.
     multiplier_of: str = "safe"
     #: Cap for observed counts (queue length, per-class queues, arrival rate).
     queue_cap: int = 4096
@@ -183,8 +184,8 @@ class FlowControlConfig:
             or any(b <= a for a, b in zip(ks, ks[1:]))
         ):
             raise ValueError(f"multipliers must be positive finite numbers in ascending order, got {ks!r}")
-        if self.multiplier_of not in ("safe", "rate", "both"):
-            raise ValueError(f"multiplier_of must be 'safe', 'rate' or 'both', got {self.multiplier_of!r}")
+        if self.multiplier_of not in ("safe", "rate", "both", "min"):
+            raise ValueError(f"multiplier_of must be 'safe', 'rate', 'both' or 'min', got {self.multiplier_of!r}")
         if self.action == "multiplier" and self.per_class_budget:
             raise ValueError("action='multiplier' sets one global budget: it cannot be combined with per_class_budget=True")
         edges = list(self.hist_edges)

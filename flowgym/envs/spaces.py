@@ -260,12 +260,13 @@ class MultiplierBudget:
     :meth:`~flowgym.sim.estimators.LoadTracker.safe_budget`) or its arrival rate per
     decision point (``of="rate"``, :meth:`~flowgym.sim.estimators.LoadTracker.arrival_rate`);
     with ``of="both"`` the space is ``Discrete(2 * len(multipliers))``: actions ``0..n-1``
-    multiply the rate, ``n..2n-1`` the safe budget.
+    multiply the rate, ``n..2n-1`` the safe budget; with ``of="min"`` the anchor is the smaller
+    of the two (the arrival rate while the cache sustains it, the safe budget in overload).
     """
 
     def __init__(self, multipliers: Sequence[float], max_budget: int, tracker: LoadTracker, of: str = "safe") -> None:
-        if of not in ("safe", "rate", "both"):
-            raise ValueError(f"multiplier_of must be 'safe', 'rate' or 'both', got {of!r}")
+        if of not in ("safe", "rate", "both", "min"):
+            raise ValueError(f"multiplier_of must be 'safe', 'rate', 'both' or 'min', got {of!r}")
         self.of = of
         self.multipliers = tuple(float(k) for k in multipliers)
         self.max_budget = int(max_budget)
@@ -280,7 +281,10 @@ class MultiplierBudget:
         """The budget the action stands for now; raises ``ValueError`` naming the action and the space."""
         a = _int_action(action, self._space)
         n = len(self.multipliers)
-        safe = self.of == "safe" or (self.of == "both" and a >= n)
-        anchor = self.tracker.safe_budget() if safe else self.tracker.arrival_rate()
+        if self.of == "min":
+            anchor = min(self.tracker.safe_budget(), self.tracker.arrival_rate())
+        else:
+            safe = self.of == "safe" or (self.of == "both" and a >= n)
+            anchor = self.tracker.safe_budget() if safe else self.tracker.arrival_rate()
         b = round(self.multipliers[a % n] * anchor)
         return int(min(max(b, 1), self.max_budget))
