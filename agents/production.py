@@ -82,17 +82,17 @@ class SGLangReservation(Agent):
     def reset(self, config: FlowControlConfig, seed: int | None = None) -> None:
         super().reset(config, seed)
         self.ratio = self.init_ratio
-        self._evictions = 0
+        self.evictions_seen = 0
 
     def act(self, observation: Any, view: SystemView) -> int:
         a = view.active()
         assert a.max_tokens is not None
         ev = view.total_evictions
-        if ev > self._evictions and a.ids.size:  # the last step retracted: retract_decode's new ratio
+        if ev > self.evictions_seen and a.ids.size:  # the last step retracted: retract_decode's new ratio
             self.ratio = min(1.0, float(a.generated.sum() + self.retract_steps * a.ids.size) / float(a.max_tokens.sum()))
         elif a.ids.size:  # one decode step
             self.ratio = max(self.ratio - self.decay, self.min_ratio)
-        self._evictions = ev
+        self.evictions_seen = ev
         if view.n_queued == 0:
             return 0
         reserved = float((np.minimum(a.max_tokens - a.generated, self.clip) * self.ratio).sum())

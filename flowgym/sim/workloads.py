@@ -42,6 +42,7 @@ __all__ = [
     "CHUNK_SLOTS",
     "CHUNK_SECONDS",
     "Requests",
+    "CappedRequests",
     "Workload",
     "MultiClassPoisson",
     "IIDPoisson",
@@ -85,15 +86,27 @@ class Requests(NamedTuple):
     prompt_len: np.ndarray  #: int64 prompt length ``l`` (tokens, >= 1)
     output_len: np.ndarray  #: int64 output length ``o`` (tokens, >= 1)
     cls: np.ndarray  #: int64 class id (0..m-1), or -1 where the workload has no classes
-    #: int64 client cap on the output (``max_tokens``, ``>= o``), or ``None`` where the workload
-    #: sets none (the vllm-v1 engine mode then applies its documented default,
-    #: :func:`flowgym.sim.vllm.default_max_tokens`)
-    max_tokens: np.ndarray | None = None
 
     @staticmethod
     def empty() -> Requests:
         z = np.zeros(0, dtype=np.int64)
         return Requests(z, z, z, z)
+
+
+class CappedRequests(Requests):
+    """:class:`Requests` that also carry each client's cap on the output, ``max_tokens`` (int64,
+    ``>= o``), as a trace with a ``max_tokens`` column gives them. The fields of :class:`Requests`
+    are unchanged; the ``vllm-v1`` engine mode reads ``max_tokens`` (a workload that sets none gets
+    the default of :func:`flowgym.sim.vllm.default_max_tokens`)."""
+
+    max_tokens: np.ndarray
+
+    @staticmethod
+    def of(req: Requests, max_tokens: np.ndarray) -> CappedRequests:
+        """``req`` with ``max_tokens``."""
+        out = CappedRequests(*req)
+        out.max_tokens = max_tokens
+        return out
 
 
 def request_work(prompt_len: Any, output_len: Any) -> Any:
@@ -1008,8 +1021,8 @@ class Trace(Workload):
     def sample(self, rng: np.random.Generator, t0: int, t1: int) -> Requests:
         lo, hi = np.searchsorted(self.arrival, [t0, t1], side="left")
         s = slice(int(lo), int(hi))
-        mt = None if self.max_tokens is None else self.max_tokens[s]
-        return Requests(self.arrival[s], self.prompt_len[s], self.output_len[s], self.cls[s], mt)
+        req = Requests(self.arrival[s], self.prompt_len[s], self.output_len[s], self.cls[s])
+        return req if self.max_tokens is None else CappedRequests.of(req, self.max_tokens[s])
 
     def next_arrival(self, t: float) -> float:
         i = int(np.searchsorted(self.arrival, t, side="left"))
