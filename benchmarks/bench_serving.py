@@ -8,8 +8,8 @@ Prints the figures of ``docs/serving.md``::
 Parts:
 
 * ``side``: the paper's synthetic setting (classes (10,20), (10,40), (10,60), ``lambda = 5``
-  per class, ``M = 16492``, 2,000 slots) and the Azure conversation trace (first 600 s at a
-  quarter of its rate, ``M = 131072``, the Llama-2-70B latency model), each agent in both modes.
+  per class, ``M = 16492``, 2,000 slots) and the Azure conversation trace (first 300 s at its
+  real rate, ``M = 131072``, the Llama-2-70B latency model), each agent in both modes.
 * ``diff``: each difference between the modes switched on alone, from the bridge
   (:data:`~flowgym.sim.vllm.BRIDGE_OPTIONS`, which reproduces the paper) to vLLM V1's defaults.
 * ``behaviours``: the watermark (fewer preemptions, longer time to first token); a very long
@@ -35,7 +35,7 @@ from flowgym.sim.workloads import Trace
 
 PAPER = {"M": 16492, "workload": {"kind": "poisson", "classes": [[10, 20], [10, 40], [10, 60]], "rates": 5.0},
          "horizon": 2000, "max_budget": 1024}
-AZURE = {"M": 131072, "workload": {"kind": "azure", "trace": "conv", "rate_multiplier": 0.25, "window": [0, 600]},
+AZURE = {"M": 131072, "workload": {"kind": "azure", "trace": "conv", "rate_multiplier": 1.0, "window": [0, 300]},
          "time_model": "llama2-70b-tp2-a100", "horizon": 1_000_000, "max_budget": 1024}
 VLLM = {"max_num_seqs": None}  # vLLM's other defaults (block 16, 2048 tokens a step, recompute, LIFO)
 
@@ -71,7 +71,7 @@ def side_by_side() -> None:
               ("mc", {}, "mc (max output)"), ("sglang-reserve", {}, "sglang-reserve"),
               ("trt-no-evict", {}, "trt-no-evict")]
     for name, base, unit in (("paper synthetic, lambda=5/class, T=2000 slots", PAPER, "slots"),
-                             ("Azure conv, first 600 s at 0.25x, seconds", AZURE, "s")):
+                             ("Azure conv, first 300 s at its real rate, seconds", AZURE, "s")):
         print(f"\n### {name}\n\n{HEAD}")
         for agent, params, label in agents:
             for mode, extra in (("paper", {}), ("vllm-v1", {"engine": "vllm-v1", "engine_options": VLLM})):
