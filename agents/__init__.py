@@ -4,7 +4,8 @@ Every agent has ``reset(config, seed)`` and ``act(observation, view)``, and
 declares the environment options it needs (``env_options()``). Build one by
 name with :func:`make_agent` (``"flow-control"``, ``"rate-switch"``, ``"alpha-greedy"``, ``"mc"``,
 ``"mc-sf"``, ``"a-min"``, ``"greedy-lifo"``, ``"fixed"``, ``"random"``, ``"safe-budget"``,
-``"schedule"``, and ``"learned"``,
+``"schedule"``, the production admission controllers ``"sglang-reserve"`` (SGLang's adaptive
+``new_token_ratio`` reservation) and ``"trt-no-evict"`` (TensorRT-LLM's GUARANTEED_NO_EVICT), and ``"learned"``,
 a Stable-Baselines3 policy trained by ``flowgym train``: ``make_agent("learned", path=...)``).
 
 Layer 3 of the package: agents import :mod:`flowgym.envs` (the observation, the
@@ -29,6 +30,7 @@ from flowgym.agents.flow_control import FixedBudget, FlowControl, RandomBudget, 
 from flowgym.agents.greedy import AlphaProtectionGreedy, GreedyLIFO
 from flowgym.agents.learned import LearnedBudget
 from flowgym.agents.memory_check import MCSF, AMin, MemoryCheck
+from flowgym.agents.production import GuaranteedNoEvict, SGLangReservation
 
 __all__ = [
     "Agent",
@@ -44,6 +46,8 @@ __all__ = [
     "LearnedBudget",
     "SafeBudget",
     "ScheduledBudget",
+    "SGLangReservation",
+    "GuaranteedNoEvict",
     "AGENTS",
     "make_agent",
 ]
@@ -61,6 +65,8 @@ AGENTS: dict[str, type[Agent]] = {
     "random": RandomBudget,
     "safe-budget": SafeBudget,
     "schedule": ScheduledBudget,
+    "sglang-reserve": SGLangReservation,
+    "trt-no-evict": GuaranteedNoEvict,
     "learned": LearnedBudget,
 }
 

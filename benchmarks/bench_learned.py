@@ -194,6 +194,9 @@ def bench_scenario(name: str, model: str | None, seeds: list[int], tune_seeds: l
         AgentSpec("flow-control", {"b": b}, label="best fixed"),
         AgentSpec("rate-switch", rs, label="rate-switch (tuned)"),
         AgentSpec("safe-budget", {"k": 2.0}, label="safe-budget k=2 (untuned)"),
+        # production admission controllers (agents/production.py), at their servers' defaults
+        AgentSpec("sglang-reserve", {}, label="sglang-reserve (defaults)"),
+        AgentSpec("trt-no-evict", {}, label="trt-no-evict (defaults)"),
     ]
     ph = None if finite else phases(kw)
     oracle = None
@@ -226,14 +229,16 @@ def _fmt(r: tuple[float, float, float]) -> str:
 
 def markdown(results: list[dict[str, Any]]) -> str:
     lines = ["| scenario | learned TIS | / best fixed (b) | / tuned rate-switch | / phase oracle | / safe-budget k=2 "
-             "| goal |", "|---|---:|---:|---:|---:|---:|---|"]
+             "| / sglang-reserve | / trt-no-evict | goal |", "|---|---:|---:|---:|---:|---:|---:|---:|---|"]
     for r in results:
         m, q = r["mean_time_in_system"], r["ratios"]
         name = r["scenario"] + (" (held out)" if r["held_out"] else "") + (" (stationary)" if r["stationary"] else "")
         lines.append(
             f"| {name} | {m['learned']:.2f} | {_fmt(q['best fixed'])} (b={r['fixed_b']}) | "
             f"{_fmt(q['rate-switch (tuned)'])} | {_fmt(q['phase oracle']) if 'phase oracle' in q else '-'} | "
-            f"{_fmt(q['safe-budget k=2 (untuned)'])} | {r['goal']} |")
+            f"{_fmt(q['safe-budget k=2 (untuned)'])} | "
+            f"{_fmt(q['sglang-reserve (defaults)']) if 'sglang-reserve (defaults)' in q else '-'} | "
+            f"{_fmt(q['trt-no-evict (defaults)']) if 'trt-no-evict (defaults)' in q else '-'} | {r['goal']} |")
     return "\n".join(lines)
 
 

@@ -33,7 +33,9 @@ def main() -> None:
     agents = [AgentSpec("learned", {}, label="learned (generalist, zero-shot)"),
               AgentSpec("flow-control", {"b": b}, label=f"best fixed b={b} (tuned)"),
               AgentSpec("safe-budget", {"k": 2.0}, label="safe-budget k=2 (untuned)"),
-              AgentSpec("greedy-lifo", {}, label="greedy-LIFO (vLLM-like)")]
+              AgentSpec("greedy-lifo", {}, label="greedy-LIFO (vLLM-like)"),
+              AgentSpec("sglang-reserve", {}, label="sglang-reserve (defaults)"),
+              AgentSpec("trt-no-evict", {}, label="trt-no-evict (defaults)")]
     table = evaluate(agents, env, seeds=list(range(5)), horizons=[4000])
     print(table.format())
 

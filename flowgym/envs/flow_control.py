@@ -14,6 +14,7 @@ import numpy as np
 
 from flowgym.sim.admission import AdmissionRule
 from flowgym.sim.engine import EVICTION_RULES, QUEUE_ORDERS, RECORD_MODES, Engine
+from flowgym.sim.vllm import ENGINE_MODES, VLLM_MODE, VllmOptions, make_engine
 from flowgym.envs import rendering
 from flowgym.envs.spaces import (
     DictObservation,
@@ -125,6 +126,17 @@ class FlowControlConfig:
     #: sketch), ``series()`` keeps the last 4,096 slots, ``request_log()`` raises. See
     #: :mod:`flowgym.sim.streaming` and ``docs/model.md``.
     record: str = "full"
+    #: The engine mode: ``"paper"`` (default: the paper's token-level model of ``docs/model.md``,
+    #: exactly) or ``"vllm-v1"`` (one vLLM V1 scheduler step per environment step: KV in blocks,
+    #: admission by free blocks within ``max_num_seqs`` and a per-step token budget with chunked
+    #: prefill, recompute preemption; :mod:`flowgym.sim.vllm`, ``docs/serving.md``). The action
+    #: stays the activation budget ``B_t``, an upper bound on this step's admissions.
+    engine: str = "paper"
+    #: Options of ``engine="vllm-v1"`` (:class:`~flowgym.sim.vllm.VllmOptions`: ``block_size``,
+    #: ``max_num_seqs``, ``max_num_batched_tokens``, ``long_prefill_token_threshold``,
+    #: ``chunked_prefill``, ``admission``, ``reserve_full_prompt``, ``watermark``, ``preemption``,
+    #: ``preempt_order``, ``requeue``, ``lookahead_tokens``, ``max_tokens``); empty for ``"paper"``.
+    engine_options: dict[str, Any] = field(default_factory=dict)
 
     @classmethod
     def from_any(cls, config: FlowControlConfig | Mapping[str, Any] | None = None, **kwargs: Any) -> FlowControlConfig:
@@ -210,6 +222,19 @@ class FlowControlConfig:
             raise ValueError("per_class_budget=True needs output_length_known=True (classes reveal lengths)")
         if self.record not in RECORD_MODES:
             raise ValueError(f"record must be one of {list(RECORD_MODES)}, got {self.record!r}")
+        if self.engine not in ENGINE_MODES:
+            raise ValueError(f"engine must be one of {list(ENGINE_MODES)}, got {self.engine!r}")
+        if not isinstance(self.engine_options, Mapping):
+            raise ValueError(f"engine_options must be a mapping, got {self.engine_options!r}")
+        if self.engine == "paper" and self.engine_options:
+            raise ValueError(f"engine_options {sorted(self.engine_options)} are options of engine 'vllm-v1'; "
+                             "engine 'paper' takes none")
+        if self.engine == VLLM_MODE:
+            VllmOptions.from_any(self.engine_options)  # raises naming the bad option
+            for name, ok in (("eviction", "lifo"), ("queue_order", "fifo"), ("record", "full")):
+                if getattr(self, name) != ok:
+                    raise ValueError(f"engine='vllm-v1' needs {name}={ok!r} (victims follow engine_options "
+                                     f"preempt_order; the waiting queue is FCFS), got {name}={getattr(self, name)!r}")
 
 
 class FlowControlEnv(gym.Env[Any, Any]):
@@ -356,6 +381,33 @@ class FlowControlEnv(gym.Env[Any, Any]):
     environments through its sync fallback. Observations, rewards and infos are
     the same in both modes.
 
+    ## Engine mode
+
+    ``engine="paper"`` (default) is the model above, exactly. ``engine="vllm-v1"`` runs one
+    vLLM V1 scheduler step per environment step (:mod:`flowgym.sim.vllm`, ``docs/serving.md``):
+    the cache holds ``M // block_size`` blocks of ``block_size`` tokens (16); running requests
+    are scheduled first, in admission order, within the per-step token budget
+    ``max_num_batched_tokens`` (2048); a request that needs a block when none is free
+    preempts the most recently admitted running request, which keeps its output tokens and
+    goes back to the front of the queue to be prefilled again over ``l + j`` tokens
+    (recompute); then, if nobody was preempted, queue heads are admitted while blocks for
+    their first prefill chunk are free, up to ``max_num_seqs`` (256) running requests, long
+    prompts prefilled in chunks. The action ``B_t`` caps the admissions of the step. Options
+    in ``engine_options`` (:class:`~flowgym.sim.vllm.VllmOptions`): ``block_size``,
+    ``max_num_seqs``, ``max_num_batched_tokens`` (``None``: unlimited),
+    ``long_prefill_token_threshold``, ``chunked_prefill``, ``admission`` (``"blocks"`` or
+    ``"count"``, the paper's), ``reserve_full_prompt``, ``watermark``, ``preemption``
+    (``"recompute"`` or ``"discard"``, the paper's), ``preempt_order`` (``"lifo"``,
+    ``"least-progress"``, ``"least-computed"``, ``"random"``), ``requeue`` (``"front"`` or
+    ``"back"``), ``lookahead_tokens``, ``max_tokens``. The mode needs ``eviction="lifo"``,
+    ``queue_order="fifo"`` and ``record="full"``; ``usage`` and ``kv_usage`` count allocated
+    blocks times ``block_size``; ``info`` adds ``refused`` (admissions ``B_t`` allowed that the
+    engine refused) and ``prefill_tokens``; ``metrics()`` adds the serving metrics
+    (``num_preemptions``, ``time_to_first_token_*``, ``inter_token_latency_*``,
+    ``num_requests_running_mean``, ``num_requests_waiting_mean``, ``kv_cache_usage_perc_*``);
+    ``request_log()`` adds ``max_tokens`` and ``first_token``. With
+    :data:`~flowgym.sim.vllm.BRIDGE_OPTIONS` it reproduces the paper mode's request log.
+
     ## Queue order and eviction
 
     ``queue_order`` (``fifo``; ``sjf``, shortest known output first;
@@ -402,9 +454,11 @@ class FlowControlEnv(gym.Env[Any, Any]):
         m = self.workload.num_classes
         if cfg.per_class_budget and m == 0:
             raise ValueError("per_class_budget=True needs a workload with request classes")
-        self.engine = Engine(
+        self.engine: Engine = make_engine(
+            cfg.engine,
             cfg.M,
             self.workload,
+            engine_options=dict(cfg.engine_options) or None,
             eviction=cfg.eviction,
             queue_order=cfg.queue_order,
             estimate_floor=cfg.estimate_floor,
@@ -523,6 +577,9 @@ class FlowControlEnv(gym.Env[Any, Any]):
         if self._timed:
             info["duration"] = eng.last_duration
             info["time"] = eng.now
+        if self.config.engine == VLLM_MODE:
+            info["refused"] = int(eng._steps[-1][0])  # type: ignore[attr-defined]
+            info["prefill_tokens"] = int(eng._steps[-1][1])  # type: ignore[attr-defined]
         if not (terminated or truncated):
             if self._timed:
                 before = eng.now

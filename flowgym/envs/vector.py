@@ -56,6 +56,8 @@ def batched_unsupported(config: FlowControlConfig, render_mode: str | None = Non
     if config.observation == "load" or config.action == "multiplier":
         return (f"observation={config.observation!r}, action={config.action!r} (the online load tracker runs in "
                 "single environments)")
+    if getattr(config, "engine", "paper") != "paper":
+        return f"engine={config.engine!r} (the batched engine runs the paper's model)"
     record = getattr(config, "record", "full")
     if record != "full":
         return f"record={record!r} (the batched engine keeps the full request log)"

@@ -15,6 +15,7 @@ from typing import NamedTuple
 import numpy as np
 
 from flowgym.sim.engine import Engine
+from flowgym.sim.vllm import VllmEngine, default_max_tokens
 
 __all__ = ["QueueSnapshot", "ActiveSnapshot", "SystemView"]
 
@@ -35,6 +36,11 @@ class QueueSnapshot(NamedTuple):
     cls: np.ndarray | None  #: ``None`` unless lengths (and classes) are known
     estimate: np.ndarray  #: current output estimates (lower bounds; 1 unless tracked)
     evictions: np.ndarray  #: times each was evicted so far
+    #: the client's cap on each output (``max_tokens``, ``>= o``; what a real server knows). In the
+    #: paper mode every request's is the default of :func:`~flowgym.sim.vllm.default_max_tokens`.
+    max_tokens: np.ndarray | None = None
+    #: output tokens already generated and kept (``vllm-v1`` recompute preemption; else 0)
+    generated: np.ndarray | None = None
 
 
 class ActiveSnapshot(NamedTuple):
@@ -45,6 +51,10 @@ class ActiveSnapshot(NamedTuple):
     generated: np.ndarray  #: ``j_i``, tokens generated so far
     output_len: np.ndarray | None  #: ``None`` unless output lengths are known
     estimate: np.ndarray  #: ``max(e_i, j_i + 1)``: what is known of ``o_i``
+    #: the client's cap on each output (see :class:`QueueSnapshot`)
+    max_tokens: np.ndarray | None = None
+    #: KV blocks each holds (``vllm-v1``); in the paper mode its tokens ``l + j + 1`` this slot
+    blocks: np.ndarray | None = None
 
 
 class SystemView:
@@ -61,6 +71,10 @@ class SystemView:
         demand: this slot's demand with no admission (``held_tokens + active``).
         n_queued, n_active: counts.
         eviction, queue_order: the environment's rule names.
+        engine_mode: ``"paper"`` or ``"vllm-v1"``.
+        block_size, num_blocks, lookahead: the cache in blocks: ``vllm-v1``'s, and in the paper
+            mode ``1``, ``M`` and ``1`` (a request holds ``l + j + 1`` tokens while generating),
+            so that :meth:`blocks_for` counts what a request holds in either mode.
     """
 
     def __init__(self, engine: Engine, known: bool) -> None:
@@ -71,6 +85,35 @@ class SystemView:
         self.M = engine.M
         self.eviction = engine.eviction.name
         self.queue_order = engine.order.name
+        self._vllm = isinstance(engine, VllmEngine)
+        self.engine_mode = engine.mode if isinstance(engine, VllmEngine) else "paper"
+        self.block_size = engine.block_size if isinstance(engine, VllmEngine) else 1
+        self.num_blocks = engine.num_blocks if isinstance(engine, VllmEngine) else engine.M
+        self.lookahead = engine.lookahead if isinstance(engine, VllmEngine) else 1
+        self._mt_bound = bound
+
+    @property
+    def free_blocks(self) -> int:
+        """Blocks no running request holds (paper mode: ``M - demand``, this slot's free tokens)."""
+        e = self._e
+        if isinstance(e, VllmEngine):
+            return e.free_blocks
+        return e.M - (e.held + e.n_active)
+
+    @property
+    def total_evictions(self) -> int:
+        """Evictions (preemptions) so far."""
+        return self._e.total_evictions
+
+    def blocks_for(self, tokens: np.ndarray | int) -> np.ndarray | int:
+        """Blocks a request holds with ``tokens`` KV tokens computed: ``ceil((tokens + lookahead) / block_size)``."""
+        return -(-(np.asarray(tokens) + self.lookahead) // self.block_size)
+
+    def _max_tokens(self, ids: np.ndarray) -> np.ndarray:
+        e = self._e
+        if isinstance(e, VllmEngine):
+            return e.max_tokens[ids]
+        return default_max_tokens(e.prompt[ids], e.output[ids], self._mt_bound, e.M)
 
     @property
     def t(self) -> int:
@@ -109,6 +152,8 @@ class SystemView:
             _ro(e.cls[ids]) if self.known else None,
             _ro(e.estimate[ids]),
             _ro(e.evictions[ids]),
+            _ro(self._max_tokens(ids)),
+            _ro(e.gen[ids] if isinstance(e, VllmEngine) else np.zeros(ids.size, np.int64)),
         )
 
     def active(self) -> ActiveSnapshot:
@@ -122,4 +167,6 @@ class SystemView:
             _ro(gen),
             _ro(e.output[ids]) if self.known else None,
             _ro(np.maximum(e.estimate[ids], gen + 1)),
+            _ro(self._max_tokens(ids)),
+            _ro(e.active_blocks() if isinstance(e, VllmEngine) else e.prompt[ids] + gen + 1),
         )

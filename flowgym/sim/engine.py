@@ -312,6 +312,7 @@ class Engine:
         self.evictions[s] = 0
         self.estimate[s] = self.estimate_floor
         rej = (req.prompt_len + req.output_len) > self.M
+        rej = self._on_sample(req, s, rej)  # hook: engine modes (flowgym.sim.vllm) see each chunk
         self.rejected[s] = rej
         self.n_req = base + k
         self._chunk_t0, self._gen_t, self._chunk_base = t0, t1, base
@@ -320,6 +321,11 @@ class Engine:
         self._bounds = (base + np.searchsorted(req.arrival, np.arange(t0, t1 + 1), side="left")).tolist()
         self._rej_cum = np.concatenate([[0], np.cumsum(rej)]).tolist()
         self._tok_cum = np.concatenate([[0], np.cumsum(np.where(rej, 0, req.prompt_len))]).tolist()
+
+    def _on_sample(self, req: Any, rows: slice, rejected: np.ndarray) -> np.ndarray:
+        """Hook for engine modes: a chunk of requests ``req`` fills table ``rows``; returns the
+        rejected mask (this engine's: ``l + o > M``)."""
+        return rejected
 
     # ------------------------------------------------------------------ phases
 

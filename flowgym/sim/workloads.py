@@ -42,6 +42,7 @@ __all__ = [
     "CHUNK_SLOTS",
     "CHUNK_SECONDS",
     "Requests",
+    "CappedRequests",
     "Workload",
     "MultiClassPoisson",
     "IIDPoisson",
@@ -90,6 +91,22 @@ class Requests(NamedTuple):
     def empty() -> Requests:
         z = np.zeros(0, dtype=np.int64)
         return Requests(z, z, z, z)
+
+
+class CappedRequests(Requests):
+    """:class:`Requests` that also carry each client's cap on the output, ``max_tokens`` (int64,
+    ``>= o``), as a trace with a ``max_tokens`` column gives them. The fields of :class:`Requests`
+    are unchanged; the ``vllm-v1`` engine mode reads ``max_tokens`` (a workload that sets none gets
+    the default of :func:`flowgym.sim.vllm.default_max_tokens`)."""
+
+    max_tokens: np.ndarray
+
+    @staticmethod
+    def of(req: Requests, max_tokens: np.ndarray) -> CappedRequests:
+        """``req`` with ``max_tokens``."""
+        out = CappedRequests(*req)
+        out.max_tokens = max_tokens
+        return out
 
 
 def request_work(prompt_len: Any, output_len: Any) -> Any:
@@ -850,6 +867,11 @@ class Trace(Workload):
         num_classes: number of classes ``m`` (default: largest class id + 1).
             A class's ``(l_k, o_k)`` (in :attr:`classes`) is the median of its requests'.
         timed: arrivals are timestamps in seconds (continuous-time mode).
+        max_tokens: optional client cap on each request's output (``max_tokens`` of the
+            OpenAI API: integers ``>= output_len``, since the output a trace records is what
+            the cap allowed). Read by the ``vllm-v1`` engine mode and the reservation
+            controllers that reserve against it; without it the mode's default applies
+            (:func:`flowgym.sim.vllm.default_max_tokens`).
 
     Raises:
         TraceError: naming the column and row of the first bad value.
@@ -866,6 +888,7 @@ class Trace(Workload):
         *,
         num_classes: int | None = None,
         timed: bool = False,
+        max_tokens: Any | None = None,
         _rows: np.ndarray | None = None,
         _names: dict[str, str] | None = None,
         _source: dict[str, Any] | None = None,
@@ -894,9 +917,22 @@ class Trace(Workload):
                                  f"(ids are 0..{MAX_CLASSES - 1}; number the classes from 0)")
         else:
             c = np.full(n, -1, dtype=np.int64)
+        mt = None
+        if max_tokens is not None:
+            mt = _trace_column(name.get("max_tokens", "max_tokens"), max_tokens, allow_zero=False, rows=_rows)
+            if len(mt) != n:
+                raise TraceError(f"column 'max_tokens' has {len(mt)} rows, arrival has {n}")
+            short = np.flatnonzero(mt < o)
+            if short.size:
+                i = int(short[0])
+                where = f"row {int(_rows[i])}" if _rows is not None else f"index {i}"
+                raise TraceError(f"column {name.get('max_tokens', 'max_tokens')!r}, {where}: max_tokens {int(mt[i])} "
+                                 f"is below the output length {int(o[i])} (the cap bounds the output)")
         order = np.argsort(a, kind="stable")
         self.row = order  #: input row of each (sorted) request
         self.arrival, self.prompt_len, self.output_len, self.cls = a[order], l[order], o[order], c[order]
+        #: client caps on the outputs (sorted like the requests), or ``None``
+        self.max_tokens: np.ndarray | None = None if mt is None else mt[order]
         self._num_classes_given = num_classes
         if cls is not None:
             m = int(c.max()) + 1 if n else 0
@@ -985,7 +1021,8 @@ class Trace(Workload):
     def sample(self, rng: np.random.Generator, t0: int, t1: int) -> Requests:
         lo, hi = np.searchsorted(self.arrival, [t0, t1], side="left")
         s = slice(int(lo), int(hi))
-        return Requests(self.arrival[s], self.prompt_len[s], self.output_len[s], self.cls[s])
+        req = Requests(self.arrival[s], self.prompt_len[s], self.output_len[s], self.cls[s])
+        return req if self.max_tokens is None else CappedRequests.of(req, self.max_tokens[s])
 
     def next_arrival(self, t: float) -> float:
         i = int(np.searchsorted(self.arrival, t, side="left"))
@@ -1032,6 +1069,8 @@ class Trace(Workload):
             out["num_classes"] = int(self._num_classes_given)
         if self.timed:
             out["timed"] = True
+        if self.max_tokens is not None:
+            out["max_tokens"] = self.max_tokens.tolist()
         return out
 
     def __repr__(self) -> str:

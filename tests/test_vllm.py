@@ -1,0 +1,266 @@
+"""The vllm-v1 engine mode (flowgym.sim.vllm): the bridge to the paper's model and vLLM's rules."""
+
+from __future__ import annotations
+
+import gymnasium as gym
+import numpy as np
+import pytest
+
+import flowgym  # noqa: F401  (registers FlowControl-v0)
+from flowgym.agents import make_agent
+from flowgym.sim.engine import Engine
+from flowgym.sim.vllm import BRIDGE_OPTIONS, VllmEngine, VllmOptions, default_max_tokens
+from flowgym.sim.workloads import Trace, TraceError
+
+LINEAR = {"kind": "linear", "c0": 0.01, "c_prefill": 1e-4, "c_decode": 1e-3, "c_kv": 1e-5}
+
+
+def _run(eng: Engine, budget, T: int):
+    eng.reset(np.random.default_rng(0))
+    for t in range(T):
+        eng.arrive()
+        eng.serve(budget(t))
+    return eng.request_log(), eng.series()
+
+
+def _same(a: dict, b: dict) -> None:
+    for k in a:
+        x, y = a[k], b[k]
+        assert np.array_equal(x, y, equal_nan=x.dtype.kind == "f"), k
+
+
+@pytest.mark.parametrize("case", range(60))
+def test_bridge_reproduces_the_paper_mode(case):
+    """Block size 1, lookahead 1, no chunking, no max_num_seqs or token budget, admission by count
+    and progress lost on eviction: the request log and the slot records are the paper mode's, on
+    random traces in unit slots, with per-class budgets and in continuous time."""
+    r = np.random.default_rng(case)
+    n, T = int(r.integers(5, 80)), int(r.integers(20, 160))
+    lp, op, M = r.integers(1, 30, n), r.integers(1, 40, n), int(r.integers(30, 400))
+    kind = case % 3
+    kw: dict = {}
+    if kind == 0:
+        tr = Trace(np.sort(r.integers(0, T // 2 + 1, n)), lp, op)
+        b = r.integers(0, 6, T)
+    elif kind == 1:
+        tr = Trace(np.sort(r.integers(0, T // 2 + 1, n)), lp, op, cls=r.integers(0, 3, n), num_classes=3)
+        kw["per_class"] = True
+        b = r.integers(0, 3, (T, 3))
+    else:
+        tr = Trace(np.sort(r.uniform(0, 2.0, n)), lp, op, timed=True)
+        kw["time_model"] = LINEAR
+        b = r.integers(0, 6, T)
+    log_p, ser_p = _run(Engine(M, tr, **kw), lambda t: b[t], T)
+    log_v, ser_v = _run(VllmEngine(M, tr, options=BRIDGE_OPTIONS, **kw), lambda t: b[t], T)
+    _same(log_p, {k: log_v[k] for k in log_p})
+    _same(ser_p, {k: ser_v[k] for k in ser_p})
+
+
+def test_bridge_cases_exercise_eviction():
+    """The bridge cases are not trivially eviction-free."""
+    total = 0
+    for case in range(0, 60, 3):
+        r = np.random.default_rng(case)
+        n, T = int(r.integers(5, 80)), int(r.integers(20, 160))
+        lp, op, M = r.integers(1, 30, n), r.integers(1, 40, n), int(r.integers(30, 400))
+        tr = Trace(np.sort(r.integers(0, T // 2 + 1, n)), lp, op)
+        b = r.integers(0, 6, T)
+        log, _ = _run(Engine(M, tr), lambda t: b[t], T)
+        total += int(log["evictions"].sum())
+    assert total > 50
+
+
+def _one(eng: VllmEngine, budgets):
+    eng.reset(np.random.default_rng(0))
+    out = []
+    for b in budgets:
+        eng.arrive()
+        out.append(eng.serve(b))
+    return out
+
+
+def test_blocks_and_recompute_preemption_keep_output_tokens():
+    """A 3-block cache of 16-token blocks, two requests of prompt 16 and output 30: both prefill
+    (one block each); next step A needs a second block, then B does too: none is free, so B (the
+    most recently admitted) preempts itself, keeps its one output token, and is prefilled again
+    over 17 tokens once A has finished."""
+    tr = Trace([0, 0], [16, 16], [30, 30])
+    eng = VllmEngine(48, tr, options={"block_size": 16, "max_num_batched_tokens": None})
+    st = _one(eng, [2] * 80)
+    log = eng.request_log()
+    assert st[0].admitted == 2 and st[0].usage == 32
+    assert st[1].evicted == 1 and st[1].usage == 32 and eng.request_log()["evictions"].tolist() == [0, 1]
+    assert (log["finish"] > 0).all() and log["finish"][0] == 30 and log["finish"][1] > 30
+    assert eng.recomputed_tokens == 16 and eng.wasted_tokens == 0
+    assert eng.generated_tokens == 60  # nothing generated is lost (the paper would regenerate B's token)
+    assert eng.prefill_tokens == 16 + 16 + 17
+    assert log["first_token"].tolist() == [1, 1]
+    assert eng.serving_metrics()["num_preemptions"] == 1
+
+
+def test_lifo_victim_goes_to_the_front_and_no_admission_on_a_preempting_step():
+    # cache of 3 blocks of 4 tokens: A (l=4) and B (l=4) run; C waits; B is preempted when A grows
+    tr = Trace([0, 0, 0], [4, 4, 2], [9, 9, 1])
+    eng = VllmEngine(12, tr, options={"block_size": 4, "max_num_batched_tokens": None})
+    eng.reset(np.random.default_rng(0))
+    eng.arrive()
+    st = eng.serve(2)  # A, B prefill: 1 block each
+    assert st.admitted == 2 and eng.used_blocks == 2
+    for _ in range(10):
+        eng.arrive()
+        st = eng.serve(5)
+        if st.evicted:
+            break
+    assert st.evicted == 1 and st.admitted == 0  # a preempting step admits nobody
+    q = eng.queue_ids()
+    assert q[0] == 1  # B, the most recently admitted, at the front, ahead of C
+    assert eng.gen[1] > 0  # B kept its output tokens
+
+
+def test_token_budget_chunks_long_prompts_decodes_first():
+    tr = Trace([0, 0], [3, 100], [50, 2])
+    eng = VllmEngine(10_000, tr, options={"block_size": 16, "max_num_batched_tokens": 32})
+    eng.reset(np.random.default_rng(0))
+    eng.arrive()
+    eng.serve(1)  # request 0 prefills 3 tokens
+    eng.arrive()
+    eng.serve(1)  # request 0 decodes 1; request 1 gets the 31 tokens left
+    assert eng.active_computed().tolist() == [4, 31]
+    steps = eng.step_series()
+    assert steps["prefill_tokens"].tolist() == [3, 31] and steps["decode_requests"].tolist() == [0, 1]
+    for _ in range(3):
+        eng.arrive()
+        eng.serve(0)
+    assert eng.active_computed().tolist()[1] == 100  # 31 + 31 + 31 + 7: chunks until the prompt is in
+    assert eng.gen[1] == 1  # the step that completes the prompt samples its first token
+
+
+def test_unchunked_prefill_waits_for_the_budget():
+    tr = Trace([0, 0], [3, 100], [50, 2])
+    eng = VllmEngine(10_000, tr, options={"block_size": 16, "max_num_batched_tokens": 64, "chunked_prefill": False})
+    eng.reset(np.random.default_rng(0))
+    eng.arrive()
+    st = eng.serve(2)
+    assert st.admitted == 1 and eng.total_refused == 1
+
+
+def test_max_num_seqs_and_refused_count():
+    tr = Trace([0] * 10, [5] * 10, [20] * 10)
+    eng = VllmEngine(10_000, tr, options={"max_num_seqs": 4})
+    st = _one(eng, [10, 10])
+    assert st[0].admitted == 4 and st[1].admitted == 0
+    assert eng.total_refused == 6 + 6
+
+
+def test_watermark_and_full_prompt_reservation_refuse_what_v1_admits():
+    tr = Trace([0, 0], [40, 40], [3, 3])
+    base = {"block_size": 16, "max_num_batched_tokens": 16}
+    v1 = VllmEngine(96, tr, options=base)  # 6 blocks; V1 allocates the first 16-token chunk only
+    assert _one(v1, [2])[0].admitted == 1  # the token budget (16) is spent by the first chunk
+    full = VllmEngine(80, Trace([0, 0], [40, 40], [3, 3]), options={**base, "max_num_batched_tokens": 100,
+                                                                    "reserve_full_prompt": True})
+    assert _one(full, [2])[0].admitted == 1  # 5 blocks: the first prompt's 3 blocks, then 2 < 3 free
+    wm = VllmEngine(96, Trace([0, 0], [40, 40], [3, 3]), options={"block_size": 16, "max_num_batched_tokens": None,
+                                                                  "watermark": 0.2})
+    assert _one(wm, [2])[0].admitted == 1  # 6 blocks, 1 kept free: 3 + 3 > 5
+
+
+def test_block_rounding_rejects_what_never_fits():
+    # l + o = 60 <= M = 60 fits the paper's model; with 16-token blocks it needs ceil(59/16) = 4 > 3 blocks
+    tr = Trace([0], [30], [30])
+    eng = VllmEngine(60, tr, options={"block_size": 16})
+    eng.reset(np.random.default_rng(0))
+    eng.arrive()
+    assert eng.total_rejected == 1
+    p = Engine(60, Trace([0], [30], [30]))
+    p.reset(np.random.default_rng(0))
+    p.arrive()
+    assert p.total_rejected == 0
+
+
+def test_same_seed_same_result_and_random_order_is_seeded():
+    kw = dict(workload={"kind": "poisson", "classes": [[10, 20], [10, 40], [10, 60]], "rates": 5.0},
+              engine="vllm-v1", engine_options={"preempt_order": "random", "max_num_seqs": None, "block_size": 16},
+              horizon=300)
+    runs = []
+    for _ in range(2):
+        env = gym.make("FlowControl-v0", **kw)
+        env.reset(seed=11)
+        for _ in range(300):
+            env.step(40)
+        runs.append(env.unwrapped.request_log())
+    _same(runs[0], runs[1])
+    assert runs[0]["evictions"].sum() > 0
+
+
+def test_serving_metrics_are_named_and_consistent():
+    env = gym.make("FlowControl-v0", engine="vllm-v1", engine_options={"max_num_seqs": None}, horizon=400,
+                   workload={"kind": "poisson", "classes": [[10, 20], [10, 40], [10, 60]], "rates": 5.0})
+    env.reset(seed=2)
+    for _ in range(400):
+        _, _, _, _, info = env.step(30)
+    m = env.unwrapped.metrics()
+    for k in ("num_preemptions", "refused_admissions", "time_to_first_token_p50", "time_to_first_token_p99",
+              "inter_token_latency_p50", "inter_token_latency_p99", "num_requests_running_mean",
+              "num_requests_waiting_mean", "kv_cache_usage_perc_mean", "kv_cache_usage_perc_max"):
+        assert k in m, k
+    assert m["num_preemptions"] == m["evictions"] > 0
+    assert m["inter_token_latency_p50"] == 1.0 and m["inter_token_latency_p99"] >= 1.0
+    assert 1.0 <= m["time_to_first_token_p50"] <= m["time_to_first_token_p99"]
+    assert 0 < m["kv_cache_usage_perc_mean"] <= m["kv_cache_usage_perc_max"] <= 1.0
+    assert "refused" in info and "prefill_tokens" in info
+    log = env.unwrapped.request_log()
+    done = log["finish"] > 0
+    assert (log["first_token"][done] > log["arrival"][done]).all()
+    assert (log["max_tokens"] >= log["output_len"]).all()
+
+
+def test_config_errors_name_the_field():
+    with pytest.raises(ValueError, match="engine must be one of"):
+        gym.make("FlowControl-v0", engine="vllm")
+    with pytest.raises(ValueError, match="block_size"):
+        gym.make("FlowControl-v0", engine="vllm-v1", engine_options={"block_size": 0})
+    with pytest.raises(ValueError, match="unknown engine_options"):
+        gym.make("FlowControl-v0", engine="vllm-v1", engine_options={"blocksize": 16})
+    with pytest.raises(ValueError, match="engine 'paper' takes none"):
+        gym.make("FlowControl-v0", engine_options={"block_size": 16})
+    with pytest.raises(ValueError, match="queue_order"):
+        gym.make("FlowControl-v0", engine="vllm-v1", queue_order="sjf", output_length_known=True)
+    with pytest.raises(ValueError, match="watermark"):
+        VllmOptions.from_any({"watermark": 1.5})
+    with pytest.raises(ValueError, match="preempt_order"):
+        VllmOptions.from_any({"preempt_order": "fifo"})
+
+
+def test_max_tokens_trace_column_and_default():
+    tr = Trace([0, 0], [5, 5], [10, 3], max_tokens=[12, 100])
+    eng = VllmEngine(1000, tr, options={"block_size": 1})
+    _one(eng, [2])
+    assert eng.request_log()["max_tokens"].tolist() == [12, 100]
+    with pytest.raises(TraceError, match="max_tokens"):
+        Trace([0], [5], [10], max_tokens=[9])
+    assert default_max_tokens(np.array([10, 10]), np.array([20, 60]), 60, 16492).tolist() == [60, 60]
+    assert default_max_tokens(np.array([10]), np.array([20]), None, 100).tolist() == [90]
+
+
+@pytest.mark.parametrize("engine", ["paper", "vllm-v1"])
+def test_no_evict_controller_never_evicts_and_sglang_runs(engine):
+    kw = dict(workload={"kind": "poisson", "classes": [[10, 20], [10, 40], [10, 60]], "rates": 5.0},
+              engine=engine, horizon=600, max_budget=1024)
+    if engine == "vllm-v1":
+        kw["engine_options"] = {"max_num_seqs": None}
+    res = {}
+    for name in ("trt-no-evict", "sglang-reserve", "greedy-lifo"):
+        ag = make_agent(name)
+        env = gym.make("FlowControl-v0", **kw)
+        obs, _ = env.reset(seed=5)
+        ag.reset(env.unwrapped.config, seed=5)
+        done = False
+        while not done:
+            obs, _, te, tr, _ = env.step(ag.act(obs, env.unwrapped.view()))
+            done = te or tr
+        res[name] = env.unwrapped.metrics()
+    assert res["trt-no-evict"]["evictions"] == 0 and res["trt-no-evict"]["completed"] > 1000
+    assert res["greedy-lifo"]["evictions"] > 0
+    # reserving against a discounted remainder admits more than reserving the whole cap
+    assert res["sglang-reserve"]["mean_kv_usage"] > res["trt-no-evict"]["mean_kv_usage"]
