@@ -164,6 +164,7 @@ def test_compiled_and_stepped_engines_can_alternate():
     ({**WORKLOADS["overload"], "record": "stream"}, "record='stream'"),
     ({**WORKLOADS["overload"], "queue_order": "sjf", "output_length_known": True}, "queue_order 'sjf'"),
     ({**WORKLOADS["overload"], "render_mode": "ansi"}, "render_mode='ansi'"),
+    ({**WORKLOADS["overload"], "engine": "vllm-v1"}, "engine VllmEngine"),
     ({**WORKLOADS["overload"], "time_model": lambda P, D, K, B: 0.05}, "time model CallableLatency"),
 ])
 def test_what_the_loop_lacks_is_named_and_evaluation_steps_instead(kwargs, reason):

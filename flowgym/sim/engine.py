@@ -654,6 +654,8 @@ class Engine:
     def rule_unsupported(self, rule: AdmissionRule) -> str | None:
         """Why :meth:`run_rule` cannot run ``rule`` on this engine (``None`` when it can)."""
         rule.check()
+        if type(self) is not Engine:  # another engine mode (e.g. vllm-v1) serves differently
+            return f"engine {type(self).__name__} (the compiled loop is the paper's engine)"
         if not self._use_jit:
             return "the compiled kernels are off (numba missing, FLOWGYM_JIT=0 or Engine.jit=False)"
         if not self.timed:
