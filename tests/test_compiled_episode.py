@@ -230,3 +230,48 @@ def test_future_fit_kernel_equals_the_agents_function():
         cp, co = rng.integers(1, 40, k), rng.integers(1, 40, k)
         want = future_fit_count(M, ap, ag, ao, cp, co)
         assert kernels.future_fit(M, ap, ag, ao, cp, co) == want
+
+
+@pytest.mark.parametrize("order", ["fifo", "estimate"])
+@pytest.mark.parametrize("eviction", ["lifo", "all", "estimate"])
+@pytest.mark.parametrize("kind", ["fixed", "greedy", "future-fit"])
+def test_every_order_eviction_and_rule_combination(order, eviction, kind):
+    """Beyond the agents' own pairings: each rule under each queue order and eviction rule."""
+    rule = {"fixed": AdmissionRule("fixed", budget=6),
+            "greedy": AdmissionRule("greedy", limit=3600.0, max_count=64),
+            "future-fit": AdmissionRule("future-fit", max_count=64,
+                                        lengths="estimate" if "estimate" in (order, eviction) else "bound",
+                                        bound=300)}[kind]
+    kwargs = {**WORKLOADS["overload"], "horizon": 1500, "queue_order": order, "eviction": eviction,
+              "max_budget": 64}
+    env, ref = FlowControlEnv(**kwargs), FlowControlEnv(**kwargs)
+    env.reset(seed=2)
+    ref.reset(seed=2)
+    assert env.run_rule(rule) == 1500
+    view = ref.view()
+    for _ in range(1500):
+        e = ref.engine
+        if kind == "fixed":
+            b = 6
+        elif kind == "greedy":
+            from flowgym.agents.greedy import greedy_fit_count
+
+            b = greedy_fit_count(view, 3600.0, 64)
+        else:
+            from flowgym.agents.memory_check import future_fit_count
+
+            q, a = view.queue(64), view.active()
+            if rule.lengths == "estimate":
+                ao, co = a.estimate, q.estimate
+            else:
+                ao, co = np.full(a.ids.size, 300), np.full(q.ids.size, 300)
+            b = future_fit_count(e.M, a.prompt_len, a.generated, ao, q.prompt_len, co) if e.n_queued else 0
+        ref.step(b)
+    for key, value in ref.engine.series().items():
+        assert np.array_equal(env.engine.series()[key], value), key
+    log, want = env.engine.request_log(), ref.engine.request_log()
+    for key in want:
+        assert np.array_equal(log[key], want[key], equal_nan=want[key].dtype.kind == "f"), key
+    assert env.engine.total_evictions == ref.engine.total_evictions
+    if kind == "fixed":
+        assert env.engine.total_evictions > 0
