@@ -45,6 +45,8 @@ from flowgym.lab.scenarios import ADAPTIVE_SCENARIOS, AgentSpec, get_scenario
 #: Fixed-budget grid of the tuning (wide: the held-out scenarios' best budgets range 12..96).
 FIXED_GRID = [1, 2, 3, 4, 6, 8, 12, 16, 24, 32, 40, 48, 64, 96, 128, 192, 256]
 LOW_GRID = [1, 2, 3, 4, 6, 8, 12, 16]
+#: SGLang's one knob (``--schedule-conservativeness``: scales its initial ``new_token_ratio``), tuned per scenario
+SGLANG_GRID = [0.02, 0.05, 0.1, 0.2, 0.35, 0.5, 0.7, 1.0, 1.4]
 #: Stationary scenarios (goal: within 2% of the best fixed budget).
 STATIONARY = ("adaptive-low", "adaptive-high", "S1-stationary")
 
@@ -189,6 +191,8 @@ def bench_scenario(name: str, model: str | None, seeds: list[int], tune_seeds: l
     rs = coordinate_search("rate-switch", {"high": b, "low": b, "threshold": thr_grid[len(thr_grid) // 2]},
                            {"low": LOW_GRID, "high": FIXED_GRID, "threshold": thr_grid}, tune_kw, tune_seeds, H,
                            backend)
+    cons, _ = tune(AgentSpec("sglang-reserve", {}, tune=("schedule_conservativeness", SGLANG_GRID)), tune_kw,
+                   tune_seeds, H, backend=backend)
     specs = [
         AgentSpec("learned", {} if model is None else {"path": model}, label="learned"),
         AgentSpec("flow-control", {"b": b}, label="best fixed"),
@@ -196,6 +200,7 @@ def bench_scenario(name: str, model: str | None, seeds: list[int], tune_seeds: l
         AgentSpec("safe-budget", {"k": 2.0}, label="safe-budget k=2 (untuned)"),
         # production admission controllers (agents/production.py), at their servers' defaults
         AgentSpec("sglang-reserve", {}, label="sglang-reserve (defaults)"),
+        AgentSpec("sglang-reserve", {"schedule_conservativeness": cons}, label="sglang-reserve (tuned)"),
         AgentSpec("trt-no-evict", {}, label="trt-no-evict (defaults)"),
     ]
     ph = None if finite else phases(kw)
@@ -209,6 +214,7 @@ def bench_scenario(name: str, model: str | None, seeds: list[int], tune_seeds: l
     out: dict[str, Any] = {
         "scenario": name, "held_out": name in ho, "stationary": name in STATIONARY, "seeds": report,
         "tune_seeds": tune_seeds, "fixed_b": b, "rate_switch": rs, "phase_oracle": oracle,
+        "sglang_conservativeness": cons,
         "mean_time_in_system": {k: float(v.mean()) for k, v in per.items()},
         "ratios": {k: ratio_ci(learned, v) for k, v in per.items() if k != "learned"},
         "wall_seconds": time.perf_counter() - t0,
@@ -229,7 +235,8 @@ def _fmt(r: tuple[float, float, float]) -> str:
 
 def markdown(results: list[dict[str, Any]]) -> str:
     lines = ["| scenario | learned TIS | / best fixed (b) | / tuned rate-switch | / phase oracle | / safe-budget k=2 "
-             "| / sglang-reserve | / trt-no-evict | goal |", "|---|---:|---:|---:|---:|---:|---:|---:|---|"]
+             "| / sglang-reserve (defaults) | / sglang-reserve (tuned c) | / trt-no-evict | goal |",
+             "|---|---:|---:|---:|---:|---:|---:|---:|---:|---|"]
     for r in results:
         m, q = r["mean_time_in_system"], r["ratios"]
         name = r["scenario"] + (" (held out)" if r["held_out"] else "") + (" (stationary)" if r["stationary"] else "")
@@ -238,6 +245,7 @@ def markdown(results: list[dict[str, Any]]) -> str:
             f"{_fmt(q['rate-switch (tuned)'])} | {_fmt(q['phase oracle']) if 'phase oracle' in q else '-'} | "
             f"{_fmt(q['safe-budget k=2 (untuned)'])} | "
             f"{_fmt(q['sglang-reserve (defaults)']) if 'sglang-reserve (defaults)' in q else '-'} | "
+            f"{_fmt(q['sglang-reserve (tuned)'])} (c={r['sglang_conservativeness']:g}) | "
             f"{_fmt(q['trt-no-evict (defaults)']) if 'trt-no-evict (defaults)' in q else '-'} | {r['goal']} |")
     return "\n".join(lines)
 
