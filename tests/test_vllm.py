@@ -10,7 +10,7 @@ import flowgym  # noqa: F401  (registers FlowControl-v0)
 from flowgym.agents import make_agent
 from flowgym.sim.engine import Engine
 from flowgym.sim.vllm import BRIDGE_OPTIONS, VllmEngine, VllmOptions, default_max_tokens
-from flowgym.sim.workloads import Trace, TraceError
+from flowgym.sim.workloads import Trace, TraceError, make_workload
 
 LINEAR = {"kind": "linear", "c0": 0.01, "c_prefill": 1e-4, "c_decode": 1e-3, "c_kv": 1e-5}
 
@@ -241,6 +241,19 @@ def test_max_tokens_trace_column_and_default():
         Trace([0], [5], [10], max_tokens=[9])
     assert default_max_tokens(np.array([10, 10]), np.array([20, 60]), 60, 16492).tolist() == [60, 60]
     assert default_max_tokens(np.array([10]), np.array([20]), None, 100).tolist() == [90]
+
+
+def test_max_tokens_from_a_csv_column(tmp_path):
+    path = tmp_path / "t.csv"
+    path.write_text("t,l,o,cap\n0,5,10,12\n0,5,3,100\n1,4,2,2\n")
+    spec = {"kind": "trace", "path": str(path), "arrival": "t", "prompt_len": "l", "output_len": "o",
+            "max_tokens_column": "cap"}
+    tr = make_workload(spec)
+    assert tr.max_tokens.tolist() == [12, 100, 2]
+    assert make_workload(tr.to_spec()).max_tokens.tolist() == [12, 100, 2]  # the spec round trip keeps it
+    path.write_text("t,l,o,cap\n0,5,10,12\n0,5,3,2\n")
+    with pytest.raises(TraceError, match="row 3.*max_tokens 2"):  # below the output length: row and value named
+        make_workload(spec)
 
 
 @pytest.mark.parametrize("engine", ["paper", "vllm-v1"])

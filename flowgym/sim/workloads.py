@@ -968,6 +968,7 @@ class Trace(Workload):
         output_len: str = "output_len",
         cls_column: str | None = None,
         timed: bool = False,
+        max_tokens_column: str | None = None,
     ) -> Trace:
         """Read a trace from a CSV file with a header row.
 
@@ -975,6 +976,8 @@ class Trace(Workload):
             path: the file.
             arrival, prompt_len, output_len: names of the columns holding them.
             cls_column: optional name of a class-id column.
+            max_tokens_column: optional name of a column with each client's cap on the output
+                (``max_tokens``, at least the output length; see the constructor).
             timed: the arrival column holds seconds (reals), for continuous time.
 
         Raises:
@@ -985,13 +988,16 @@ class Trace(Workload):
         wanted = {"arrival": arrival, "prompt_len": prompt_len, "output_len": output_len}
         if cls_column is not None:
             wanted["cls"] = cls_column
+        if max_tokens_column is not None:
+            wanted["max_tokens"] = max_tokens_column
         source = {"kind": "trace", "path": path, "arrival": arrival, "prompt_len": prompt_len,
-                  "output_len": output_len, "cls_column": cls_column, **({"timed": True} if timed else {})}
+                  "output_len": output_len, "cls_column": cls_column, **({"timed": True} if timed else {}),
+                  **({"max_tokens_column": max_tokens_column} if max_tokens_column is not None else {})}
         fast = _csv_columns_arrow(path, wanted)
         if fast is not None:  # every value numeric: the same checks on the arrays, rows named on failure
             try:
                 return cls(fast["arrival"], fast["prompt_len"], fast["output_len"], fast.get("cls"), timed=timed,
-                           _names=wanted, _source=source)
+                           max_tokens=fast.get("max_tokens"), _names=wanted, _source=source)
             except TraceError:
                 pass  # the reference path below names the row (blank lines shift Arrow's indices)
         try:
@@ -1011,6 +1017,7 @@ class Trace(Workload):
                 np.asarray(cols["output_len"], dtype=object),
                 np.asarray(cols["cls"], dtype=object) if "cls" in cols else None,
                 timed=timed,
+                max_tokens=np.asarray(cols["max_tokens"], dtype=object) if "max_tokens" in cols else None,
                 _rows=rows_a,
                 _names=wanted,
                 _source=source,
@@ -1092,7 +1099,8 @@ def make_workload(spec: Workload | Mapping[str, Any]) -> Workload:
       together, each with its own rate schedule and lengths (:class:`Mixture`)
     * ``{"kind": "trace", "arrival": [...], "prompt_len": [...], "output_len": [...], "cls": [...]}``
     * ``{"kind": "trace", "path": "file.csv", "arrival": "col", "prompt_len": "col",
-      "output_len": "col", "cls_column": "col", "timed": false}`` (column names optional)
+      "output_len": "col", "cls_column": "col", "max_tokens_column": "col", "timed": false}`` (column
+      names optional; ``max_tokens_column`` reads each client's output cap)
     * ``{"kind": "azure", "trace": "conv" or "code", "rate_multiplier": 1.0, "window": [t0, t1]}``
       (continuous time; :func:`azure_trace`)
     * lengths may also be ``{"kind": "azure", "trace": "conv"}`` or ``{"kind": "lmsys-like"}``
