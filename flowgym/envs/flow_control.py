@@ -603,6 +603,8 @@ class FlowControlEnv(gym.Env[Any, Any]):
         """Why :meth:`run_rule` cannot run ``rule`` in this environment (``None`` when it can)."""
         if self.render_mode is not None:
             return f"render_mode={self.render_mode!r} (frames are drawn every step)"
+        if self.config.action != "budget":
+            return f"action={self.config.action!r} (an agent's actions are not budgets there)"
         return self.engine.rule_unsupported(rule)
 
     def run_rule(self, rule: AdmissionRule) -> int:

@@ -905,3 +905,17 @@ def check_kernels() -> None:
     v = np.zeros((2, 4 + H.shape[1] + 1), np.float32)
     kernels.vector_observe(st, H, eng.class_queue, 0, np.zeros(2, bool), 10, True, np.zeros(2), 0.5, 400, 9.0, 1.0,
                            4, 4 + H.shape[1], 0, v, out, np.ones(4), np.zeros(2), np.zeros(2), np.zeros((3, 2), bool))
+    # the compiled continuous-time episode (its evict, lane_merge and future_fit inside): one
+    # short run of each admission rule on a tiny engine
+    from flowgym.sim.admission import AdmissionRule
+    from flowgym.sim.engine import Engine
+
+    for rule in (AdmissionRule("fixed", budget=2), AdmissionRule("greedy", limit=300.0, max_count=4),
+                 AdmissionRule("future-fit", max_count=4, lengths="bound", bound=20)):
+        te = Engine(300, {"kind": "iid", "rate": 5.0, "timed": True,
+                          "lengths": {"kind": "empirical", "pairs": [[10, 20]]}},
+                    time_model={"kind": "linear", "c0": 0.05})
+        te.jit = True
+        te.reset(np.random.default_rng(0))
+        te.arrive()
+        te.run_rule(rule, horizon=20)

@@ -68,6 +68,8 @@ RECORD_MODES = ("full", "stream")
 _RECYCLE_MIN = 4096
 
 
+#: Iterations of one call of the compiled loop before it returns to Python (then goes on).
+_RUN_SLICE = 1 << 20
 #: Engine attributes packed into the compiled loop's scalar state (index in ``kernels.S_*``, name).
 _S_FIELDS = (
     (kernels.S_T, "t"), (kernels.S_ARRIVED, "n_arrived"), (kernels.S_NREQ, "n_req"), (kernels.S_AH, "_h"),
@@ -696,6 +698,8 @@ class Engine:
             lat, coef = 0, (tm.c0, tm.c_prefill, tm.c_decode, tm.c_kv)
         else:
             lat, coef = 1, (tm.a, tm.b, tm.c, tm.p)
+        if (horizon is not None and self.t >= horizon) or (self.exhausted and self.in_system == 0):
+            return 0  # the run has already ended: serve nothing (as a stepping loop would not step)
         limit = np.iinfo(_I64).max if max_iterations is None else int(max_iterations)
         keyed = not self.order.keys_are_ids
         ran = 0
@@ -709,9 +713,12 @@ class Engine:
             S[kernels.S_TOTAL] = -1 if self._total_requests is None else self._total_requests
             S[kernels.S_QHEAD], S[kernels.S_QTAIL] = lane.head, lane.tail
             S[kernels.S_HORIZON] = -1 if horizon is None else int(horizon)
-            S[kernels.S_LIMIT] = limit - ran
+            S[kernels.S_LIMIT] = min(limit - ran, _RUN_SLICE)  # back to Python now and then (Ctrl-C works)
             F[0], F[1] = self.now, self.last_duration
-            F[2] = math.inf if self._workload_done() else self._gen_t
+            # every request drawn: no chunk left to draw (a schedule whose rate ends at 0 still
+            # has requests in the chunks before that)
+            done = self._total_requests is not None and self._id_base + self.n_req >= self._total_requests
+            F[2] = math.inf if done else self._gen_t
             t0 = self.t
             status = kernels.run_timed(
                 S, F, pol, float(rule.limit), lat, self.arrival, self.arrival_time, self.prompt, self.output,
@@ -724,8 +731,10 @@ class Engine:
             lane.head, lane.tail = int(S[kernels.S_QHEAD]), int(S[kernels.S_QTAIL])
             self.now, self.last_duration = float(F[0]), float(F[1])
             ran += self.t - t0
-            if status == kernels.RUN_DONE or status == kernels.RUN_LIMIT:
+            if status == kernels.RUN_DONE or (status == kernels.RUN_LIMIT and ran >= limit):
                 return ran
+            if status == kernels.RUN_LIMIT:
+                continue
             if status == kernels.RUN_ARRIVE:
                 self.arrive()
                 continue
@@ -740,8 +749,8 @@ class Engine:
             if self.t - self._clock_base >= self._clock.size:
                 self._clock = np.concatenate([self._clock, np.zeros_like(self._clock)])
             bound = self.n_queued + self.n_active + (self.n_req - self.n_arrived)
-            if bound + 1 > lane.buf.size:
-                lane._reserve(bound + 1 - len(lane))
+            if bound + need + 1 > lane.buf.size:  # need: this iteration's admissions
+                lane._reserve(bound + need + 1 - len(lane))
             if self._tail + need > self._a_id.size:
                 self._compact(room=need)
             if self._ev_buf.size < self._tail - self._h + need:

@@ -390,25 +390,7 @@ def _run_timed(S, F, pol, pol_limit, lat_code, arrival, arrival_time, prompt, ou
         nq, nact = S[S_NQ], S[S_NACT]
         if S[S_RECN] >= rec.shape[0] or t - S[S_CLOCKB] >= clock.size:
             return RUN_GROW
-        bound = nq + nact + (S[S_NREQ] - S[S_ARRIVED])  # all that can be queued before Python runs again
-        if bound + 1 > buf.size:
-            S[S_NEED] = 0
-            return RUN_GROW
         h, tl = S[S_QHEAD], S[S_QTAIL]
-        if tl + (bound - nq) + 1 > buf.size:  # re-centre the queue: room behind it, a gap in front
-            g = (buf.size - (tl - h) - (bound - nq) - 1) // 2
-            if g < h:
-                for r in range(tl - h):
-                    buf[g + r] = buf[h + r]
-                    if keyed:
-                        kbuf[g + r] = kbuf[h + r]
-            else:
-                for r in range(tl - h - 1, -1, -1):
-                    buf[g + r] = buf[h + r]
-                    if keyed:
-                        kbuf[g + r] = kbuf[h + r]
-            S[S_QHEAD], S[S_QTAIL] = g, g + tl - h
-            h, tl = g, g + tl - h
         # ---------------------------------------------------------- the budget
         code = pol[0]
         if code == 0:
@@ -470,6 +452,26 @@ def _run_timed(S, F, pol, pol_limit, lat_code, arrival, arrival_time, prompt, ou
                         co[r] = estimate[i]
                 budget = future_fit(M, ap, ag, ao, cp, co) if kc > 0 else 0
         k = min(budget, nq)
+        # the queue's buffer: this iteration may requeue every active request and the k it admits
+        # (evicted in their admission iteration) and append every arrival drawn so far
+        bound = nq + nact + (S[S_NREQ] - S[S_ARRIVED])
+        if bound + k + 1 > buf.size:
+            S[S_NEED] = k
+            return RUN_GROW
+        if tl + (bound - nq) + k + 1 > buf.size:  # re-centre the queue: room behind it, a gap in front
+            g = (buf.size - (tl - h) - (bound - nq) - k - 1) // 2
+            if g < h:
+                for r in range(tl - h):
+                    buf[g + r] = buf[h + r]
+                    if keyed:
+                        kbuf[g + r] = kbuf[h + r]
+            else:
+                for r in range(tl - h - 1, -1, -1):
+                    buf[g + r] = buf[h + r]
+                    if keyed:
+                        kbuf[g + r] = kbuf[h + r]
+            S[S_QHEAD], S[S_QTAIL] = g, g + tl - h
+            h, tl = g, g + tl - h
         # active arrays: drop dead entries (order kept) when they are many or room is short
         ah, at = S[S_AH], S[S_ATAIL]
         if at + k > a_id.size or at - ah - nact > max(256, nact):
