@@ -275,3 +275,30 @@ def test_every_order_eviction_and_rule_combination(order, eviction, kind):
     assert env.engine.total_evictions == ref.engine.total_evictions
     if kind == "fixed":
         assert env.engine.total_evictions > 0
+
+
+def test_mc_with_known_lengths_compiled_equals_stepped():
+    """MC reads the true output lengths when they are known (the rule's ``lengths="known"``)."""
+    kwargs = {**WORKLOADS["overload"], "output_length_known": True, "horizon": 1500}
+    rule = MemoryCheck()
+    env = FlowControlEnv(**kwargs)
+    env.reset(seed=0)
+    rule.reset(env.config, seed=0)
+    assert rule.admission_rule(env.view()).lengths == "known"
+    fast = run_episode(MemoryCheck(), kwargs, 4, None)
+    slow = run_episode(MemoryCheck(), kwargs, 4, None, compiled=False)
+    _assert_same(fast, slow)
+    assert fast.metrics()["completed"] > 100  # true lengths: MC admits (unlike with outputs of M - 1)
+    bounded = run_episode(MemoryCheck(), {**kwargs, "output_length_known": False}, 4, None)
+    assert not np.array_equal(fast.series["admitted"], bounded.series["admitted"])
+
+
+def test_a_rule_left_at_its_defaults_admits_nobody():
+    """``budget`` and ``max_count`` default to 0: a rule that names no budget starts no request."""
+    for rule in (AdmissionRule("fixed"), AdmissionRule("greedy", limit=4000.0),
+                 AdmissionRule("future-fit", lengths="known")):
+        env = FlowControlEnv(**{**WORKLOADS["overload"], "horizon": 200})
+        env.reset(seed=0)
+        env.run_rule(rule)
+        assert env.engine.series()["admitted"].sum() == 0 and env.engine.n_queued > 0
+    assert AdmissionRule("future-fit").bound == 0 and AdmissionRule("future-fit").lengths == "known"
