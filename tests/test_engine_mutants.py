@@ -211,3 +211,125 @@ def test_replay_until_drained_gives_up_after_its_documented_cap():
 def test_replay_with_classes_wants_one_budget_per_class():
     with pytest.raises(ValueError, match="one budget per class"):
         flowgym.replay([0, 0], [1, 1], [1, 1], M=10, budgets=[[1, 2]], classes=[0, 1], horizon=3)
+
+
+# --------------------------------------------------------------------------- construction, reset, reading
+# (the second engine run: the lines outside the slot phases and replay; docs/testing.md)
+
+
+@pytest.mark.parametrize("floor", [0, -1, True, 1.5, "2"])
+def test_estimate_floor_must_be_a_positive_integer(floor):
+    """``estimate_floor``: "initial output estimate of every request" (>= 1, an integer)."""
+    with pytest.raises(ValueError, match="estimate_floor must be a positive integer"):
+        Engine(100, Trace([0], [1], [1]), queue_order="estimate", estimate_floor=floor)
+    assert Engine(100, Trace([0], [1], [1]), estimate_floor=np.int64(3)).estimate_floor == 3
+
+
+def test_per_class_queue_counts_are_kept_when_asked_and_only_with_classes():
+    """``track_class_queue`` keeps per-class queue counts, for workloads with classes only; not
+    asked, nothing is counted."""
+    classed = Trace([0, 0, 0], [1, 1, 1], [1, 1, 1], cls=[0, 1, 1])
+    eng = Engine(100, classed, track_class_queue=True)
+    eng.reset(np.random.default_rng(0))
+    eng.arrive()
+    assert eng.track_class_queue and eng.class_queue.tolist() == [1, 2]
+    eng = Engine(100, classed, track_class_queue=False)
+    eng.reset(np.random.default_rng(0))
+    eng.arrive()
+    assert not eng.track_class_queue and eng.class_queue.tolist() == [0, 0]
+    assert not Engine(100, Trace([0], [1], [1]), track_class_queue=True).track_class_queue
+
+
+def test_a_new_engine_is_at_slot_0():
+    assert Engine(100, Trace([0], [1], [1])).t == 0
+
+
+def _lin(P, D, K, B):
+    """LIN as user code: a callable time model, whose duration the engine previews before the step."""
+    return 1.0 + 0.1 * P + 0.01 * D + 0.001 * K
+
+
+def _timed_clock(time_model, per_class, budgets, eviction):
+    rng = np.random.default_rng(11)
+    n = 120
+    arrival = np.sort(rng.uniform(0.0, 60.0, n))
+    cls = rng.integers(0, 2, n)
+    prompt = np.where(cls == 0, rng.integers(1, 6, n), rng.integers(8, 20, n))
+    output = rng.integers(1, 12, n)
+    eng = Engine(60, Trace(arrival, prompt, output, cls=cls, timed=True), time_model=time_model,
+                 per_class=per_class, eviction=eviction)
+    eng.reset(np.random.default_rng(0))
+    for t in range(160):
+        eng.arrive()
+        eng.serve(budgets(t))
+    return eng.series(), eng.request_log(), eng.total_evictions
+
+
+@pytest.mark.parametrize("eviction", ["lifo", "all"])
+@pytest.mark.parametrize("per_class", [False, True])
+def test_a_callable_time_model_previews_the_same_iterations_as_the_built_in_one(per_class, eviction):
+    """Rule: with a callable ``time_model`` the engine computes each iteration's duration before the
+    step (admission of the queue heads, then eviction, changing nothing) and checks it against
+    what the step does; the durations are those of the same formula as a built-in linear model.
+    M = 60 with budgets up to 7 (0 some iterations, more than the queue others) evicts often;
+    per-class budgets admit from both lanes."""
+    if per_class:
+        def budgets(t):
+            return np.array([t % 4, (t // 2) % 3])
+    else:
+        def budgets(t):
+            return (3 * t) % 8
+    s_lin, log_lin, ev = _timed_clock(LIN, per_class, budgets, eviction)
+    s_fn, log_fn, ev_fn = _timed_clock(_lin, per_class, budgets, eviction)
+    assert ev > 20 and ev_fn == ev
+    np.testing.assert_allclose(s_fn["time"], s_lin["time"], rtol=1e-12)
+    for key in ("admitted", "evicted", "usage", "completed"):
+        assert s_fn[key].tolist() == s_lin[key].tolist(), key
+    assert log_fn["finish"].tolist() == log_lin["finish"].tolist()
+
+
+@pytest.mark.parametrize("jit", [False, True])
+@pytest.mark.parametrize("kw", [{}, {"queue_order": "sjf"}, {"record": "stream"}])
+def test_memory_bytes_is_the_sum_of_the_engines_buffers(kw, jit):
+    """``memory_bytes``: the bytes of the request table, active set, clock, slot records, every
+    queue lane (ids, and keys when the order is keyed), the compiled path's completion calendar
+    (numpy arrays; the numpy path's are Python lists) and the streaming totals."""
+    from flowgym.sim import kernels
+
+    if jit and not kernels.AVAILABLE:
+        pytest.skip("numba not installed")
+    eng = Engine(1000, Trace([0, 0, 1, 2], [3, 5, 2, 4], [4, 2, 6, 1], cls=[0, 1, 0, 1]), **kw)
+    eng.jit = jit
+    eng.reset(np.random.default_rng(0))
+    for _ in range(3):
+        eng.arrive()
+        eng.serve(1)
+    want = sum(getattr(eng, name).nbytes for name in (
+        "arrival", "prompt", "output", "cls", "finish", "evictions", "rejected", "estimate", "arrival_time",
+        "_a_id", "_a_start", "_a_fin", "_clock", "_rec"))
+    for lane in eng.lanes:
+        want += lane.buf.nbytes
+        if lane.keyed:
+            want += lane.kbuf.nbytes
+    assert all(ln.keyed for ln in eng.lanes) == (kw.get("queue_order") == "sjf")
+    if jit:
+        want += eng._cal_n.nbytes + eng._cal_tok.nbytes
+    if kw.get("record") == "stream":
+        want += eng._stream.nbytes
+    assert eng.memory_bytes() == want
+
+
+def test_reset_empties_the_last_steps_counters_too():
+    """``reset`` empties the system: before the first ``arrive`` nothing has arrived, been rejected or
+    completed, in the last step as in total (a reset after a run must not leave its counters)."""
+    eng = Engine(10, Trace([0, 0, 1], [3, 20, 2], [2, 1, 1]))
+    for _ in range(2):
+        eng.reset(np.random.default_rng(0))
+        assert (eng.last_arrivals, eng.last_rejected, eng.last_completed_tokens) == (0, 0, 0)
+        assert (eng.total_arrived, eng.total_rejected, eng.total_completed, eng.n_arrived) == (0, 0, 0, 0)
+        assert eng.t == 0 and eng.in_system == 0 and eng.held == 0
+        for _ in range(2):  # r1 (l + o = 21 > M) is rejected; r0 (f = 2) and r2 (f = 2) complete
+            eng.arrive()
+            eng.serve(2)
+        assert (eng.total_arrived, eng.total_rejected, eng.total_completed) == (3, 1, 2)
+        assert eng.last_completed_tokens == 5 + 3 and eng.last_arrivals == 1
