@@ -333,3 +333,102 @@ def test_reset_empties_the_last_steps_counters_too():
             eng.serve(2)
         assert (eng.total_arrived, eng.total_rejected, eng.total_completed) == (3, 1, 2)
         assert eng.last_completed_tokens == 5 + 3 and eng.last_arrivals == 1
+
+
+def test_a_callable_time_model_with_demand_exactly_m_evicts_nobody():
+    """Overflow is ``D_t > M``: a request of l 4, o 2 under M = 6 holds l + j + 1 = 6 tokens in its
+    second iteration; the preview of a callable model must not go into eviction (excess 0) either.
+    d = 1 + 0.1 P + 0.01 D + 0.001 K: 1.4 (P = 4), then 1 + 0.01 + 0.005 (D = 1, K = 5)."""
+    for tm in (LIN, _lin):
+        eng = Engine(6, Trace([0.0], [4], [2], timed=True), time_model=tm)
+        eng.reset(np.random.default_rng(0))
+        eng.arrive()
+        eng.serve(1)
+        eng.arrive()
+        st = eng.serve(1)
+        assert (st.usage, st.evicted, st.completed) == (6, 0, 1)
+        assert eng.now == pytest.approx(1.4 + 1.015)
+
+
+def test_streaming_drops_rejected_rows_too():
+    """``record="stream"`` keeps memory flat: finished *and rejected* requests are dropped from the
+    request table. Here half the requests are rejected (l + o = 4500 > M): rejections count as dead
+    rows as much as completions (10 a slot in all, 100 active)."""
+    wl = {"kind": "iid", "rate": 10.0,
+          "lengths": {"kind": "empirical", "pairs": [[10, 20], [2000, 2500]], "weights": [1.0, 1.0]}}
+    eng = Engine(4000, wl, record="stream")
+    eng.reset(np.random.default_rng(1))
+    for _ in range(3000):
+        eng.arrive()
+        eng.serve(12)
+    assert eng.total_rejected > 12_000 and eng.total_completed > 12_000
+    assert eng._id_base > 20_000  # dropped
+    assert eng.n_req < 12_000  # what is left: the live rows and fewer dead ones than 4096 + live
+
+
+def test_active_remaining_is_output_left_to_generate():
+    """``active_remaining``: ``o - j`` of each active request in activation order (uses output lengths)."""
+    eng = Engine(100, Trace([0, 0, 1], [2, 2, 2], [5, 3, 4]))
+    eng.reset(np.random.default_rng(0))
+    eng.arrive()
+    eng.serve(2)  # r0, r1 start at 0: j = 1 after slot 0
+    eng.arrive()
+    assert eng.active_remaining().tolist() == [4, 2]
+    eng.serve(1)  # r2 starts at 1
+    eng.arrive()
+    assert eng.active_remaining().tolist() == [3, 1, 3]
+    assert eng.active_generated().tolist() == [2, 2, 1]
+
+
+@pytest.mark.parametrize("jit", [False, True])
+def test_generated_histogram_into_out_writes_at_offset_0_by_default(jit):
+    """``generated_histogram(edges, out)`` writes ``out[0 : edges.size]`` (``offset`` defaults to 0)."""
+    from flowgym.sim import kernels
+
+    if jit and not kernels.AVAILABLE:
+        pytest.skip("numba not installed")
+    eng = Engine(100, Trace([0, 0, 1], [2, 2, 2], [5, 3, 4]))
+    eng.jit = jit
+    eng.reset(np.random.default_rng(0))
+    for b in (2, 1):
+        eng.arrive()
+        eng.serve(b)
+    edges = np.array([0, 2, 4], np.int64)  # j = 2, 2, 1: bins [0, 2) 1, [2, 4) 2, [4, inf) 0
+    out = np.full(5, -9, np.int64)
+    assert eng.generated_histogram(edges, out) is out
+    assert out.tolist() == [1, 2, 0, -9, -9]
+    assert eng.generated_histogram(edges, out, 2).tolist() == [1, 2, 1, 2, 0]
+    assert eng.generated_histogram(edges).tolist() == [1, 2, 0]
+
+
+@pytest.mark.parametrize("M", [0, -5, True, 2.0, "8"])
+def test_m_must_be_a_positive_integer(M):
+    """``M`` is a positive integer; ``M = 1`` is one (every request, ``l + o >= 2``, is rejected)."""
+    with pytest.raises(ValueError, match="M \\(the KV-cache budget in tokens\\) must be a positive integer"):
+        Engine(M, Trace([0], [1], [1]))
+    eng = Engine(1, Trace([0, 1], [1, 1], [1, 1]))
+    eng.reset(np.random.default_rng(0))
+    eng.arrive()
+    assert eng.serve(1).admitted == 0 and eng.total_rejected == 1
+
+
+def test_a_callable_time_model_that_raises_leaves_the_step_undone():
+    """Rule (the preview): a callable ``time_model`` gets the iteration's composition before the step
+    changes anything, so when it raises, nothing was admitted and a retry admits once."""
+    calls = []
+
+    def flaky(P, D, K, B):
+        calls.append((P, D, K, B))
+        if len(calls) == 1:
+            raise ZeroDivisionError("flaky")
+        return 1.0
+
+    eng = Engine(100, Trace([0.0, 0.0, 0.0], [2, 3, 4], [2, 2, 2], timed=True), time_model=flaky)
+    eng.reset(np.random.default_rng(0))
+    eng.arrive()
+    with pytest.raises(RuntimeError, match="raised ZeroDivisionError: flaky .*the step was not applied"):
+        eng.serve(2)
+    assert (eng.n_queued, eng.n_active, eng.t) == (3, 0, 0)
+    st = eng.serve(2)
+    assert (st.admitted, st.queue_len, st.active) == (2, 1, 2)
+    assert calls == [(5, 0, 0, 2), (5, 0, 0, 2)]
