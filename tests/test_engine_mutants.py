@@ -432,3 +432,65 @@ def test_a_callable_time_model_that_raises_leaves_the_step_undone():
     st = eng.serve(2)
     assert (st.admitted, st.queue_len, st.active) == (2, 1, 2)
     assert calls == [(5, 0, 0, 2), (5, 0, 0, 2)]
+
+
+def test_queue_ids_with_per_class_lanes_are_every_lane_in_class_order():
+    """``queue_ids``: queued ids in admission order, per-class lanes in class order (all of them)."""
+    tr = Trace([0, 0, 0, 0, 0], [1, 1, 1, 1, 1], [1, 1, 1, 1, 1], cls=[1, 0, 1, 2, 0])
+    eng = Engine(100, tr, per_class=True)
+    eng.reset(np.random.default_rng(0))
+    eng.arrive()
+    assert eng.queue_ids().tolist() == [1, 4, 0, 2, 3]
+    eng.serve(np.array([1, 0, 0]))
+    assert eng.queue_ids().tolist() == [4, 0, 2, 3]
+    one = Engine(100, tr)
+    one.reset(np.random.default_rng(0))
+    one.arrive()
+    q = one.queue_ids()
+    assert q.tolist() == [0, 1, 2, 3, 4]
+    q[0] = 99  # a copy
+    assert one.queue_ids()[0] == 0
+
+
+@pytest.mark.parametrize("jit", [False, True])
+def test_active_readers_skip_a_finished_entry_in_the_middle(jit):
+    """r0 (o 5), r1 (o 1), r2 (o 4) start at slot 0; r1 finishes at 1 but stays in the active arrays
+    (dropped later, in blocks): the readers list r0 and r2 only (a finish slot ``f <= t`` is dead)."""
+    from flowgym.sim import kernels
+
+    if jit and not kernels.AVAILABLE:
+        pytest.skip("numba not installed")
+    eng = Engine(100, Trace([0, 0, 0], [2, 2, 2], [5, 1, 4]))
+    eng.jit = jit
+    eng.reset(np.random.default_rng(0))
+    eng.arrive()
+    eng.serve(3)
+    eng.arrive()
+    assert eng._tail - eng._h == 3 and eng.n_active == 2  # the dead entry is still there
+    assert eng.active_ids().tolist() == [0, 2]
+    assert eng.active_starts().tolist() == [0, 0]
+    assert eng.active_generated().tolist() == [1, 1]
+    assert eng.active_remaining().tolist() == [4, 3]
+    assert eng.generated_histogram(np.array([0, 1, 2], np.int64)).tolist() == [0, 2, 0]
+
+
+@pytest.mark.parametrize("jit", [False, True])
+def test_projected_demand_of_a_single_active_request(jit):
+    """``projected_demand``: a request finishing at ``f = t + u`` holds ``l + j + h + 1`` tokens at
+    ``t + h`` while ``u > h``. r0 (l 3, o 4) starts at 0, so at t = 1: j = 1, u = 3: 5, 6, 7, then 0.
+    With r1 (l 2, o 2) started at 1 too, at t = 2: r0 6, 7 then 0; r1 (j 1, u 1) 4 then 0."""
+    from flowgym.sim import kernels
+
+    if jit and not kernels.AVAILABLE:
+        pytest.skip("numba not installed")
+    eng = Engine(100, Trace([0, 1], [3, 2], [4, 2]))
+    eng.jit = jit
+    eng.reset(np.random.default_rng(0))
+    eng.arrive()
+    eng.serve(1)
+    h = np.array([0, 1, 2, 3, 5], np.int64)
+    assert eng.n_active == 1
+    assert eng.projected_demand(h).tolist() == [5, 6, 7, 0, 0]
+    eng.arrive()
+    eng.serve(1)
+    assert eng.projected_demand(h).tolist() == [6 + 4, 7, 0, 0, 0]
