@@ -238,6 +238,10 @@ def test_per_class_queue_counts_are_kept_when_asked_and_only_with_classes():
     eng.arrive()
     assert not eng.track_class_queue and eng.class_queue.tolist() == [0, 0]
     assert not Engine(100, Trace([0], [1], [1]), track_class_queue=True).track_class_queue
+    one_class = Engine(100, Trace([0, 0], [1, 1], [1, 1], cls=[0, 0]), track_class_queue=True)
+    one_class.reset(np.random.default_rng(0))
+    one_class.arrive()
+    assert one_class.track_class_queue and one_class.class_queue.tolist() == [2]
 
 
 def test_a_new_engine_is_at_slot_0():
@@ -494,3 +498,15 @@ def test_projected_demand_of_a_single_active_request(jit):
     eng.arrive()
     eng.serve(1)
     assert eng.projected_demand(h).tolist() == [6 + 4, 7, 0, 0, 0]
+
+
+@pytest.mark.parametrize("rule", [OldestOnly(), Nobody()])
+def test_with_a_callable_time_model_a_rule_that_frees_too_little_is_refused_before_the_step(rule):
+    """The preview asks the eviction rule first: its refusal (as in
+    ``test_an_eviction_rule_that_frees_too_little_is_refused``) comes before anything is admitted."""
+    eng = Engine(10, Trace([0.0, 0.0, 0.0], [1, 8, 8], [2, 2, 2], timed=True), eviction=rule, time_model=_lin)
+    eng.reset(np.random.default_rng(0))
+    eng.arrive()
+    with pytest.raises(RuntimeError, match=f"eviction rule '{rule.name}' did not free 10 tokens"):
+        eng.serve(3)
+    assert (eng.n_queued, eng.n_active, eng.t, eng.now) == (3, 0, 0, 0.0)
