@@ -276,3 +276,17 @@ def test_length_trend_uses_the_fast_mean_of_completed_lengths():
     fast = (40 * 15 / 16 + 400) / (15 / 16 + 1)
     slow = (40 * 0.75 + 400) / 1.75
     assert _features(tr, eng)["length_trend"] == pytest.approx(math.log(fast / slow), rel=1e-5)
+
+
+def test_expected_output_is_at_least_one_token():
+    """Rule: ``o = max(s - l, 1)``. Completed requests whose ``l + o`` (20) is no more than the mean
+    arriving prompt (20) give ``o = 1``: ``w = 20 * 1 + (1 + 0) / 2``. (Elsewhere ``w = (s^2 - l^2) / 2
+    + Var / 2`` does not depend on the sign of ``l``; here it does.)"""
+    eng = _Eng(prompts=[20], last_arrivals=1)
+    tr = LoadTracker(10_000, length_window=4.0)
+    tr.reset(eng)
+    eng.last_arrivals = 0
+    eng.last_completed_tokens = 20
+    tr.update(eng, 1)
+    assert tr.mean_length == 20.0
+    assert tr.work == 20.5
