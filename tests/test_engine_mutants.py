@@ -269,14 +269,15 @@ def _timed_clock(time_model, per_class, budgets, eviction):
     return eng.series(), eng.request_log(), eng.total_evictions
 
 
-@pytest.mark.parametrize("eviction", ["lifo", "all"])
+@pytest.mark.parametrize("eviction", ["lifo", "all", "estimate"])
 @pytest.mark.parametrize("per_class", [False, True])
 def test_a_callable_time_model_previews_the_same_iterations_as_the_built_in_one(per_class, eviction):
     """Rule: with a callable ``time_model`` the engine computes each iteration's duration before the
     step (admission of the queue heads, then eviction, changing nothing) and checks it against
     what the step does; the durations are those of the same formula as a built-in linear model.
     M = 60 with budgets up to 7 (0 some iterations, more than the queue others) evicts often;
-    per-class budgets admit from both lanes."""
+    per-class budgets admit from both lanes; A_min's estimate rule reads the estimates
+    ``max(floor, j + 1)`` in the preview too."""
     if per_class:
         def budgets(t):
             return np.array([t % 4, (t // 2) % 3])
