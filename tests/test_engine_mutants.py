@@ -511,3 +511,39 @@ def test_with_a_callable_time_model_a_rule_that_frees_too_little_is_refused_befo
     with pytest.raises(RuntimeError, match=f"eviction rule '{rule.name}' did not free 10 tokens"):
         eng.serve(3)
     assert (eng.n_queued, eng.n_active, eng.t, eng.now) == (3, 0, 0, 0.0)
+
+
+def test_streaming_in_continuous_time_survives_many_clock_trims(monkeypatch):
+    """The streaming mode trims the clock to the slots still needed and folds finished requests
+    with their clock entries. With a series window of 32 iterations and recycling from 16 dead
+    rows (instead of 4096 and 4096) a 1500-iteration run trims the clock at each of its recycles
+    (every 256 iterations), each trim reading it past the previous trim's base, and folds
+    latencies after trims: the metrics and
+    the last window's times are still the full mode's."""
+    import flowgym.sim.engine as engine_mod
+    from flowgym.sim.engine import SlotStats
+    from flowgym.sim.streaming import StreamTotals
+    from test_streaming import TIMED, _assert_same_metrics
+
+    monkeypatch.setattr(engine_mod, "_RECYCLE_MIN", 16)
+    engines = []
+    for record in ("full", "stream"):
+        e = Engine(16492, TIMED, record=record, time_model="llama2-70b-tp2-a100")
+        e.reset(np.random.default_rng(7))
+        if record == "stream":
+            e._stream = StreamTotals(len(SlotStats._fields), True, window=32)
+        engines.append(e)
+    full, stream = engines
+    rng = np.random.default_rng(3)
+    trims = 0
+    for s in range(1500):
+        full.arrive()
+        stream.arrive()
+        b = int(rng.integers(0, 16))
+        base = stream._clock_base
+        assert full.serve(b) == stream.serve(b)
+        trims += stream._clock_base != base
+        if s in (700, 1499):
+            _assert_same_metrics(full.metrics(), stream.metrics(), timed=True, full=full)
+    assert trims >= 4 and stream._id_base > 0  # recycling is considered every 256 iterations
+    assert np.array_equal(stream.series()["time"], full.series()["time"][-32:])
