@@ -211,3 +211,340 @@ def test_replay_until_drained_gives_up_after_its_documented_cap():
 def test_replay_with_classes_wants_one_budget_per_class():
     with pytest.raises(ValueError, match="one budget per class"):
         flowgym.replay([0, 0], [1, 1], [1, 1], M=10, budgets=[[1, 2]], classes=[0, 1], horizon=3)
+
+
+# --------------------------------------------------------------------------- construction, reset, reading
+# (the second engine run: the lines outside the slot phases and replay; docs/testing.md)
+
+
+@pytest.mark.parametrize("floor", [0, -1, True, 1.5, "2"])
+def test_estimate_floor_must_be_a_positive_integer(floor):
+    """``estimate_floor``: "initial output estimate of every request" (>= 1, an integer)."""
+    with pytest.raises(ValueError, match="estimate_floor must be a positive integer"):
+        Engine(100, Trace([0], [1], [1]), queue_order="estimate", estimate_floor=floor)
+    assert Engine(100, Trace([0], [1], [1]), estimate_floor=np.int64(3)).estimate_floor == 3
+
+
+def test_per_class_queue_counts_are_kept_when_asked_and_only_with_classes():
+    """``track_class_queue`` keeps per-class queue counts, for workloads with classes only; not
+    asked, nothing is counted."""
+    classed = Trace([0, 0, 0], [1, 1, 1], [1, 1, 1], cls=[0, 1, 1])
+    eng = Engine(100, classed, track_class_queue=True)
+    eng.reset(np.random.default_rng(0))
+    eng.arrive()
+    assert eng.track_class_queue and eng.class_queue.tolist() == [1, 2]
+    eng = Engine(100, classed, track_class_queue=False)
+    eng.reset(np.random.default_rng(0))
+    eng.arrive()
+    assert not eng.track_class_queue and eng.class_queue.tolist() == [0, 0]
+    assert not Engine(100, Trace([0], [1], [1]), track_class_queue=True).track_class_queue
+    one_class = Engine(100, Trace([0, 0], [1, 1], [1, 1], cls=[0, 0]), track_class_queue=True)
+    one_class.reset(np.random.default_rng(0))
+    one_class.arrive()
+    assert one_class.track_class_queue and one_class.class_queue.tolist() == [2]
+
+
+def test_a_new_engine_is_at_slot_0():
+    assert Engine(100, Trace([0], [1], [1])).t == 0
+
+
+def _lin(P, D, K, B):
+    """LIN as user code: a callable time model, whose duration the engine previews before the step."""
+    return 1.0 + 0.1 * P + 0.01 * D + 0.001 * K
+
+
+def _timed_clock(time_model, per_class, budgets, eviction):
+    rng = np.random.default_rng(11)
+    n = 120
+    arrival = np.sort(rng.uniform(0.0, 60.0, n))
+    cls = rng.integers(0, 2, n)
+    prompt = np.where(cls == 0, rng.integers(1, 6, n), rng.integers(8, 20, n))
+    output = rng.integers(1, 12, n)
+    eng = Engine(60, Trace(arrival, prompt, output, cls=cls, timed=True), time_model=time_model,
+                 per_class=per_class, eviction=eviction)
+    eng.reset(np.random.default_rng(0))
+    for t in range(160):
+        eng.arrive()
+        eng.serve(budgets(t))
+    return eng.series(), eng.request_log(), eng.total_evictions
+
+
+@pytest.mark.parametrize("eviction", ["lifo", "all", "estimate"])
+@pytest.mark.parametrize("per_class", [False, True])
+def test_a_callable_time_model_previews_the_same_iterations_as_the_built_in_one(per_class, eviction):
+    """Rule: with a callable ``time_model`` the engine computes each iteration's duration before the
+    step (admission of the queue heads, then eviction, changing nothing) and checks it against
+    what the step does; the durations are those of the same formula as a built-in linear model.
+    M = 60 with budgets up to 7 (0 some iterations, more than the queue others) evicts often;
+    per-class budgets admit from both lanes; A_min's estimate rule reads the estimates
+    ``max(floor, j + 1)`` in the preview too."""
+    if per_class:
+        def budgets(t):
+            return np.array([t % 4, (t // 2) % 3])
+    else:
+        def budgets(t):
+            return (3 * t) % 8
+    s_lin, log_lin, ev = _timed_clock(LIN, per_class, budgets, eviction)
+    s_fn, log_fn, ev_fn = _timed_clock(_lin, per_class, budgets, eviction)
+    assert ev > 20 and ev_fn == ev
+    np.testing.assert_allclose(s_fn["time"], s_lin["time"], rtol=1e-12)
+    for key in ("admitted", "evicted", "usage", "completed"):
+        assert s_fn[key].tolist() == s_lin[key].tolist(), key
+    assert log_fn["finish"].tolist() == log_lin["finish"].tolist()
+
+
+@pytest.mark.parametrize("jit", [False, True])
+@pytest.mark.parametrize("kw", [{}, {"queue_order": "sjf"}, {"record": "stream"}])
+def test_memory_bytes_is_the_sum_of_the_engines_buffers(kw, jit):
+    """``memory_bytes``: the bytes of the request table, active set, clock, slot records, every
+    queue lane (ids, and keys when the order is keyed), the compiled path's completion calendar
+    (numpy arrays; the numpy path's are Python lists) and the streaming totals."""
+    from flowgym.sim import kernels
+
+    if jit and not kernels.AVAILABLE:
+        pytest.skip("numba not installed")
+    eng = Engine(1000, Trace([0, 0, 1, 2], [3, 5, 2, 4], [4, 2, 6, 1], cls=[0, 1, 0, 1]), **kw)
+    eng.jit = jit
+    eng.reset(np.random.default_rng(0))
+    for _ in range(3):
+        eng.arrive()
+        eng.serve(1)
+    want = sum(getattr(eng, name).nbytes for name in (
+        "arrival", "prompt", "output", "cls", "finish", "evictions", "rejected", "estimate", "arrival_time",
+        "_a_id", "_a_start", "_a_fin", "_clock", "_rec"))
+    for lane in eng.lanes:
+        want += lane.buf.nbytes
+        if lane.keyed:
+            want += lane.kbuf.nbytes
+    assert all(ln.keyed for ln in eng.lanes) == (kw.get("queue_order") == "sjf")
+    if jit:
+        want += eng._cal_n.nbytes + eng._cal_tok.nbytes
+    if kw.get("record") == "stream":
+        want += eng._stream.nbytes
+    assert eng.memory_bytes() == want
+
+
+def test_reset_empties_the_last_steps_counters_too():
+    """``reset`` empties the system: before the first ``arrive`` nothing has arrived, been rejected or
+    completed, in the last step as in total (a reset after a run must not leave its counters)."""
+    eng = Engine(10, Trace([0, 0, 1], [3, 20, 2], [2, 1, 1]))
+    for _ in range(2):
+        eng.reset(np.random.default_rng(0))
+        assert (eng.last_arrivals, eng.last_rejected, eng.last_completed_tokens) == (0, 0, 0)
+        assert (eng.total_arrived, eng.total_rejected, eng.total_completed, eng.n_arrived) == (0, 0, 0, 0)
+        assert eng.t == 0 and eng.in_system == 0 and eng.held == 0
+        for _ in range(2):  # r1 (l + o = 21 > M) is rejected; r0 (f = 2) and r2 (f = 2) complete
+            eng.arrive()
+            eng.serve(2)
+        assert (eng.total_arrived, eng.total_rejected, eng.total_completed) == (3, 1, 2)
+        assert eng.last_completed_tokens == 5 + 3 and eng.last_arrivals == 1
+
+
+def test_a_callable_time_model_with_demand_exactly_m_evicts_nobody():
+    """Overflow is ``D_t > M``: a request of l 4, o 2 under M = 6 holds l + j + 1 = 6 tokens in its
+    second iteration; the preview of a callable model must not go into eviction (excess 0) either.
+    d = 1 + 0.1 P + 0.01 D + 0.001 K: 1.4 (P = 4), then 1 + 0.01 + 0.005 (D = 1, K = 5)."""
+    for tm in (LIN, _lin):
+        eng = Engine(6, Trace([0.0], [4], [2], timed=True), time_model=tm)
+        eng.reset(np.random.default_rng(0))
+        eng.arrive()
+        eng.serve(1)
+        eng.arrive()
+        st = eng.serve(1)
+        assert (st.usage, st.evicted, st.completed) == (6, 0, 1)
+        assert eng.now == pytest.approx(1.4 + 1.015)
+
+
+def test_streaming_drops_rejected_rows_too():
+    """``record="stream"`` keeps memory flat: finished *and rejected* requests are dropped from the
+    request table. Here half the requests are rejected (l + o = 4500 > M): rejections count as dead
+    rows as much as completions (10 a slot in all, 100 active)."""
+    wl = {"kind": "iid", "rate": 10.0,
+          "lengths": {"kind": "empirical", "pairs": [[10, 20], [2000, 2500]], "weights": [1.0, 1.0]}}
+    eng = Engine(4000, wl, record="stream")
+    eng.reset(np.random.default_rng(1))
+    for _ in range(3000):
+        eng.arrive()
+        eng.serve(12)
+    assert eng.total_rejected > 12_000 and eng.total_completed > 12_000
+    assert eng._id_base > 20_000  # dropped
+    assert eng.n_req < 12_000  # what is left: the live rows and fewer dead ones than 4096 + live
+
+
+def test_active_remaining_is_output_left_to_generate():
+    """``active_remaining``: ``o - j`` of each active request in activation order (uses output lengths)."""
+    eng = Engine(100, Trace([0, 0, 1], [2, 2, 2], [5, 3, 4]))
+    eng.reset(np.random.default_rng(0))
+    eng.arrive()
+    eng.serve(2)  # r0, r1 start at 0: j = 1 after slot 0
+    eng.arrive()
+    assert eng.active_remaining().tolist() == [4, 2]
+    eng.serve(1)  # r2 starts at 1
+    eng.arrive()
+    assert eng.active_remaining().tolist() == [3, 1, 3]
+    assert eng.active_generated().tolist() == [2, 2, 1]
+
+
+@pytest.mark.parametrize("jit", [False, True])
+def test_generated_histogram_into_out_writes_at_offset_0_by_default(jit):
+    """``generated_histogram(edges, out)`` writes ``out[0 : edges.size]`` (``offset`` defaults to 0)."""
+    from flowgym.sim import kernels
+
+    if jit and not kernels.AVAILABLE:
+        pytest.skip("numba not installed")
+    eng = Engine(100, Trace([0, 0, 1], [2, 2, 2], [5, 3, 4]))
+    eng.jit = jit
+    eng.reset(np.random.default_rng(0))
+    for b in (2, 1):
+        eng.arrive()
+        eng.serve(b)
+    edges = np.array([0, 2, 4], np.int64)  # j = 2, 2, 1: bins [0, 2) 1, [2, 4) 2, [4, inf) 0
+    out = np.full(5, -9, np.int64)
+    assert eng.generated_histogram(edges, out) is out
+    assert out.tolist() == [1, 2, 0, -9, -9]
+    assert eng.generated_histogram(edges, out, 2).tolist() == [1, 2, 1, 2, 0]
+    assert eng.generated_histogram(edges).tolist() == [1, 2, 0]
+
+
+@pytest.mark.parametrize("M", [0, -5, True, 2.0, "8"])
+def test_m_must_be_a_positive_integer(M):
+    """``M`` is a positive integer; ``M = 1`` is one (every request, ``l + o >= 2``, is rejected)."""
+    with pytest.raises(ValueError, match="M \\(the KV-cache budget in tokens\\) must be a positive integer"):
+        Engine(M, Trace([0], [1], [1]))
+    eng = Engine(1, Trace([0, 1], [1, 1], [1, 1]))
+    eng.reset(np.random.default_rng(0))
+    eng.arrive()
+    assert eng.serve(1).admitted == 0 and eng.total_rejected == 1
+
+
+def test_a_callable_time_model_that_raises_leaves_the_step_undone():
+    """Rule (the preview): a callable ``time_model`` gets the iteration's composition before the step
+    changes anything, so when it raises, nothing was admitted and a retry admits once."""
+    calls = []
+
+    def flaky(P, D, K, B):
+        calls.append((P, D, K, B))
+        if len(calls) == 1:
+            raise ZeroDivisionError("flaky")
+        return 1.0
+
+    eng = Engine(100, Trace([0.0, 0.0, 0.0], [2, 3, 4], [2, 2, 2], timed=True), time_model=flaky)
+    eng.reset(np.random.default_rng(0))
+    eng.arrive()
+    with pytest.raises(RuntimeError, match="raised ZeroDivisionError: flaky .*the step was not applied"):
+        eng.serve(2)
+    assert (eng.n_queued, eng.n_active, eng.t) == (3, 0, 0)
+    st = eng.serve(2)
+    assert (st.admitted, st.queue_len, st.active) == (2, 1, 2)
+    assert calls == [(5, 0, 0, 2), (5, 0, 0, 2)]
+
+
+def test_queue_ids_with_per_class_lanes_are_every_lane_in_class_order():
+    """``queue_ids``: queued ids in admission order, per-class lanes in class order (all of them)."""
+    tr = Trace([0, 0, 0, 0, 0], [1, 1, 1, 1, 1], [1, 1, 1, 1, 1], cls=[1, 0, 1, 2, 0])
+    eng = Engine(100, tr, per_class=True)
+    eng.reset(np.random.default_rng(0))
+    eng.arrive()
+    assert eng.queue_ids().tolist() == [1, 4, 0, 2, 3]
+    eng.serve(np.array([1, 0, 0]))
+    assert eng.queue_ids().tolist() == [4, 0, 2, 3]
+    one = Engine(100, tr)
+    one.reset(np.random.default_rng(0))
+    one.arrive()
+    q = one.queue_ids()
+    assert q.tolist() == [0, 1, 2, 3, 4]
+    q[0] = 99  # a copy
+    assert one.queue_ids()[0] == 0
+
+
+@pytest.mark.parametrize("jit", [False, True])
+def test_active_readers_skip_a_finished_entry_in_the_middle(jit):
+    """r0 (o 5), r1 (o 1), r2 (o 4) start at slot 0; r1 finishes at 1 but stays in the active arrays
+    (dropped later, in blocks): the readers list r0 and r2 only (a finish slot ``f <= t`` is dead)."""
+    from flowgym.sim import kernels
+
+    if jit and not kernels.AVAILABLE:
+        pytest.skip("numba not installed")
+    eng = Engine(100, Trace([0, 0, 0], [2, 2, 2], [5, 1, 4]))
+    eng.jit = jit
+    eng.reset(np.random.default_rng(0))
+    eng.arrive()
+    eng.serve(3)
+    eng.arrive()
+    assert eng._tail - eng._h == 3 and eng.n_active == 2  # the dead entry is still there
+    assert eng.active_ids().tolist() == [0, 2]
+    assert eng.active_starts().tolist() == [0, 0]
+    assert eng.active_generated().tolist() == [1, 1]
+    assert eng.active_remaining().tolist() == [4, 3]
+    assert eng.generated_histogram(np.array([0, 1, 2], np.int64)).tolist() == [0, 2, 0]
+
+
+@pytest.mark.parametrize("jit", [False, True])
+def test_projected_demand_of_a_single_active_request(jit):
+    """``projected_demand``: a request finishing at ``f = t + u`` holds ``l + j + h + 1`` tokens at
+    ``t + h`` while ``u > h``. r0 (l 3, o 4) starts at 0, so at t = 1: j = 1, u = 3: 5, 6, 7, then 0.
+    With r1 (l 2, o 2) started at 1 too, at t = 2: r0 6, 7 then 0; r1 (j 1, u 1) 4 then 0."""
+    from flowgym.sim import kernels
+
+    if jit and not kernels.AVAILABLE:
+        pytest.skip("numba not installed")
+    eng = Engine(100, Trace([0, 1], [3, 2], [4, 2]))
+    eng.jit = jit
+    eng.reset(np.random.default_rng(0))
+    eng.arrive()
+    eng.serve(1)
+    h = np.array([0, 1, 2, 3, 5], np.int64)
+    assert eng.n_active == 1
+    assert eng.projected_demand(h).tolist() == [5, 6, 7, 0, 0]
+    eng.arrive()
+    eng.serve(1)
+    assert eng.projected_demand(h).tolist() == [6 + 4, 7, 0, 0, 0]
+
+
+@pytest.mark.parametrize("rule", [OldestOnly(), Nobody()])
+def test_with_a_callable_time_model_a_rule_that_frees_too_little_is_refused_before_the_step(rule):
+    """The preview asks the eviction rule first: its refusal (as in
+    ``test_an_eviction_rule_that_frees_too_little_is_refused``) comes before anything is admitted."""
+    eng = Engine(10, Trace([0.0, 0.0, 0.0], [1, 8, 8], [2, 2, 2], timed=True), eviction=rule, time_model=_lin)
+    eng.reset(np.random.default_rng(0))
+    eng.arrive()
+    with pytest.raises(RuntimeError, match=f"eviction rule '{rule.name}' did not free 10 tokens"):
+        eng.serve(3)
+    assert (eng.n_queued, eng.n_active, eng.t, eng.now) == (3, 0, 0, 0.0)
+
+
+def test_streaming_in_continuous_time_survives_many_clock_trims(monkeypatch):
+    """The streaming mode trims the clock to the slots still needed and folds finished requests
+    with their clock entries. With a series window of 32 iterations and recycling from 16 dead
+    rows (instead of 4096 and 4096) a 1500-iteration run trims the clock at each of its recycles
+    (every 256 iterations), each trim reading it past the previous trim's base, and folds
+    latencies after trims: the metrics and
+    the last window's times are still the full mode's."""
+    import flowgym.sim.engine as engine_mod
+    from flowgym.sim.engine import SlotStats
+    from flowgym.sim.streaming import StreamTotals
+    from test_streaming import TIMED, _assert_same_metrics
+
+    monkeypatch.setattr(engine_mod, "_RECYCLE_MIN", 16)
+    engines = []
+    for record in ("full", "stream"):
+        e = Engine(16492, TIMED, record=record, time_model="llama2-70b-tp2-a100")
+        e.reset(np.random.default_rng(7))
+        if record == "stream":
+            e._stream = StreamTotals(len(SlotStats._fields), True, window=32)
+        engines.append(e)
+    full, stream = engines
+    rng = np.random.default_rng(3)
+    trims = 0
+    for s in range(1500):
+        full.arrive()
+        stream.arrive()
+        b = int(rng.integers(0, 16))
+        base = stream._clock_base
+        assert full.serve(b) == stream.serve(b)
+        trims += stream._clock_base != base
+        if s in (700, 1499) or stream._clock_base != base:  # right after a trim too (the elapsed
+            # time is the kept clock's last entry)
+            _assert_same_metrics(full.metrics(), stream.metrics(), timed=True, full=full)
+    assert trims >= 4 and stream._id_base > 0  # recycling is considered every 256 iterations
+    assert np.array_equal(stream.series()["time"], full.series()["time"][-32:])

@@ -43,7 +43,7 @@ REPO = Path(__file__).resolve().parent.parent
 #: Modules and the tests that are meant to pin them (docs/testing.md).
 ENGINE_TESTS = ["tests/test_reference_rules.py", "tests/test_semantics.py", "tests/test_engine.py",
                 "tests/test_metrics_by_hand.py", "tests/test_continuous.py", "tests/test_engine_mutants.py",
-                "tests/test_streaming.py"]
+                "tests/test_streaming.py", "tests/test_env.py"]
 AGENT_TESTS = ["tests/test_agents.py", "tests/test_agents_mutants.py"]
 
 #: Modules and the tests that are meant to pin them (docs/testing.md).
@@ -240,12 +240,13 @@ def _select(lines: dict[int, list[str]], order: dict[str, int], first: int, last
 def run_module(module: str, tests: list[str], timeout: float, limit: int | None,
                paths: tuple[str, ...] = ("1", "0"), root: Path | None = None,
                only: set[int] | None = None, by_line: bool = False,
-               span: tuple[int, int] | None = None) -> list[tuple[Mutant, str]]:
+               span: list[tuple[int, int]] | None = None) -> list[tuple[Mutant, str]]:
     """Run every mutant of ``module`` (or the indices in ``only``) in the copy at ``root``.
 
     With ``by_line``, each mutant runs only the tests that execute its lines on the unmutated
     module (per path); a mutant on lines no test executes (a default argument, a module
-    constant: they run at import) runs all of ``tests``.
+    constant: they run at import) runs all of ``tests``; a path on which no test executes lines
+    that another path executes (the numpy twin of a kernel, or a kernel call) is skipped.
     """
     path = root / module
     for jit in paths:  # the unmutated module must pass, or every mutant would look killed
@@ -269,7 +270,7 @@ def run_module(module: str, tests: list[str], timeout: float, limit: int | None,
             if only is not None and k not in only:
                 continue
             source, mut, first, last = _mutate(tree, k)
-            if span is not None and not span[0] <= first <= span[1]:
+            if span is not None and not any(lo <= first <= hi for lo, hi in span):
                 continue
             path.write_text(source)
             t0 = time.perf_counter()
@@ -279,7 +280,14 @@ def run_module(module: str, tests: list[str], timeout: float, limit: int | None,
                 selected = tests
                 if by_line:
                     run_lines, seq = maps[jit]
-                    selected = _select(run_lines, seq, first, last) or tests
+                    selected = _select(run_lines, seq, first, last)
+                    if selected is None:
+                        # no test runs these lines on this path: if one does on another path, the
+                        # mutant is code of the other path only (a numpy twin, a kernel call) and
+                        # cannot act here; if none does anywhere, they run at import: run all
+                        if any(_select(maps[p][0], maps[p][1], first, last) for p in paths if p != jit):
+                            continue
+                        selected = tests
                 ran += len(selected)
                 try:
                     r = subprocess.run([sys.executable, "-m", "pytest", "-x", "-q", "-p", "no:cacheprovider",
@@ -307,10 +315,12 @@ def main() -> int:
     ap.add_argument("--timeout", type=float, default=300.0, help="seconds per mutant (default 300)")
     ap.add_argument("--limit", type=int, default=None, help="at most this many mutants per module")
     ap.add_argument("--only", default=None, help="run only these mutants (comma-separated numbers, the #k printed)")
-    ap.add_argument("--lines", default=None, help="only mutants starting on these lines (e.g. 233-520)")
+    ap.add_argument("--lines", default=None,
+                    help="only mutants starting on these lines (e.g. 233-520, or ranges: 1-308,603-989)")
     ap.add_argument("--by-line", action="store_true",
                     help="run against each mutant only the tests that execute its lines (traced once per path on "
-                    "the unmutated module; lines run only at import, e.g. defaults, run all the tests)")
+                    "the unmutated module; lines run only at import, e.g. defaults, run all the tests; a path on "
+                    "which no test runs lines that another path runs is skipped)")
     ap.add_argument("--paths", choices=["both", "compiled", "numpy"], default="both",
                     help="run the tests with the numba kernels, on the numpy path (FLOWGYM_JIT=0), or both "
                     "(default: a mutant survives only if it survives both, as in CI)")
@@ -325,8 +335,10 @@ def main() -> int:
         ap.error("give a module and --tests, or --preset")
     span = None
     if args.lines:
-        lo, _, hi = args.lines.partition("-")
-        span = (int(lo), int(hi or lo))
+        span = []
+        for part in args.lines.split(","):
+            lo, _, hi = part.strip().partition("-")
+            span.append((int(lo), int(hi or lo)))
     only = None
     if args.only:
         only = {int(x) for x in args.only.split(",") if x.strip()}
