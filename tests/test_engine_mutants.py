@@ -548,3 +548,21 @@ def test_streaming_in_continuous_time_survives_many_clock_trims(monkeypatch):
             _assert_same_metrics(full.metrics(), stream.metrics(), timed=True, full=full)
     assert trims >= 4 and stream._id_base > 0  # recycling is considered every 256 iterations
     assert np.array_equal(stream.series()["time"], full.series()["time"][-32:])
+
+
+@pytest.mark.parametrize("engine_cls", ["paper", "vllm-v1"])
+@pytest.mark.parametrize("budget", [[], [2], [2, 2, 2, 2]])
+def test_per_class_budgets_of_the_wrong_length_are_refused(engine_cls, budget):
+    """Found by the mutation run: zip() paired lanes and budgets, silently dropping the missing classes."""
+    from flowgym.sim.engine import Engine
+    from flowgym.sim.vllm import VllmEngine
+
+    wl = {"kind": "poisson", "classes": [[10, 20], [10, 40], [10, 60]], "rates": 1.0}
+    eng = Engine(2000, wl, per_class=True) if engine_cls == "paper" else VllmEngine(2000, wl, per_class=True)
+    eng.reset(np.random.default_rng(0))
+    eng.arrive()
+    with pytest.raises(ValueError, match=f"per-class budgets: 3 classes, got {len(budget)} budgets"):
+        eng.serve(np.asarray(budget, np.int64))
+    assert eng.t == 0  # nothing served
+    eng.serve(np.array([1, 1, 1]))
+    assert eng.t == 1
