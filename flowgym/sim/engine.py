@@ -606,15 +606,19 @@ class Engine:
         self._enqueue(buf[:nv].copy())
         return nv, wasted
 
+    def _check_class_budgets(self, budget: Any) -> None:
+        """With ``per_class``, ``ValueError`` unless ``budget`` has one entry per class (both engine modes)."""
+        if self.per_class and len(budget) != self.m:
+            raise ValueError(f"per-class budgets: {self.m} classes, got {len(budget)} budgets: "
+                             f"{list(np.asarray(budget).tolist())!r}")
+
     def serve(self, budget: int | Sequence[int] | np.ndarray) -> SlotStats:
         """Phases 2-5 of slot ``t`` with activation budget ``budget``; then ``t += 1``.
 
         ``budget`` is ``B_t`` (an int), or with ``per_class`` one budget per class
         (``ValueError`` when their number is not the number of classes).
         """
-        if self.per_class and len(budget) != self.m:  # type: ignore[arg-type]
-            raise ValueError(f"per-class budgets: {self.m} classes, got {len(budget)} budgets: "  # type: ignore[arg-type]
-                             f"{list(np.asarray(budget).tolist())!r}")
+        self._check_class_budgets(budget)
         t = self.t
         d = None
         if self.timed:

@@ -456,9 +456,7 @@ class VllmEngine(Engine):
 
     def serve(self, budget: int | Sequence[int] | np.ndarray) -> SlotStats:
         """One scheduler step with admission bound ``budget`` (``B_t``, or per-class budgets); ``t += 1``."""
-        if self.per_class and len(budget) != self.m:  # type: ignore[arg-type]
-            raise ValueError(f"per-class budgets: {self.m} classes, got {len(budget)} budgets: "  # type: ignore[arg-type]
-                             f"{list(np.asarray(budget).tolist())!r}")
+        self._check_class_budgets(budget)
         t = self.t
         opts = self.options
         bs, la, NB = self.block_size, self.lookahead, self.num_blocks
