@@ -221,3 +221,40 @@ def test_exports():
     for name in theory.__all__:
         assert hasattr(theory, name)
     assert math.isclose(theory.work(10, 20), 410)
+
+
+def test_max_global_budget_settles_a_quotient_that_rounds_across_an_integer():
+    # M = 935072 * w exactly as a double, but M / w rounds to just below 935072 (floor 935071):
+    # 935072 * w <= M, so 935072 is feasible and the answer (the products decide, not the quotient)
+    w = 2.83822632013108
+    M = 935072 * w
+    assert math.floor(M / w) == 935071 and 935072 * w <= M
+    assert max_global_budget(M, w) == 935072
+    # M one double below 75241 * w: M / w rounds up to 75241, but 75241 * w > M: the answer is 75240
+    w = 813.2889121763524
+    M = float(np.nextafter(75241 * w, 0))
+    assert math.floor(M / w) == 75241 and 75241 * w > M
+    assert max_global_budget(M, w) == 75240
+
+
+def test_max_global_budget_of_a_huge_quotient():
+    # 10^15 requests of work 1 fit exactly in M = 10^15 (a quotient this size must not be counted up to)
+    assert max_global_budget(1e15, 1.0) == 10**15
+
+
+def test_reflected_walk_mean_equals_the_closed_form_for_budget_one():
+    # b = 1: Q' = Q + A - 1 + I with I = 1{Q + A = 0}, P(I = 1) = 1 - lambda. Squaring, a stationary
+    # Q gives 0 = 2 E[Q](lambda - 1) + E[(A - 1)^2] - (1 - lambda), with E[(A - 1)^2] =
+    # lambda + lambda^2 - 2 lambda + 1 for Poisson A, so E[Q] = lambda^2 / (2 (1 - lambda)).
+    # The iteration stops when an update changes the distribution by < 1e-12 in total (L1); at
+    # lambda = 0.95 (slow mixing) that leaves a relative error of about 2e-9.
+    for lam in (0.5, 0.9, 0.95):
+        assert reflected_walk_mean(lam, 1) == pytest.approx(lam**2 / (2 * (1 - lam)), rel=5e-9)
+
+
+def test_a_single_class_is_a_valid_class_list_and_an_empty_array_is_not():
+    # one class (l, o) = (10, 20): w = 10 * 20 + (20 + 400) / 2 = 410; peak with b = 3: 1230
+    assert peak_usage((3,), [(10, 20)]) == 1230.0
+    assert load(1000, 2, [(10, 20)]) == pytest.approx(0.82)
+    with pytest.raises(ValueError, match="classes"):
+        peak_usage((), np.zeros((0, 2)))
