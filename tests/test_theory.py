@@ -258,3 +258,10 @@ def test_a_single_class_is_a_valid_class_list_and_an_empty_array_is_not():
     assert load(1000, 2, [(10, 20)]) == pytest.approx(0.82)
     with pytest.raises(ValueError, match="classes"):
         peak_usage((), np.zeros((0, 2)))
+
+
+def test_reflected_walk_mean_with_a_budget_far_above_the_rate_is_zero():
+    # P(A > 100) for A ~ Poisson(1) is about 1e-160: the queue left after admission is 0 to double
+    # precision (the budget exceeds every arrival count the solver keeps)
+    assert reflected_walk_mean(1, 100) == 0.0
+    assert reflected_walk_mean(3, 200) == 0.0
