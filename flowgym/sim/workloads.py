@@ -204,7 +204,11 @@ class Workload(ABC):
         return None if r is None else float(r.mean() / M)
 
     def peak_load(self, M: int, horizon: int | None) -> float | None:
-        """The largest load over ``[0, horizon)`` (the peak phase's ``lambda(t) E[w] / M``), when known."""
+        """The largest load over ``[0, horizon)`` (the peak phase's ``lambda(t) E[w] / M``), when known.
+
+        Sampled at every whole and half slot (at most 100,000 of each: for longer horizons every
+        ``horizon / 100000`` slots), so a phase shorter than the spacing can be missed.
+        """
         if horizon is None or horizon <= 0:
             return None
         n = min(int(horizon), 100_000)
@@ -752,6 +756,10 @@ def _trace_column(
     def where(i: int) -> str:
         return f"row {int(rows[i])}" if rows is not None else f"index {i}"
 
+    def shown(i: int) -> str:  # the value as the user wrote it: 0.5, not np.float64(0.5)
+        v = arr[i]
+        return repr(v.item() if isinstance(v, np.generic) else v)
+
     try:
         f = arr.astype(np.float64)
     except (TypeError, ValueError):
@@ -764,18 +772,18 @@ def _trace_column(
     bad = ~np.isfinite(f)
     if bad.any():
         i = int(np.flatnonzero(bad)[0])
-        raise TraceError(f"column {name!r}, {where(i)}: {arr[i]!r} is not a finite number")
+        raise TraceError(f"column {name!r}, {where(i)}: {shown(i)} is not a finite number")
     bad = f < (0 if allow_zero else 1)
     if bad.any():
         i = int(np.flatnonzero(bad)[0])
         need = "non-negative" if allow_zero else "at least 1"
-        raise TraceError(f"column {name!r}, {where(i)}: {arr[i]!r} must be {need}")
+        raise TraceError(f"column {name!r}, {where(i)}: {shown(i)} must be {need}")
     limit = float(MAX_ARRIVAL if name == "arrival" else MAX_TOKENS)
     bad = f > limit
     if bad.any():  # beyond what int64 arithmetic (l + o, usage sums, slot numbers) can hold
         i = int(np.flatnonzero(bad)[0])
         what = "an arrival" if name == "arrival" else "a length"
-        raise TraceError(f"column {name!r}, {where(i)}: {arr[i]!r} is too large for {what} (at most {int(limit)})")
+        raise TraceError(f"column {name!r}, {where(i)}: {shown(i)} is too large for {what} (at most {int(limit)})")
     if not whole:
         return f
     bad = f != np.floor(f)
@@ -783,7 +791,7 @@ def _trace_column(
         i = int(np.flatnonzero(bad)[0])
         hint = (" (arrivals are slot numbers; for timestamps in seconds give timed=True and a time_model, "
                 "continuous time)") if name == "arrival" else ""
-        raise TraceError(f"column {name!r}, {where(i)}: {arr[i]!r} must be a whole number{hint}")
+        raise TraceError(f"column {name!r}, {where(i)}: {shown(i)} must be a whole number{hint}")
     return f.astype(np.int64)
 
 

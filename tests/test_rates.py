@@ -1,0 +1,90 @@
+"""Rate schedules (``flowgym/sim/rates.py``): integrals, means and bounds by hand, and the law of the
+arrival counts they sample."""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pytest
+
+from flowgym.sim.rates import Bursts, Constant, Sinusoid, Steps
+
+
+def test_constant_integral():
+    # 2 arrivals per unit over [1, 4): 6
+    assert float(Constant(2.0).integral(1.0, 4.0)) == 6.0
+    np.testing.assert_allclose(Constant(0.5).integral(np.array([0.0, 2.0]), np.array([4.0, 3.0])), [2.0, 0.5])
+
+
+def test_steps_arguments():
+    with pytest.raises(ValueError, match="as many times as rates"):
+        Steps([], [])
+    with pytest.raises(ValueError, match="as many times as rates"):
+        Steps([0, 1], [1.0])
+    # the period must exceed the last step time (a period equal to it would leave the last step no room)
+    with pytest.raises(ValueError, match="period 5 must exceed the last step time 5"):
+        Steps([0, 5], [1.0, 2.0], period=5)
+    assert Steps([0, 5], [1.0, 2.0], period=5.5).period == 5.5
+
+
+def test_periodic_steps_mean_and_integral():
+    # rate 1 on [0, 2), 3 on [2, 4), repeating every 4: mean (2 * 1 + 2 * 3) / 4 = 2
+    s = Steps([0, 2], [1.0, 3.0], period=4)
+    assert s.mean() == 2.0
+    # [1, 7): 1 (rate 1 on [1,2)) + 6 ([2,4)) + 2 ([4,6)) + 3 ([6,7)) = 12
+    assert float(s.integral(1.0, 7.0)) == pytest.approx(12.0)
+    # not periodic: the long-run mean is the last rate
+    assert Steps([0, 2], [1.0, 3.0]).mean() == 3.0
+
+
+def test_sinusoid_amplitude_may_equal_the_mean():
+    assert Sinusoid(2.0, 2.0, 10.0).peak() == 4.0  # rate 2 + 2 sin(...) >= 0 still
+    with pytest.raises(ValueError, match="amplitude"):
+        Sinusoid(2.0, 2.5, 10.0)
+
+
+def test_sinusoid_integral_by_hand():
+    # mean m = 3, amplitude a = 2, period P = 8.
+    # phase 0: int_0^{P/4} a sin(2 pi t / P) dt = a P / (2 pi) (1 - cos(pi / 2)) = a P / (2 pi)
+    # phase 0.5: sin(x + pi) = -sin(x): minus that
+    m, a, P = 3.0, 2.0, 8.0
+    assert float(Sinusoid(m, a, P).integral(0.0, P / 4)) == pytest.approx(m * P / 4 + a * P / (2 * math.pi))
+    assert float(Sinusoid(m, a, P, phase=0.5).integral(0.0, P / 4)) == pytest.approx(m * P / 4 - a * P / (2 * math.pi))
+    # a whole period: m P
+    assert float(Sinusoid(m, a, P, phase=0.3).integral(5.0, 5.0 + P)) == pytest.approx(m * P)
+
+
+def test_bursts_duration_must_be_shorter_than_the_period():
+    with pytest.raises(ValueError, match="must be shorter than every"):
+        Bursts(1.0, 5.0, every=10.0, duration=10.0)
+    assert Bursts(1.0, 5.0, every=10.0, duration=9.5).peak() == 5.0
+
+
+def test_a_schedule_with_no_arrivals_samples_none():
+    rng = np.random.default_rng(0)
+    assert Steps([0], [0.0]).sample_times(rng, 0.0, 100.0).size == 0
+    assert Sinusoid(0.0, 0.0, 10.0).sample_times(rng, 0.0, 100.0).size == 0
+
+
+@pytest.mark.parametrize("schedule", [Steps([0, 1], [0.2, 0.8], period=2), Sinusoid(0.5, 0.5, 2.0)])
+def test_sampled_counts_follow_the_poisson_law(schedule):
+    # arrivals in [0, 2) are Poisson with mean int_0^2 lambda = 1 for both schedules: P(N = k) =
+    # e^-1 / k!  (0.368, 0.368, 0.184, 0.061, ...). 20,000 windows: each frequency within 0.012
+    # (more than 4 standard deviations); the times lie in the window, sorted.
+    rng = np.random.default_rng(7)
+    counts = np.empty(20_000, dtype=np.int64)
+    for i in range(counts.size):
+        t = schedule.sample_times(rng, 0.0, 2.0)
+        assert np.all((t >= 0.0) & (t < 2.0)) and np.all(np.diff(t) >= 0)
+        counts[i] = t.size
+    freq = np.bincount(counts, minlength=5)[:5] / counts.size
+    law = np.array([math.exp(-1) / math.factorial(k) for k in range(5)])
+    np.testing.assert_allclose(freq, law, atol=0.012)
+
+
+def test_sampled_times_follow_the_intensity():
+    # Steps: rate 0.2 on [0, 1), 0.8 on [1, 2): a fifth of the arrivals fall in the first unit
+    rng = np.random.default_rng(3)
+    t = np.concatenate([Steps([0, 1], [0.2, 0.8], period=2).sample_times(rng, 0.0, 2.0) for _ in range(20_000)])
+    assert abs(np.mean(t < 1.0) - 0.2) < 0.015
