@@ -187,3 +187,44 @@ def test_a_fractional_arrival_error_hints_at_continuous_time():
     # a fractional length gets no such hint
     with pytest.raises(TraceError, match=r"'prompt_len', index 0: 1.5 must be a whole number$"):
         Trace([0], [1.5], [1])
+
+
+def test_peak_load_samples_whole_and_half_slots_across_a_long_horizon():
+    # H = 200,000 slots: 100,000 points at every other whole slot (0, 2, 4, ...) and 100,000 at the
+    # odd ones (1, 3, ...; the half-spacing points). A one-slot phase of rate 5 at an even slot
+    # (150,000) is seen by the first set only, one at an odd slot (150,001) by the second only:
+    # the peak is 5 * 410 / 1000 = 2.05 in both, the base 0.41.
+    lengths = {"kind": "empirical", "pairs": [[10, 20]]}
+    for at in (150_000, 150_001):
+        wl = IIDPoisson({"kind": "steps", "times": [0, at, at + 1], "rates": [1, 5, 1]}, lengths)
+        assert wl.peak_load(1000, 200_000) == pytest.approx(2.05)
+
+
+def test_timed_trace_arrival_rate_is_requests_over_the_span():
+    # timed arrivals at 10, 20 and 30 s: 3 requests over 20 s
+    assert Trace([10.0, 20.0, 30.0], [1, 1, 1], [1, 1, 1], timed=True).arrival_rate() == pytest.approx(0.15)
+    assert Trace([5.0, 5.0], [1, 1], [1, 1], timed=True).arrival_rate() is None  # no span: unknown
+
+
+def test_named_length_kinds_build_their_own_distributions():
+    from flowgym.sim.workloads import _make_lengths, azure_lengths
+
+    assert _make_lengths({"kind": "lmsys-like"}).mean_work() == pytest.approx(lmsys_like_lengths().mean_work())
+    assert _make_lengths({"kind": "azure", "trace": "code"}).mean_work() == pytest.approx(
+        azure_lengths("code").mean_work())
+
+
+def test_a_mixture_of_one_stream_is_that_stream():
+    from flowgym.sim.workloads import Mixture
+
+    one = {"kind": "iid", "rate": 0.5, "lengths": {"kind": "empirical", "pairs": [[10, 20]]}}
+    mix = Mixture([one])
+    assert not mix.timed and mix.chunk_span == 256 and mix.arrival_rate() == 0.5
+    a = mix.sample(np.random.default_rng(0), 0, 256)
+    assert a.arrival.size > 0 and np.all(np.diff(a.arrival) >= 0)
+
+
+def test_an_empty_trace_with_a_class_column_has_no_classes():
+    assert Trace([], [], [], cls=[]).classes.shape == (0, 2)
+    # one request of class 2: three classes, the first two with no request (zeros)
+    assert Trace([0], [4], [6], cls=[2]).classes.tolist() == [[0, 0], [0, 0], [4, 6]]
