@@ -26,6 +26,13 @@ def test_steps_arguments():
     with pytest.raises(ValueError, match="period 5 must exceed the last step time 5"):
         Steps([0, 5], [1.0, 2.0], period=5)
     assert Steps([0, 5], [1.0, 2.0], period=5.5).period == 5.5
+    # three steps: the period is checked against the last time (5), not the second
+    with pytest.raises(ValueError, match="period 3 must exceed the last step time 5"):
+        Steps([0, 1, 5], [1.0, 1.0, 1.0], period=3)
+    # times must strictly increase, every consecutive pair
+    for times in ([0, 0], [0, 2, 1], [0, 2, 2]):
+        with pytest.raises(ValueError, match="start at 0 and increase"):
+            Steps(times, [1.0] * len(times))
 
 
 def test_periodic_steps_mean_and_integral():
@@ -36,6 +43,14 @@ def test_periodic_steps_mean_and_integral():
     assert float(s.integral(1.0, 7.0)) == pytest.approx(12.0)
     # not periodic: the long-run mean is the last rate
     assert Steps([0, 2], [1.0, 3.0]).mean() == 3.0
+    assert Steps([0, 1, 2], [1.0, 2.0, 4.0]).mean() == 4.0
+
+
+def test_sinusoid_rate_by_hand():
+    # 3 + 2 sin(2 pi t / 8) at t = 0, 2, 4, 6: 3, 5, 3, 1; with phase 0.25 (a quarter period later): 5, 3, 1, 3
+    np.testing.assert_allclose(Sinusoid(3.0, 2.0, 8.0).rate(np.array([0.0, 2.0, 4.0, 6.0])), [3, 5, 3, 1], atol=1e-12)
+    np.testing.assert_allclose(Sinusoid(3.0, 2.0, 8.0, phase=0.25).rate(np.array([0.0, 2.0, 4.0, 6.0])), [5, 3, 1, 3],
+                               atol=1e-12)
 
 
 def test_sinusoid_amplitude_may_equal_the_mean():
@@ -51,6 +66,8 @@ def test_sinusoid_integral_by_hand():
     m, a, P = 3.0, 2.0, 8.0
     assert float(Sinusoid(m, a, P).integral(0.0, P / 4)) == pytest.approx(m * P / 4 + a * P / (2 * math.pi))
     assert float(Sinusoid(m, a, P, phase=0.5).integral(0.0, P / 4)) == pytest.approx(m * P / 4 - a * P / (2 * math.pi))
+    # phase 0.25: sin(x + pi / 2) = cos(x): int_0^{P/4} a cos(2 pi t / P) dt = a P / (2 pi)
+    assert float(Sinusoid(m, a, P, phase=0.25).integral(0.0, P / 4)) == pytest.approx(m * P / 4 + a * P / (2 * math.pi))
     # a whole period: m P
     assert float(Sinusoid(m, a, P, phase=0.3).integral(5.0, 5.0 + P)) == pytest.approx(m * P)
 
@@ -67,16 +84,16 @@ def test_a_schedule_with_no_arrivals_samples_none():
     assert Sinusoid(0.0, 0.0, 10.0).sample_times(rng, 0.0, 100.0).size == 0
 
 
-@pytest.mark.parametrize("schedule", [Steps([0, 1], [0.2, 0.8], period=2), Sinusoid(0.5, 0.5, 2.0)])
+@pytest.mark.parametrize("schedule", [Steps([0, 1], [0.2, 0.8], period=2), Sinusoid(0.5, 0.5, 2.0), Constant(0.5)])
 def test_sampled_counts_follow_the_poisson_law(schedule):
-    # arrivals in [0, 2) are Poisson with mean int_0^2 lambda = 1 for both schedules: P(N = k) =
+    # arrivals in [1, 3) are Poisson with mean int_1^3 lambda = 1 for each schedule: P(N = k) =
     # e^-1 / k!  (0.368, 0.368, 0.184, 0.061, ...). 20,000 windows: each frequency within 0.012
     # (more than 4 standard deviations); the times lie in the window, sorted.
     rng = np.random.default_rng(7)
     counts = np.empty(20_000, dtype=np.int64)
     for i in range(counts.size):
-        t = schedule.sample_times(rng, 0.0, 2.0)
-        assert np.all((t >= 0.0) & (t < 2.0)) and np.all(np.diff(t) >= 0)
+        t = schedule.sample_times(rng, 1.0, 3.0)
+        assert np.all((t >= 1.0) & (t < 3.0)) and np.all(np.diff(t) >= 0)
         counts[i] = t.size
     freq = np.bincount(counts, minlength=5)[:5] / counts.size
     law = np.array([math.exp(-1) / math.factorial(k) for k in range(5)])
