@@ -228,3 +228,31 @@ def test_an_empty_trace_with_a_class_column_has_no_classes():
     assert Trace([], [], [], cls=[]).classes.shape == (0, 2)
     # one request of class 2: three classes, the first two with no request (zeros)
     assert Trace([0], [4], [6], cls=[2]).classes.tolist() == [[0, 0], [0, 0], [4, 6]]
+
+
+def test_empirical_lengths_take_one_pair_and_refuse_none():
+    one = EmpiricalLengths([[3, 4]])
+    assert one.mean_work() == 3 * 4 + (4 + 16) / 2  # 22
+    with pytest.raises(ValueError, match="pairs must be a non-empty list"):
+        EmpiricalLengths(np.zeros((0, 2)))
+
+
+def test_the_chunk_load_error_states_the_limit_and_the_chunk():
+    # 2^22 requests per 256-slot chunk: at most 16384 a slot; 20000 a slot would put 5.12e6 in a chunk
+    with pytest.raises(ValueError, match=r"at most 16384 per slot: a chunk of 256 slots would hold 5.12e\+06"):
+        MultiClassPoisson([(1, 1)], 20000.0)
+
+
+def test_timed_trace_rate_over_a_span_below_one_second():
+    # two requests 0.5 s apart: 2 / 0.5 = 4 a second
+    assert Trace([0.0, 0.5], [1, 1], [1, 1], timed=True).arrival_rate() == pytest.approx(4.0)
+
+
+def test_an_azure_trace_window_round_trips_through_its_spec():
+    from flowgym.sim.workloads import azure_trace
+
+    tr = azure_trace("conv", window=[60, 120])
+    spec = tr.to_spec()
+    assert spec["window"] == [60.0, 120.0]
+    again = make_workload(spec)
+    np.testing.assert_array_equal(again.arrival, tr.arrival)
