@@ -12,6 +12,7 @@ samples its first output token in that step, and then decodes one token per step
 from __future__ import annotations
 
 import math
+import warnings
 
 import numpy as np
 import pytest
@@ -537,6 +538,14 @@ def test_projected_demand_is_the_papers_d_t_plus_h_of_the_running_set():
     assert eng.projected_demand(np.array([0, 1, 8, 9])).tolist() == [6, 7, 14, 0]
 
 
+def test_projected_demand_raises_no_numpy_warning():
+    """Offsets past a request's end (its term is 0) must not divide by zero or warn."""
+    eng = _two_running()
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        assert eng.projected_demand(np.array([4, 5, 9])).tolist() == [14, 0, 0]
+
+
 def test_memory_bytes_adds_the_per_request_and_running_arrays():
     """Five per-request int64/float64 arrays of the table's capacity (max_tokens, gen, first_token,
     last_token, first_token_step) and four int64 arrays of the running set (2 running here) on top
@@ -648,3 +657,25 @@ def test_time_to_first_token_in_seconds_is_from_the_arrival_time():
         eng.serve(1)
     assert eng.request_log()["first_token_time"].tolist() == [1.0, 2.0]
     assert eng.serving_metrics()["time_to_first_token_mean"] == 1.25
+
+
+# ---------------------------------------------------------------- a defect the run found
+
+
+@pytest.mark.parametrize("order", ["least-computed", "least-progress"])
+def test_count_admission_heads_are_candidate_victims_in_every_order(order):
+    """admission='count' starts the B_t heads before the running requests are scheduled, so a
+    head started this step is in the step's running list and may be preempted (as in the paper:
+    admitted and evicted in one slot). bs = 1, NB = 8; A (l=4, o=5; 4 + 5 - 1 = 8 blocks: accepted)
+    starts at step 0 (4 blocks); B (l=4, o=5) arrives at step 1 and starts: A needs 5, B 4:
+    9 > 8, excess 1. least-computed: B (0 computed, A 4) first; least-progress: B (0 output
+    tokens, A 1) first; B frees 4 >= 1: B alone is preempted, back to the queue front, and A
+    decodes (5 blocks). (Before the fix, least-computed raised a shape error and least-progress
+    chose among the requests running before the step only: A.)"""
+    eng = _eng(8, Trace([0, 1], [4, 4], [5, 5]), block_size=1, admission="count", preempt_order=order,
+               **UNLIMITED)
+    assert _step(eng, 1).admitted == 1
+    st = _step(eng, 1)
+    assert st.evicted == 1 and st.admitted == 1 and st.usage == 5
+    assert eng.active_ids().tolist() == [0] and eng.queue_ids().tolist() == [1]
+    assert eng.gen.tolist()[:2] == [2, 0] and eng.request_log()["evictions"].tolist() == [0, 1]
