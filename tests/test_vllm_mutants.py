@@ -679,3 +679,17 @@ def test_count_admission_heads_are_candidate_victims_in_every_order(order):
     assert st.evicted == 1 and st.admitted == 1 and st.usage == 5
     assert eng.active_ids().tolist() == [0] and eng.queue_ids().tolist() == [1]
     assert eng.gen.tolist()[:2] == [2, 0] and eng.request_log()["evictions"].tolist() == [0, 1]
+
+
+def test_count_admission_heads_preempted_by_least_progress_keep_the_step_within_the_cache():
+    """bs = 1, NB = 8, admission='count', least-progress. A (l=1, o=5) starts at step 0 (1 block);
+    B (l=4, o=1) and C (l=5, o=1) arrive at step 1 and start: A needs 2, B 4, C 5: 11 > 8, excess 3.
+    B and C have 0 output tokens (A 1); the longer prompt first: C, freeing 5 >= 3: C alone is
+    preempted. The step holds A's 2 + B's 4 = 6 blocks; B samples its only token and finishes.
+    (Before the fix the victims came from A alone: 9 blocks held in a cache of 8.)"""
+    eng = _eng(8, Trace([0, 1, 1], [1, 4, 5], [5, 1, 1]), block_size=1, admission="count",
+               preempt_order="least-progress", **UNLIMITED)
+    _step(eng, 1)
+    st = _step(eng, 2)
+    assert st.evicted == 1 and st.usage == 6 and st.completed == 1
+    assert eng.active_ids().tolist() == [0] and eng.queue_ids().tolist() == [2]
