@@ -432,8 +432,9 @@ class VllmEngine(Engine):
 
     # ------------------------------------------------------------------ the step
 
-    def _victims(self, need: np.ndarray) -> np.ndarray:
-        """Positions (in the running list) of the requests to preempt, in pop order."""
+    def _victims(self, need: np.ndarray, rid: np.ndarray, comp: np.ndarray) -> np.ndarray:
+        """Positions (in the step's running list ``rid``, computed tokens ``comp``; with admission by
+        count it includes the heads started this step) of the requests to preempt, in pop order."""
         n = need.size
         total = int(need.sum())
         NB = self.num_blocks
@@ -444,10 +445,9 @@ class VllmEngine(Engine):
             k = int(np.searchsorted(np.cumsum(need), NB, side="right"))
             return np.arange(n - 1, k - 1, -1, dtype=_I64)
         if order == "least-progress":  # SGLang: fewest output tokens, then longest prompt, popped first
-            rid = self._r_id
             pos = np.lexsort((-self.prompt[rid], self.gen[rid]))
         elif order == "least-computed":
-            pos = np.lexsort((-np.arange(n), self._r_comp))  # ties: newest first
+            pos = np.lexsort((-np.arange(n), comp))  # ties: newest first
         else:
             pos = self._prng.permutation(n)
         freed = np.cumsum(need[pos])
@@ -485,7 +485,7 @@ class VllmEngine(Engine):
         s = np.clip(self._tok_cap - excl, 0, new)
         want = np.where(s > 0, _ceil_div(comp + s + la, bs), blk)
         need = np.maximum(want, blk)
-        vpos = self._victims(need)
+        vpos = self._victims(need, rid, comp)
         keep = np.ones(rid.size, bool)
         keep[vpos] = False
         n_ev = int(vpos.size)
