@@ -256,3 +256,44 @@ def test_an_azure_trace_window_round_trips_through_its_spec():
     assert spec["window"] == [60.0, 120.0]
     again = make_workload(spec)
     np.testing.assert_array_equal(again.arrival, tr.arrival)
+
+
+def test_slot_shuffle_with_tied_uniforms_is_lexsort():
+    # _slot_shuffle packs (slot, u) into one key and argsorts it; argsort's quicksort does not keep
+    # the index order of equal keys, so ties anywhere (not only at the smallest key) must fall back
+    # to lexsort, whose ties go by index. 200 requests in one slot, the first with the unique
+    # smallest u, the rest tied in two groups.
+    from flowgym.sim.workloads import _slot_shuffle
+
+    rng = np.random.default_rng(0)
+    u = np.concatenate([[0.0], rng.choice([0.5, 0.7], 199)])
+    rel = np.zeros(200, dtype=np.int64)
+    np.testing.assert_array_equal(_slot_shuffle(rel, u), np.lexsort((u, rel)))
+
+
+def test_zero_weight_pairs_bound_nothing():
+    # a pair with weight 0 is never drawn: it does not count in the largest l + o or o
+    e = EmpiricalLengths([[1, 2], [100, 200]], weights=[1.0, 0.0])
+    assert e.max_tokens() == 3 and e.max_output() == 2
+
+
+def test_class_id_errors_state_the_valid_range():
+    with pytest.raises(TraceError, match=r"ids are 0\.\.65535; number the classes from 0"):
+        Trace([0], [1], [1], cls=[70000])
+    with pytest.raises(TraceError, match=r"num_classes=2 but the trace has class id 4"):
+        Trace([0, 1], [1, 1], [1, 1], cls=[0, 4], num_classes=2)
+
+
+def test_peak_load_ignores_phases_after_the_horizon():
+    # rate 1 until slot 300,000, then 5: over a 200,000-slot episode the peak is the first phase's
+    # (1 * 410 / 1000 = 0.41); the schedule's later (and last) phase is never offered
+    wl = IIDPoisson({"kind": "steps", "times": [0, 300_000], "rates": [1, 5]},
+                    {"kind": "empirical", "pairs": [[10, 20]]})
+    assert wl.peak_load(1000, 200_000) == pytest.approx(0.41)
+    assert wl.peak_load(1000, 1000) == pytest.approx(0.41)
+
+
+def test_timed_trace_last_arrival_is_the_latest_time():
+    tr = Trace([2.5, 1.0, 0.25], [1, 1, 1], [1, 1, 1], timed=True)  # sorted on input: 0.25, 1.0, 2.5
+    assert tr.last_arrival == 2.5
+    assert Trace([], [], [], timed=True).last_arrival == -1
