@@ -184,21 +184,35 @@ def test_environment_variable_switches_the_default(value, expected):
 
 
 def test_kernels_compile():
-    """check_kernels compiles every kernel the package calls from Python (each then has a signature)."""
-    import re
-    from pathlib import Path
+    """check_kernels compiles every kernel the package calls from Python (each then has a signature).
 
-    from flowgym.sim.batched import check_kernels
-
-    check_kernels()
-    pkg = Path(kernels.__file__).resolve().parent.parent
-    called = set()
-    for path in pkg.rglob("*.py"):
-        if path.name != "kernels.py":
-            called |= set(re.findall(r"\bkernels\.([a-z_0-9]+)\(", path.read_text()))
-    called -= {"load"}
-    assert {"admit_lane", "batched_step", "poisson_chunks", "poisson_chunk", "pcg_fill", "vector_observe"} <= called
-    assert sorted(n for n in called if not getattr(kernels, n).signatures) == []
+    In a fresh process, so that no other test has compiled (or loaded from numba's cache) a kernel
+    before ``check_kernels`` runs: the signatures then come from it alone.
+    """
+    code = r"""
+import re
+from pathlib import Path
+from flowgym.sim import kernels
+from flowgym.sim.batched import check_kernels
+pkg = Path(kernels.__file__).resolve().parent.parent
+called = set()
+for path in pkg.rglob("*.py"):
+    if path.name != "kernels.py":
+        called |= set(re.findall(r"\bkernels\.([a-z_0-9]+)\(", path.read_text()))
+called -= {"load"}
+kernels.load()
+before = sorted(n for n in called if getattr(kernels, n).signatures)
+check_kernels()
+print(",".join(sorted(called)))
+print(",".join(before))
+print(",".join(sorted(n for n in called if not getattr(kernels, n).signatures)))
+"""
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    called, before, missing = (line.split(",") if line else [] for line in out.stdout.split("\n")[:3])
+    named = {"admit_lane", "batched_step", "poisson_chunks", "poisson_chunk", "pcg_fill", "vector_observe"}
+    assert named <= set(called)
+    assert not named & set(before)  # not compiled before the call (``evict`` is compiled at load)
+    assert missing == []  # every kernel compiled by it
 
 
 def test_disabled_kernels_do_not_import_numba_and_load_on_request():

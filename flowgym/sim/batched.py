@@ -919,3 +919,10 @@ def check_kernels() -> None:
         te.reset(np.random.default_rng(0))
         te.arrive()
         te.run_rule(rule, horizon=20)
+    # the eviction kernel as the stepped engine calls it (a cached run_timed holds its own copy):
+    # three requests of 10 + 1 tokens in a 30-token cache, all admitted, one evicted
+    se = Engine(30, {"kind": "trace", "arrival": [0, 0, 0], "prompt_len": [10, 10, 10], "output_len": [5, 5, 5]})
+    se.jit = True
+    se.reset(np.random.default_rng(0))
+    se.arrive()
+    se.serve(3)
