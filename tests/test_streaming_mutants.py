@@ -1,0 +1,70 @@
+"""Rules of ``flowgym/sim/streaming.py`` its mutation run found unpinned (docs/testing.md)."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from flowgym.sim.streaming import (
+    DECIMATED_POINTS,
+    SKETCH_EXACT_BELOW,
+    STREAM_WINDOW,
+    QuantileSketch,
+    StreamTotals,
+)
+
+
+def _records(usages, t0=0):
+    # SlotStats-shaped rows: (t, usage, admitted, evicted, wasted, completed, queue_len, active)
+    return [(t0 + i, int(u), 0, 0, 0, 0, 0, 0) for i, u in enumerate(usages)]
+
+
+def test_documented_sizes():
+    assert STREAM_WINDOW == 4096 and DECIMATED_POINTS == 1024 and SKETCH_EXACT_BELOW == 65536
+    st = StreamTotals(8, timed=False)
+    assert st.window == 4096 and st.dec.size == 2048
+    assert QuantileSketch(integers=True).exact_below == 65536
+
+
+def test_the_window_keeps_the_last_4096_slots():
+    st = StreamTotals(8, timed=False)
+    st.fold_slots(_records(range(5000)), None)
+    rows, _ = st.window_rows()
+    assert rows.shape == (4096, 8) and rows[0, 0] == 5000 - 4096 and rows[-1, 0] == 4999
+
+
+def test_usage_maximum_of_an_idle_run_is_zero():
+    st = StreamTotals(8, timed=False)
+    st.fold_slots(_records([0, 0, 0]), None)
+    assert st.usage_moments(100) == (0.0, 0.0, 0.0)
+
+
+def test_the_decimated_series_starts_at_one_slot_per_point():
+    # fewer slots than 2 x 1024: one point per slot, the usage itself (over M = 10)
+    st = StreamTotals(8, timed=False)
+    st.fold_slots(_records(range(10)), None)
+    np.testing.assert_allclose(st.decimated_usage(10), np.arange(10) / 10)
+    # 2048 slots fill the buffer: halved to 1024 means of 2 slots, blocks of 2 from then on
+    st = StreamTotals(8, timed=False)
+    st.fold_slots(_records(range(2048)), None)
+    assert st.dec_block == 2
+    np.testing.assert_allclose(st.decimated_usage(1), np.arange(0, 2048, 2) + 0.5)
+
+
+def test_exact_integer_quantiles_below_2_16():
+    # 65535 is counted exactly, 65536 in a log bucket (relative error up to 1e-3)
+    s = QuantileSketch(integers=True)
+    s.add(np.array([65535]))
+    assert s.quantile(0.5) == 65535.0
+    s = QuantileSketch(integers=True)
+    s.add(np.array([65536]))
+    assert s.quantile(0.5) != 65536.0 and s.quantile(0.5) == pytest.approx(65536, rel=1e-3)
+
+
+def test_quantile_at_the_ends_is_the_extreme_values():
+    s = QuantileSketch(integers=True)
+    s.add(np.array([3, 1, 2]))
+    assert s.quantile(0.0) == 1.0 and s.quantile(1.0) == 3.0 and s.quantile(0.5) == 2.0
+    f = QuantileSketch(integers=False)
+    f.add(np.array([0.0, 10.0]))
+    assert f.quantile(0.0) == 0.0 and f.quantile(1.0) == pytest.approx(10.0, rel=1e-3)
