@@ -174,6 +174,13 @@ def test_long_episode_crosses_workload_chunks_and_grows_buffers():
                     num_envs=3, steps=650, max_action=64)
 
 
+def test_one_environment_crosses_workload_chunks_on_the_compiled_sampler():
+    # one environment draws each chunk alone (BatchedEngine._generate_fast), holding over the
+    # uniforms a chunk did not use for the next one: three chunks must equal the single engine's
+    run_equivalence({"horizon": 700, "M": 20000, "workload": {"kind": "poisson", "classes": PAPER, "rates": 2.0}},
+                    num_envs=1, steps=700, max_action=32)
+
+
 @settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(
     num_envs=st.integers(1, 6),
