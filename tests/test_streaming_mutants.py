@@ -68,3 +68,24 @@ def test_quantile_at_the_ends_is_the_extreme_values():
     f = QuantileSketch(integers=False)
     f.add(np.array([0.0, 10.0]))
     assert f.quantile(0.0) == 0.0 and f.quantile(1.0) == pytest.approx(10.0, rel=1e-3)
+
+
+def test_a_value_of_exactly_1e_12_is_not_zero():
+    # float mode counts values below 1e-12 as 0; 1e-12 itself is bucketed (within 1e-3 relative)
+    s = QuantileSketch()
+    s.add(np.array([1e-12]))
+    assert s.quantile(0.5) == pytest.approx(1e-12, rel=1e-3)
+
+
+def test_sketch_memory_is_both_counter_arrays():
+    # integers 0..1 exactly (2 counters, 16 bytes) and one bucket for 70,000 (8 bytes)
+    s = QuantileSketch(integers=True)
+    s.add(np.array([1, 70_000]))
+    assert s.nbytes == 24
+
+
+def test_one_finished_request_is_folded():
+    st = StreamTotals(8, timed=False)
+    st.fold_requests(np.array([5]), np.array([3]))
+    assert (st.done, st.latency, st.output_tokens) == (1, 5, 3)
+    assert st.sketch.quantile(0.5) == 5.0
