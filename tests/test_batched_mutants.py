@@ -2,9 +2,10 @@
 
 from __future__ import annotations
 
+import numpy as np
 import pytest
 
-from flowgym.sim.batched import BatchedEngine, unsupported
+from flowgym.sim.batched import BatchedEngine, BudgetError, unsupported
 from flowgym.sim.workloads import IIDPoisson, MultiClassPoisson
 
 PAIRS = {"kind": "empirical", "pairs": [[10, 20]]}
@@ -46,3 +47,59 @@ def test_histogram_edges_must_start_at_0_and_increase(edges):
     with pytest.raises(ValueError, match="hist_edges must start at 0 and increase strictly"):
         BatchedEngine(2, 100, MultiClassPoisson([(10, 20)], 1.0), hist_edges=edges)
     assert BatchedEngine(2, 100, MultiClassPoisson([(10, 20)], 1.0), hist_edges=[0]).K == 1
+
+
+def _engine(jit, **kw):
+    eng = BatchedEngine(2, 600, MultiClassPoisson([(10, 20), (10, 40), (10, 60)], 2.0 / 3), **kw)
+    eng.jit = jit
+    return eng
+
+
+@pytest.mark.parametrize("jit", [True, False])
+def test_a_reset_clears_every_eviction_count_of_the_longer_episode(jit):
+    # env 0 runs 1,500 slots with evictions; env 1 is reset at slot 1,400 (a short episode, far
+    # fewer requests drawn). Both are then reset together: the new episodes start with no
+    # eviction, so after 600 slots without admissions every request's eviction count is 0.
+    eng = _engine(jit)
+    eng.reset(np.arange(2), [np.random.default_rng(0), np.random.default_rng(1)])
+    for s in range(1500):
+        if s == 1400:
+            eng.reset(np.array([1]), [np.random.default_rng(2)])
+        eng.advance(np.full(2, 8, np.int64))
+    assert eng.request_log(0)["evictions"].sum() > 100  # the old episode evicted
+    assert eng.n_req[0] > eng.n_req[1] + 1000
+    eng.reset(np.arange(2), [np.random.default_rng(3), np.random.default_rng(4)])
+    for _ in range(600):
+        eng.advance(np.zeros(2, np.int64))
+    for i in range(2):
+        log = eng.request_log(i)
+        assert log["arrival"].size > 1000 and log["evictions"].sum() == 0
+
+
+@pytest.mark.parametrize("jit", [True, False])
+@pytest.mark.parametrize("env", [0, 1])
+def test_an_out_of_range_budget_is_refused_in_any_environment(jit, env):
+    eng = _engine(jit)
+    eng.reset(np.arange(2), [np.random.default_rng(0), np.random.default_rng(1)])
+    for bad, mb in ((-1, None), (5, 4)):
+        b = np.zeros(2, np.int64)
+        b[env] = bad
+        with pytest.raises(BudgetError, match=f"budget {bad} of environment {env} is not in 0.."):
+            eng.advance(b, max_budget=mb)
+    assert int(eng.t[0]) == 0  # nothing changed
+
+
+def test_projection_one_slot_ahead_is_the_same_on_both_paths():
+    # offsets (0, 1): the numpy path's projection one slot ahead (not the demand now) equals the
+    # compiled one at every slot of a run with completions
+    a, b = _engine(True, projection_offsets=[0, 1]), _engine(False, projection_offsets=[0, 1])
+    for e in (a, b):
+        e.reset(np.arange(2), [np.random.default_rng(5), np.random.default_rng(6)])
+    differs = 0
+    for _ in range(200):
+        pa, pb = a.projected_usage(), b.projected_usage()
+        np.testing.assert_array_equal(pa, pb)
+        differs += int((pa[:, 0] != pa[:, 1]).sum())
+        for e in (a, b):
+            e.advance(np.full(2, 3, np.int64))
+    assert differs > 50  # the one-slot projection is not the demand now
