@@ -89,3 +89,35 @@ def test_one_finished_request_is_folded():
     st.fold_requests(np.array([5]), np.array([3]))
     assert (st.done, st.latency, st.output_tokens) == (1, 5, 3)
     assert st.sketch.quantile(0.5) == 5.0
+
+
+def test_sketch_refuses_non_finite_and_negative_values():
+    for bad in ([float("nan")], [float("inf")], [-1.0]):
+        with pytest.raises(ValueError, match="finite and non-negative"):
+            QuantileSketch().add(np.array(bad))
+    with pytest.raises(ValueError, match="finite and non-negative"):
+        QuantileSketch(integers=True).add(np.array([-1]))
+
+
+def test_sketch_counts_every_zero_and_interpolates_near_the_top():
+    s = QuantileSketch()
+    s.add(np.array([0.0, 0.0, 5.0]))  # two zeros of three: the median is 0
+    assert s.quantile(0.5) == 0.0
+    i = QuantileSketch(integers=True)
+    i.add(np.array([1, 2, 3]))
+    # rank (3 - 1) * 0.75 = 1.5: halfway between 2 and 3, as numpy.percentile
+    assert i.quantile(0.75) == 2.5 == np.percentile([1, 2, 3], 75)
+
+
+def test_sketch_grows_to_the_next_bucket_above():
+    s = QuantileSketch()
+    s.add(np.array([1.0]))
+    v = 1.0 * s.gamma**1.5  # one bucket above the only one held
+    s.add(np.array([v]))
+    assert s.quantile(1.0) == pytest.approx(v, rel=1e-3) and s.quantile(0.0) == pytest.approx(1.0, rel=1e-3)
+
+
+def test_stream_totals_memory_by_hand():
+    # ring 4096 x 8 int64 (262,144 bytes) + ring times 4096 float64 (32,768) + decimated 2048 float64
+    # (16,384) + an empty sketch (0)
+    assert StreamTotals(8, timed=False).nbytes == 262_144 + 32_768 + 16_384
