@@ -87,6 +87,22 @@ def test_an_out_of_range_budget_is_refused_in_any_environment(jit, env):
         with pytest.raises(BudgetError, match=f"budget {bad} of environment {env} is not in 0.."):
             eng.advance(b, max_budget=mb)
     assert int(eng.t[0]) == 0  # nothing changed
+    eng.advance(np.full(2, 4, np.int64), max_budget=4)  # a budget equal to max_budget is in range
+    assert int(eng.t[0]) == 1
+
+
+@pytest.mark.parametrize("jit", [True, False])
+def test_class_queues_stay_empty_unless_tracked(jit):
+    eng = _engine(jit)
+    eng.reset(np.arange(2), [np.random.default_rng(0), np.random.default_rng(1)])
+    for _ in range(50):
+        eng.advance(np.ones(2, np.int64))
+    assert int(eng.n_queued.sum()) > 0 and int(eng.class_queue.sum()) == 0
+    tracked = _engine(jit, track_class_queue=True)
+    tracked.reset(np.arange(2), [np.random.default_rng(0), np.random.default_rng(1)])
+    for _ in range(50):
+        tracked.advance(np.ones(2, np.int64))
+    np.testing.assert_array_equal(tracked.class_queue.sum(axis=1), tracked.n_queued)
 
 
 def test_projection_one_slot_ahead_is_the_same_on_both_paths():

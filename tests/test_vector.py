@@ -174,6 +174,15 @@ def test_long_episode_crosses_workload_chunks_and_grows_buffers():
                     num_envs=3, steps=650, max_action=64)
 
 
+def test_evict_all_of_large_active_sets_in_several_environments_at_once():
+    # eviction "all" with a few hundred short requests active per environment (every eviction empties
+    # sets of different sizes, often more than twice the evicted-request stack's first 64 entries)
+    seen = run_equivalence({"horizon": 400, "M": 3000, "eviction": "all", "max_budget": 64,
+                            "workload": {"kind": "poisson", "classes": [[1, 20], [2, 30]], "rates": [9.0, 6.0]}},
+                           num_envs=4, steps=400, max_action=64)
+    assert seen["evicted"] > 1000
+
+
 def test_one_environment_crosses_workload_chunks_on_the_compiled_sampler():
     # one environment draws each chunk alone (BatchedEngine._generate_fast), holding over the
     # uniforms a chunk did not use for the next one: three chunks must equal the single engine's
