@@ -74,7 +74,7 @@ def test_a_value_of_exactly_1e_12_is_not_zero():
     # float mode counts values below 1e-12 as 0; 1e-12 itself is bucketed (within 1e-3 relative)
     s = QuantileSketch()
     s.add(np.array([1e-12]))
-    assert s.quantile(0.5) == pytest.approx(1e-12, rel=1e-3)
+    assert s.quantile(0.5) == pytest.approx(1e-12, rel=1e-3, abs=0)
 
 
 def test_sketch_memory_is_both_counter_arrays():
@@ -112,7 +112,7 @@ def test_sketch_counts_every_zero_and_interpolates_near_the_top():
 def test_sketch_grows_to_the_next_bucket_above():
     s = QuantileSketch()
     s.add(np.array([1.0]))
-    v = 1.0 * s.gamma**1.5  # one bucket above the only one held
+    v = 1.0 * s.gamma**0.5  # the next bucket above the only one held (index ceil(0.5) = 1)
     s.add(np.array([v]))
     # each within relative alpha = 1e-3 of its value (1.0 is a bucket edge: exactly 1e-3 below)
     assert s.quantile(1.0) == pytest.approx(v, rel=1.01e-3) and s.quantile(0.0) == pytest.approx(1.0, rel=1.01e-3)
@@ -123,3 +123,17 @@ def test_stream_totals_memory_by_hand():
     # ring 4096 x 8 int64 (262,144 bytes) + ring times 4096 float64 (32,768) + decimated 2048 float64
     # (16,384) + an empty sketch (0)
     assert StreamTotals(8, timed=False).nbytes == 262_144 + 32_768 + 16_384
+    st = StreamTotals(8, timed=False)
+    st.fold_requests(np.array([3]), np.array([1]))  # the sketch's exact counters for 0..3: 32 bytes
+    assert st.sketch.nbytes == 32 and st.nbytes == 262_144 + 32_768 + 16_384 + 32
+
+
+def test_decimation_carries_a_partial_block_across_folds():
+    # after 2048 slots the blocks are 2 slots wide; folding 3 slots (10, 20, 30) completes one block
+    # (15) and carries 30; folding 40, 50, 60 completes the next two (35, 55)
+    st = StreamTotals(8, timed=False)
+    st.fold_slots(_records([0] * 2048), None)
+    st.fold_slots(_records([10, 20, 30], 2048), None)
+    st.fold_slots(_records([40, 50, 60], 2051), None)
+    np.testing.assert_allclose(st.decimated_usage(1)[-3:], [15.0, 35.0, 55.0])
+    assert st.dec_n == 1027
