@@ -183,6 +183,16 @@ def test_evict_all_of_large_active_sets_in_several_environments_at_once():
     assert seen["evicted"] > 1000
 
 
+def test_active_arrays_grow_for_the_largest_environment():
+    # two environments, the second reset at slot 120: the first holds over 512 active requests
+    # (long outputs, a large cache) while the second holds few; the active arrays must grow for
+    # the first
+    stagger = {120: np.array([False, True])}
+    run_equivalence({"horizon": 400, "M": 200000, "max_budget": 64,
+                     "workload": {"kind": "poisson", "classes": [[1, 300]], "rates": 8.0}},
+                    num_envs=2, steps=260, max_action=64, stagger=stagger)
+
+
 def test_one_environment_crosses_workload_chunks_on_the_compiled_sampler():
     # one environment draws each chunk alone (BatchedEngine._generate_fast), holding over the
     # uniforms a chunk did not use for the next one: three chunks must equal the single engine's
