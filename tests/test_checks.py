@@ -1,0 +1,57 @@
+"""The shared input checks (flowgym/sim/_checks.py): what each accepts, at its boundaries, and the
+messages that name the field and the value."""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pytest
+
+from flowgym.sim._checks import MAX_OUTPUT_SLOTS, calendar_span, non_negative, positive, positive_int
+
+
+def test_non_negative_accepts_zero_and_finite_numbers():
+    assert non_negative("rate", 0) == 0.0 and isinstance(non_negative("rate", 0), float)
+    assert non_negative("rate", 2.5) == 2.5
+    assert non_negative("rate", np.int64(3)) == 3.0
+    assert non_negative("rate", "1.5") == 1.5  # anything float() reads
+    for bad in (-1e-300, -1, math.inf, math.nan, True, False, None, "x", [1.0]):
+        with pytest.raises(ValueError, match=r"^rate must be a non-negative finite number, got "):
+            non_negative("rate", bad)
+
+
+def test_positive_refuses_zero_naming_the_field():
+    assert positive("scale", 1e-300) == 1e-300
+    assert positive("scale", 7) == 7.0
+    with pytest.raises(ValueError, match=r"^scale must be positive, got 0$"):
+        positive("scale", 0)
+    with pytest.raises(ValueError, match=r"^scale must be positive, got 0.0$"):
+        positive("scale", 0.0)
+    with pytest.raises(ValueError, match=r"^scale must be a non-negative finite number, got -2$"):
+        positive("scale", -2)
+
+
+def test_positive_int_accepts_whole_numbers_from_one():
+    assert positive_int("n", 1) == 1 and isinstance(positive_int("n", 1), int)
+    assert positive_int("n", 2.0) == 2 and isinstance(positive_int("n", 2.0), int)
+    assert positive_int("n", np.int32(5)) == 5
+    assert positive_int("n", "2") == 2  # anything int() and float() read as the same whole number
+    for bad in (0, 0.0, -1, 1.5, 0.999, True, math.inf, math.nan, None, "2.5", [1]):
+        with pytest.raises(ValueError, match=r"^n must be a positive integer, got "):
+            positive_int("n", bad)
+
+
+def test_calendar_span_is_the_smaller_of_M_and_the_longest_output():
+    assert calendar_span(100, None) == 100
+    assert calendar_span(100, 30) == 30
+    assert calendar_span(30, 100) == 30
+    assert calendar_span(100, 100) == 100
+    assert MAX_OUTPUT_SLOTS == 16_777_216  # 2**24 tokens: 128 MiB per int64 table
+    assert calendar_span(2**40, MAX_OUTPUT_SLOTS) == MAX_OUTPUT_SLOTS  # the limit itself is schedulable
+    assert calendar_span(MAX_OUTPUT_SLOTS, None) == MAX_OUTPUT_SLOTS
+    with pytest.raises(ValueError, match=r"^outputs of up to 16777217 tokens \(the workload's longest output "
+                       r"16777217, M=1099511627776\) are beyond what the engine schedules: at most 16777216"):
+        calendar_span(2**40, MAX_OUTPUT_SLOTS + 1)
+    with pytest.raises(ValueError, match=r"longest output unknown, M=16777217\)"):
+        calendar_span(MAX_OUTPUT_SLOTS + 1, None)
