@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import importlib.resources
 import json
+import math
 import os
 import pickle
 from typing import Any
@@ -139,6 +140,36 @@ def _algorithm(meta: dict[str, Any], trust: bool) -> type:
                      "only for a directory you trust")
 
 
+def action_space_of(meta: dict[str, Any]) -> Any:
+    """The policy's action space that ``flowgym_agent.json`` records: ``Discrete(action_n)``, or the
+    ``Box(-1, 1, (1,))`` of ``action="log-multiplier"`` (``"action_space": {"kind": "box", ...}``)."""
+    from gymnasium import spaces
+
+    desc = meta.get("action_space")
+    if desc is None or desc == {"kind": "discrete", "n": meta.get("action_n")}:
+        n = meta.get("action_n")
+        if isinstance(n, bool) or not isinstance(n, int) or n < 1:
+            raise ValueError(f"learned agent: {META_FILE} has action_n={n!r}; it must be a positive integer")
+        return spaces.Discrete(n)
+    if isinstance(desc, dict) and desc.get("kind") == "box":
+        low, high = desc.get("low"), desc.get("high")
+        if (not isinstance(low, list) or not isinstance(high, list) or len(low) != len(high) or not low
+                or not all(isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v)
+                           for v in low + high) or any(a >= b for a, b in zip(low, high))):
+            raise ValueError(f"learned agent: {META_FILE} has action_space={desc!r}; a box needs finite low < high lists")
+        return spaces.Box(np.array(low, np.float32), np.array(high, np.float32), dtype=np.float32)
+    raise ValueError(f"learned agent: {META_FILE} has action_space={desc!r}; expected "
+                     "{'kind': 'discrete', 'n': N} or {'kind': 'box', 'low': [...], 'high': [...]}")
+
+
+def describe_action_space(space: Any) -> dict[str, Any]:
+    """The JSON description of an action space that :func:`action_space_of` reads back."""
+    if hasattr(space, "n"):
+        return {"kind": "discrete", "n": int(space.n)}
+    return {"kind": "box", "low": [float(v) for v in np.ravel(space.low)],
+            "high": [float(v) for v in np.ravel(space.high)]}
+
+
 def _load_safe(path: str, meta: dict[str, Any], trust: bool) -> tuple[Any, Any]:
     """The policy from tensors (``torch.load(weights_only=True)``) and the normalisation from plain arrays."""
     import torch
@@ -155,7 +186,7 @@ def _load_safe(path: str, meta: dict[str, Any], trust: bool) -> tuple[Any, Any]:
             raise ValueError(f"learned agent: {NORM_FILE} in {path!r} has no {k!r}")
     obs_space = spaces.Box(arrays["obs_low"].astype(np.float32), arrays["obs_high"].astype(np.float32),
                            dtype=np.float32)
-    act_space = spaces.Discrete(int(meta["action_n"]))
+    act_space = action_space_of(meta)
     kwargs = meta.get("policy_kwargs", {})
     if not isinstance(kwargs, dict) or set(kwargs) - {"net_arch"}:
         raise ValueError(f"learned agent: {META_FILE} in {path!r}: policy_kwargs may only hold net_arch, got {kwargs!r}")
@@ -289,6 +320,8 @@ class LearnedBudget(Agent):
             if key not in self.meta:
                 raise ValueError(f"learned agent: {META_FILE} in {self.path!r} has no {key!r}")
         self.obs_shape = tuple(int(x) for x in self.meta["observation_shape"])
+        #: The policy's action is a float vector (``action="log-multiplier"``), not an index.
+        self.continuous = not hasattr(action_space_of(self.meta), "n")
         require_sb3()
         import torch
 
@@ -361,8 +394,12 @@ class LearnedBudget(Agent):
         if self._left > 0:
             self._left -= 1
             return self._held
-        index = int(policy_action(self.model, self.normalize(observation)[None], self.action_rule)[0])
-        self._held = index if self.budget_levels is None else self.budget_levels[index]
+        action = policy_action(self.model, self.normalize(observation)[None], self.action_rule)[0]
+        if self.continuous:  # a log-multiplier: the Gaussian policy's mean, clipped to its box
+            self._held = np.asarray(action, dtype=np.float32).reshape(-1)
+        else:
+            index = int(action)
+            self._held = index if self.budget_levels is None else self.budget_levels[index]
         self._left = self.action_repeat - 1
         return self._held
 

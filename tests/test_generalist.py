@@ -136,7 +136,11 @@ def test_multiplier_step_admits_at_most_the_budget():
 @pytest.mark.parametrize(
     "kwargs, match",
     [
-        ({"action": "levels"}, "action must be 'budget' or 'multiplier'"),
+        ({"action": "levels"}, "action must be 'budget', 'multiplier' or 'log-multiplier', got 'levels'"),
+        ({"action": "log-multiplier", "multiplier_of": "both"}, "multiplier_of='both' .* no continuous form"),
+        ({"action": "log-multiplier", "multipliers": (1.0,)}, "needs two of them, got \\(1.0,\\)"),
+        ({"action": "log-multiplier", "per_class_budget": True, "output_length_known": True},
+         "action='log-multiplier' sets one global budget"),
         ({"observation": "scale-free"}, "observation must be 'dict', 'flat' or 'load'"),
         ({"multipliers": (2.0, 1.0)}, "multipliers must be positive finite numbers in ascending order"),
         ({"multipliers": ()}, "multipliers must be"),
@@ -448,3 +452,68 @@ def test_generalist_training_same_seed_same_model(tmp_path):
 
     a, b = run(tmp_path / "a"), run(tmp_path / "b")
     assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
+
+
+def test_log_multiplier_action_spans_the_multipliers_on_a_log_scale():
+    env = FlowControlEnv(M=8000, workload=_iid(6.0), horizon=200, action="log-multiplier", multiplier_of="rate",
+                         multipliers=(0.5, 1.0, 4.0), max_budget=64)
+    assert env.action_space == gym.spaces.Box(-1.0, 1.0, (1,), np.float32)
+    env.reset(seed=1)
+    for t in range(120):
+        env.step(np.array([0.0], np.float32))
+    rate = env.tracker.arrival_rate()
+    assert rate > 3.0
+    # a = -1 is the smallest multiplier, a = 1 the largest, a = 0 their geometric mean (sqrt(0.5 * 4))
+    for a, k in ((-1.0, 0.5), (1.0, 4.0), (0.0, math.sqrt(2.0)), (-1 / 3, 1.0)):
+        assert env.check_action(np.array([a], np.float32)) == int(min(max(round(k * rate), 1), 64))
+    assert env.check_action(0.5) == env.check_action(np.array([0.5]))  # a float or a one-element array
+    for bad in (np.array([1.01], np.float32), np.array([np.nan], np.float32), np.array([0.0, 0.0]), True, "0"):
+        with pytest.raises(ValueError, match="not in the action space Box"):
+            env.check_action(bad)
+    # the safe-budget anchor and the cap
+    env = FlowControlEnv(M=8000, workload=_iid(6.0), horizon=50, action="log-multiplier", multiplier_of="safe",
+                         multipliers=(1.0, 8.0), max_budget=7)
+    env.reset(seed=0)
+    env.step(np.array([-1.0], np.float32))
+    assert env.check_action(np.array([-1.0], np.float32)) == int(min(max(round(env.safe_budget()), 1), 7))
+    assert env.check_action(np.array([1.0], np.float32)) == 7
+
+
+def test_log_multiplier_falls_back_from_the_batched_vector_env():
+    from flowgym.envs.flow_control import FlowControlConfig
+    from flowgym.envs.vector import batched_unsupported
+
+    reason = batched_unsupported(FlowControlConfig(action="log-multiplier", multiplier_of="rate"))
+    assert reason is not None and "action='log-multiplier'" in reason
+    venv = gym.make_vec("FlowControl-v0", num_envs=2, action="log-multiplier", multiplier_of="rate")
+    assert isinstance(venv, gym.vector.SyncVectorEnv) and venv.single_action_space.shape == (1,)
+    venv.close()
+
+
+@needs_sb3
+def test_continuous_generalist_trains_saves_and_reloads_with_the_same_actions(tmp_path):
+    from flowgym.agents import LearnedBudget
+    from flowgym.agents.learned import action_space_of
+    from flowgym.lab.train import TrainConfig, train
+
+    out = str(tmp_path / "gen")
+    cfg = TrainConfig.generalist(action="log-multiplier", total_timesteps=1024, n_envs=2, n_steps=256, batch_size=128,
+                                 n_epochs=1, eval_freq=512, eval_episodes=2, final_eval_seeds=1, tune_seeds=1, out=out,
+                                 progress=False, plot=False, distribution={"kind": "random-mix", "horizon": 300},
+                                 algo_kwargs={"policy_kwargs": {"net_arch": [16], "log_std_init": -1.0}})
+    train(cfg)
+    agent = LearnedBudget(out)
+    assert agent.continuous and agent.requires["action"] == "log-multiplier"
+    assert agent.meta["action_space"] == {"kind": "box", "low": [-1.0], "high": [1.0]}
+    kw = {"M": 30000, "workload": _iid(5.0, [[40, 100]]), "horizon": 200}
+    e1 = run_episode(agent, kw, seed=9, horizon=200)
+    e2 = run_episode(LearnedBudget(out), kw, seed=9, horizon=200)
+    assert np.array_equal(e1.series["admitted"], e2.series["admitted"])
+    # the deterministic action is the Gaussian's mean: the same observation gives the same float
+    env = FlowControlEnv(**{**kw, **agent.requires})
+    o, _ = env.reset(seed=0)
+    a1, a2 = LearnedBudget(out).act(o, env.view()), LearnedBudget(out).act(o, env.view())
+    assert a1.dtype == np.float32 and a1.shape == (1,) and -1.0 <= a1[0] <= 1.0 and np.array_equal(a1, a2)
+    for bad in ({"kind": "box", "low": [1.0], "high": [-1.0]}, {"kind": "box", "low": [0.0]}, {"kind": "ring"}):
+        with pytest.raises(ValueError, match="action_space="):
+            action_space_of({"action_n": 0, "action_space": bad})

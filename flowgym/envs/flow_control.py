@@ -22,6 +22,7 @@ from flowgym.envs.spaces import (
     FlatObservation,
     GlobalBudget,
     LoadObservation,
+    LogMultiplierBudget,
     MultiplierBudget,
     PerClassBudget,
 )
@@ -86,7 +87,10 @@ class FlowControlConfig:
     observation: str = "dict"
     #: ``"budget"`` (the action is ``B_t``) or ``"multiplier"`` (the action is the index ``a`` of
     #: ``multipliers``; ``B_t = clip(round(multipliers[a] * M / E_hat[w]), 1, max_budget)`` with the
-    #: online safe budget ``M / E_hat[w]`` of :class:`~flowgym.sim.estimators.LoadTracker`).
+    #: online safe budget ``M / E_hat[w]`` of :class:`~flowgym.sim.estimators.LoadTracker`), or
+    #: ``"log-multiplier"`` (one float ``a`` in ``[-1, 1]``: the multiplier
+    #: ``k = k_min * (k_max / k_min) ** ((a + 1) / 2)`` between the smallest and the largest of
+    #: ``multipliers``, of the same anchor; :class:`~flowgym.envs.spaces.LogMultiplierBudget`).
     action: str = "budget"
     #: The multipliers ``k`` of ``action="multiplier"`` (positive, ascending).
     multipliers: tuple[float, ...] = (0.25, 0.5, 0.75, 1.0, 1.25, 1.5, 2.0, 3.0, 4.0, 6.0, 8.0)
@@ -185,8 +189,8 @@ class FlowControlConfig:
         pos_int("estimate_floor", self.estimate_floor)
         if self.observation not in ("dict", "flat", "load"):
             raise ValueError(f"observation must be 'dict', 'flat' or 'load', got {self.observation!r}")
-        if self.action not in ("budget", "multiplier"):
-            raise ValueError(f"action must be 'budget' or 'multiplier', got {self.action!r}")
+        if self.action not in ("budget", "multiplier", "log-multiplier"):
+            raise ValueError(f"action must be 'budget', 'multiplier' or 'log-multiplier', got {self.action!r}")
         ks = self.multipliers
         if (
             not isinstance(ks, (list, tuple))
@@ -198,8 +202,16 @@ class FlowControlConfig:
             raise ValueError(f"multipliers must be positive finite numbers in ascending order, got {ks!r}")
         if self.multiplier_of not in ("safe", "rate", "both", "min"):
             raise ValueError(f"multiplier_of must be 'safe', 'rate', 'both' or 'min', got {self.multiplier_of!r}")
-        if self.action == "multiplier" and self.per_class_budget:
-            raise ValueError("action='multiplier' sets one global budget: it cannot be combined with per_class_budget=True")
+        if self.action != "budget" and self.per_class_budget:
+            raise ValueError(f"action={self.action!r} sets one global budget: it cannot be combined with "
+                             "per_class_budget=True")
+        if self.action == "log-multiplier":
+            if self.multiplier_of == "both":
+                raise ValueError("multiplier_of='both' chooses between two anchors by action index: it has no "
+                                 "continuous form (action='log-multiplier')")
+            if len(ks) < 2:
+                raise ValueError(f"action='log-multiplier' ranges between the smallest and the largest of "
+                                 f"multipliers: it needs two of them, got {ks!r}")
         edges = list(self.hist_edges)
         if not edges or edges[0] != 0 or any(b <= a for a, b in zip(edges, edges[1:])):
             raise ValueError(f"hist_edges must start at 0 and increase strictly, got {self.hist_edges!r}")
@@ -265,8 +277,14 @@ class FlowControlEnv(gym.Env[Any, Any]):
     ``Discrete(max_budget + 1)``: ``B_t``, the number of requests that may leave
     the queue head this slot (fewer start if fewer wait). With
     ``per_class_budget=True``: ``MultiDiscrete([max_budget + 1] * m)``, the
-    budget of each class, admitted in class order, FIFO within a class. An
-    action outside the space raises ``ValueError`` naming it and the space.
+    budget of each class, admitted in class order, FIFO within a class. With
+    ``action="multiplier"``: ``Discrete(len(multipliers))`` (twice that for
+    ``multiplier_of="both"``), ``B_t = clip(round(multipliers[a] * anchor), 1, max_budget)``,
+    the anchor being the online safe budget ``M / E_hat[w]`` or the arrival rate
+    (``multiplier_of``). With ``action="log-multiplier"``: ``Box(-1, 1, (1,))``, the
+    same with ``k = k_min * (k_max / k_min) ** ((a + 1) / 2)`` between the smallest and
+    largest multiplier (for Gaussian policies). An action outside the space raises
+    ``ValueError`` naming it and the space.
 
     ## Observation Space
 
@@ -481,7 +499,7 @@ class FlowControlEnv(gym.Env[Any, Any]):
         )
         #: Online load estimates (safe budget, scale-free features); only kept when used.
         self.tracker: LoadTracker | None = None
-        if cfg.observation == "load" or cfg.action == "multiplier":
+        if cfg.observation == "load" or cfg.action != "budget":
             self.tracker = LoadTracker(cfg.M, cap=float(cfg.max_budget))
         self._obs_type: Any
         if cfg.observation == "load":
@@ -498,6 +516,9 @@ class FlowControlEnv(gym.Env[Any, Any]):
         elif cfg.action == "multiplier":
             assert self.tracker is not None
             self._act_type = MultiplierBudget(cfg.multipliers, cfg.max_budget, self.tracker, of=cfg.multiplier_of)
+        elif cfg.action == "log-multiplier":
+            assert self.tracker is not None
+            self._act_type = LogMultiplierBudget(cfg.multipliers, cfg.max_budget, self.tracker, of=cfg.multiplier_of)
         else:
             self._act_type = GlobalBudget(cfg.max_budget)
         self.action_space = self._act_type.space()
@@ -643,7 +664,7 @@ class FlowControlEnv(gym.Env[Any, Any]):
         return self._obs_type.observe(self.features.compute(self.engine, self._rate))
 
     def safe_budget(self) -> float | None:
-        """The online safe budget ``M / E_hat[w]`` (``None`` unless ``observation="load"`` or ``action="multiplier"``)."""
+        """The online safe budget ``M / E_hat[w]`` (``None`` unless ``observation="load"`` or the action is a multiplier)."""
         return None if self.tracker is None else self.tracker.safe_budget()
 
     def render(self) -> str | np.ndarray | None:

@@ -26,6 +26,7 @@ __all__ = [
     "GlobalBudget",
     "PerClassBudget",
     "MultiplierBudget",
+    "LogMultiplierBudget",
 ]
 
 
@@ -288,3 +289,52 @@ class MultiplierBudget:
             anchor = self.tracker.safe_budget() if safe else self.tracker.arrival_rate()
         b = round(self.multipliers[a % n] * anchor)
         return int(min(max(b, 1), self.max_budget))
+
+
+class LogMultiplierBudget:
+    """``Box(-1, 1, (1,))``: a continuous multiplier of the anchor, on a log scale.
+
+    Action ``a`` (one float in ``[-1, 1]``) asks for
+    ``k = k_min * (k_max / k_min) ** ((a + 1) / 2)`` times the anchor, so ``a = -1`` is
+    ``k_min``, ``a = 1`` is ``k_max`` and ``a = 0`` their geometric mean;
+    ``B_t = clip(round(k * anchor), 1, max_budget)``. ``k_min`` and ``k_max`` are the smallest
+    and the largest of ``multipliers``; the anchor is the one of :class:`MultiplierBudget`
+    (``of="safe"``, ``"rate"`` or ``"min"``; ``"both"`` has no continuous form). The
+    Gaussian policy of a continuous action puts its deterministic action at the mean it
+    learned, where the expected index of a spread ``Discrete`` policy sits at the middle of
+    the levels whatever the state (``docs/training.md``, gen7).
+    """
+
+    def __init__(self, multipliers: Sequence[float], max_budget: int, tracker: LoadTracker, of: str = "rate") -> None:
+        if of not in ("safe", "rate", "min"):
+            raise ValueError(f"multiplier_of must be 'safe', 'rate' or 'min' with action='log-multiplier', got {of!r}")
+        ks = [float(k) for k in multipliers]
+        self.of = of
+        self.k_min, self.k_max = min(ks), max(ks)
+        if not self.k_max > self.k_min:
+            raise ValueError(f"action='log-multiplier' needs two different multipliers (its range), got {list(multipliers)!r}")
+        self.max_budget = int(max_budget)
+        self.tracker = tracker
+        self._space = spaces.Box(-1.0, 1.0, shape=(1,), dtype=np.float32)
+
+    def space(self) -> spaces.Box:
+        return self._space
+
+    def multiplier(self, action: Any) -> float:
+        """The multiplier ``k`` of an action; raises ``ValueError`` naming an action outside ``[-1, 1]``."""
+        numeric = (isinstance(action, (int, float, np.integer, np.floating)) and not isinstance(action, (bool, np.bool_))
+                   or isinstance(action, np.ndarray) and (np.issubdtype(action.dtype, np.integer)
+                                                          or np.issubdtype(action.dtype, np.floating)))
+        a = np.asarray(action, dtype=np.float64) if numeric else None
+        if a is None or a.size != 1 or not np.isfinite(a).all() or not -1.0 <= float(a.reshape(())) <= 1.0:
+            raise _bad_action(action, self._space)
+        return self.k_min * (self.k_max / self.k_min) ** ((float(a.reshape(())) + 1.0) / 2.0)
+
+    def budget(self, action: Any) -> int:
+        """The budget the action stands for now."""
+        k = self.multiplier(action)
+        if self.of == "min":
+            anchor = min(self.tracker.safe_budget(), self.tracker.arrival_rate())
+        else:
+            anchor = self.tracker.safe_budget() if self.of == "safe" else self.tracker.arrival_rate()
+        return int(min(max(round(k * anchor), 1), self.max_budget))

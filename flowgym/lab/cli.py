@@ -610,12 +610,17 @@ def build_parser() -> argparse.ArgumentParser:
     t.add_argument("--observation", choices=["flat", "load"], default=None,
                    help="the policy's observation: the environment's flat one (default with --scenario) or the "
                    "scale-free load features (default on a distribution)")
-    t.add_argument("--action", choices=["budget", "multiplier"], default=None,
-                   help="the policy's action: a budget (or a budget level's index; default with --scenario) or a "
-                   "multiplier of the online safe budget M/E[w] (default on a distribution)")
+    t.add_argument("--action", choices=["budget", "multiplier", "log-multiplier"], default=None,
+                   help="the policy's action: a budget (or a budget level's index; default with --scenario), the "
+                   "index of a multiplier of the arrival rate (default on a distribution; --multiplier-of), or "
+                   "log-multiplier: one float in [-1, 1], a multiplier between the smallest and largest of "
+                   "--multipliers on a log scale (a Gaussian policy)")
     t.add_argument("--multipliers", type=_float_list("--multipliers"), default=None,
-                   help="the multipliers of --action multiplier (default " + ",".join(f"{k:g}" for k in g.multipliers)
+                   help="the multipliers of --action multiplier, or the range of log-multiplier (default " + ",".join(f"{k:g}" for k in g.multipliers)
                    + ")")
+    t.add_argument("--multiplier-of", choices=["safe", "rate", "both", "min"], default=None,
+                   help="what a multiplier action multiplies: the online safe budget M/E[w], the arrival rate "
+                   "(the generalist's default), both (twice the actions) or the smaller of the two")
     t.add_argument("--rate", type=float, default=None, help="the scenario's rate argument (default: its own)")
     t.add_argument("--algo", default=d.algo, help="ppo (default), a2c, dqn, or package.module:Class")
     t.add_argument("--total-timesteps", type=int, default=None,

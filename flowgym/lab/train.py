@@ -61,6 +61,7 @@ from flowgym.agents.learned import (
     VECNORM_FILE,
     LearnedBudget,
     algorithm_class,
+    describe_action_space,
     policy_action,
     require_sb3,
     valid_levels,
@@ -176,8 +177,10 @@ class TrainConfig:
     #: scale-free load features, :mod:`flowgym.sim.estimators`; any ``M``, rate and length scale).
     observation: str = "flat"
     #: The policy's action: ``"budget"`` (a budget, or the index of one of ``budget_levels``) or
-    #: ``"multiplier"`` (the index of a multiplier ``k`` of the online safe budget ``M / E_hat[w]``,
-    #: capped at ``max_budget``, default 256).
+    #: ``"multiplier"`` (the index of a multiplier ``k`` of the online safe budget ``M / E_hat[w]``
+    #: or of the arrival rate, ``multiplier_of``; capped at ``max_budget``, default 256) or
+    #: ``"log-multiplier"`` (one float in ``[-1, 1]``, a multiplier between the smallest and the
+    #: largest of ``multipliers`` on a log scale, for a Gaussian policy; ``FlowControlConfig.action``).
     action: str = "budget"
     #: The multipliers of ``action="multiplier"``.
     multipliers: tuple[float, ...] = (0.25, 0.5, 0.75, 1.0, 1.25, 1.5, 2.0, 3.0, 4.0, 6.0, 8.0)
@@ -285,15 +288,15 @@ class TrainConfig:
                                  "and max_budget= or budget_levels= set the action range")
         if self.observation not in ("flat", "load"):
             raise ValueError(f"observation must be 'flat' or 'load', got {self.observation!r}")
-        if self.action not in ("budget", "multiplier"):
-            raise ValueError(f"action must be 'budget' or 'multiplier', got {self.action!r}")
-        if self.action == "multiplier" and self.budget_levels is not None:
-            raise ValueError("budget_levels are the actions of action='budget'; action='multiplier' chooses "
+        if self.action not in ("budget", "multiplier", "log-multiplier"):
+            raise ValueError(f"action must be 'budget', 'multiplier' or 'log-multiplier', got {self.action!r}")
+        if self.action != "budget" and self.budget_levels is not None:
+            raise ValueError(f"budget_levels are the actions of action='budget'; action={self.action!r} chooses "
                              "among multipliers= instead")
         from flowgym.envs.flow_control import FlowControlConfig
 
-        FlowControlConfig(multipliers=tuple(self.multipliers),
-                          multiplier_of=self.multiplier_of).validate()  # names a bad value
+        FlowControlConfig(multipliers=tuple(self.multipliers), multiplier_of=self.multiplier_of,
+                          action=self.action).validate()  # names a bad value
         if self.distribution is not None:
             from flowgym.lab.distributions import make_distribution
 
@@ -376,8 +379,8 @@ def learned_env_kwargs(scenario_env: Mapping[str, Any], max_budget: int,
     kw = {**dict(scenario_env), **dict(overrides or {})}
     kw["observation"] = observation
     kw["max_budget"] = int(max_budget)
-    if action == "multiplier":
-        kw["action"] = "multiplier"
+    if action != "budget":
+        kw["action"] = action
         if multipliers is None:
             from flowgym.envs.flow_control import FlowControlConfig
 
@@ -711,7 +714,7 @@ def train(cfg: TrainConfig | None = None, *, on_eval: Any = None, **overrides: A
     algo_cls = algorithm_class(cfg.algo)
     sc = get_scenario(cfg.scenario, rate=cfg.rate)
     range_from = "the training settings"
-    if cfg.action == "multiplier":
+    if cfg.action != "budget":
         if cfg.max_budget is None:
             cfg = dataclasses.replace(cfg, max_budget=256)
             range_from = "the multiplier action's default cap (256)"
@@ -784,7 +787,8 @@ def train(cfg: TrainConfig | None = None, *, on_eval: Any = None, **overrides: A
         "env_kwargs": train_kw,
         "agent_env_options": _agent_options(train_kw),
         "observation_shape": obs_shape,
-        "action_n": int(model.action_space.n),
+        "action_n": int(model.action_space.n) if hasattr(model.action_space, "n") else 0,
+        "action_space": describe_action_space(model.action_space),
         "action_repeat": int(cfg.action_repeat),
         "budget_levels": None if cfg.budget_levels is None else [int(v) for v in cfg.budget_levels],
         "action_rule": cfg.action_rule,
@@ -876,8 +880,8 @@ def _agent_options(env_kwargs: Mapping[str, Any]) -> dict[str, Any]:
     defaults = FlowControlConfig()
     opts: dict[str, Any] = {"observation": env_kwargs.get("observation", "flat"),
                             "max_budget": int(env_kwargs["max_budget"])}
-    if env_kwargs.get("action", "budget") == "multiplier":
-        opts["action"] = "multiplier"
+    if env_kwargs.get("action", "budget") != "budget":
+        opts["action"] = env_kwargs["action"]
         opts["multipliers"] = [float(k) for k in env_kwargs["multipliers"]]
         opts["multiplier_of"] = env_kwargs.get("multiplier_of", "safe")
     for k in OBSERVATION_OPTIONS:
