@@ -119,3 +119,17 @@ def test_projection_one_slot_ahead_is_the_same_on_both_paths():
         for e in (a, b):
             e.advance(np.full(2, 3, np.int64))
     assert differs > 50  # the one-slot projection is not the demand now
+
+
+def test_default_histogram_edges_are_the_environments():
+    # the engine's own default is the one FlowControl-v0 observes (callers that pass none get it)
+    from flowgym.envs.flow_control import FlowControlConfig
+
+    eng = BatchedEngine(1, 1000, MultiClassPoisson([(10, 20)], 1.0))
+    assert eng.edges.tolist() == list(FlowControlConfig().hist_edges) == [0, 8, 16, 32, 64, 128, 256, 512]
+
+
+def test_a_one_token_cache_is_a_valid_M_that_no_request_fits():
+    # M = 1 passes the argument check; it is refused because every request (l, o >= 1) exceeds it
+    with pytest.raises(ValueError, match="does not support M=1: the workload can draw requests with l \\+ o = 2"):
+        BatchedEngine(1, 1, MultiClassPoisson([(1, 1)], 1.0))

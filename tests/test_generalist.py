@@ -500,9 +500,11 @@ def test_continuous_generalist_trains_saves_and_reloads_with_the_same_actions(tm
     cfg = TrainConfig.generalist(action="log-multiplier", total_timesteps=1024, n_envs=2, n_steps=256, batch_size=128,
                                  n_epochs=1, eval_freq=512, eval_episodes=2, final_eval_seeds=1, tune_seeds=1, out=out,
                                  progress=False, plot=False, distribution={"kind": "random-mix", "horizon": 300},
-                                 algo_kwargs={"policy_kwargs": {"net_arch": [16], "log_std_init": -1.0}})
+                                 net_arch=(16,), log_std_init=-1.0)
     train(cfg)
     agent = LearnedBudget(out)
+    assert agent.meta["hyperparameters"]["log_std_init"] == -1.0
+    assert abs(float(agent.model.log_std[0]) + 1.0) < 0.1  # started at -1 (SB3's default is 0), one short update
     assert agent.continuous and agent.requires["action"] == "log-multiplier"
     assert agent.meta["action_space"] == {"kind": "box", "low": [-1.0], "high": [1.0]}
     kw = {"M": 30000, "workload": _iid(5.0, [[40, 100]]), "horizon": 200}
@@ -514,6 +516,10 @@ def test_continuous_generalist_trains_saves_and_reloads_with_the_same_actions(tm
     o, _ = env.reset(seed=0)
     a1, a2 = LearnedBudget(out).act(o, env.view()), LearnedBudget(out).act(o, env.view())
     assert a1.dtype == np.float32 and a1.shape == (1,) and -1.0 <= a1[0] <= 1.0 and np.array_equal(a1, a2)
+    with pytest.raises(ValueError, match="log_std_init sets a Gaussian policy's spread: it needs action='log-multiplier'"):
+        TrainConfig.generalist(log_std_init=-1.0).validate()
+    with pytest.raises(ValueError, match="log_std_init must be a finite number or None, got nan"):
+        TrainConfig.generalist(action="log-multiplier", log_std_init=math.nan).validate()
     for bad in ({"kind": "box", "low": [1.0], "high": [-1.0]}, {"kind": "box", "low": [0.0]}, {"kind": "ring"}):
         with pytest.raises(ValueError, match="action_space="):
             action_space_of({"action_n": 0, "action_space": bad})

@@ -594,7 +594,7 @@ def build_parser() -> argparse.ArgumentParser:
         "search) on seeds 0..N-1. Writes a model directory that 'flowgym compare --agents "
         "\"learned:path=DIR\"' and flowgym.agents.LearnedBudget load. With no --scenario it trains the "
         "generalist (the shipped default learned agent: random-mix workloads, scale-free observation, a "
-        f"multiplier of the safe budget; about {GENERALIST_TRAIN_MINUTES} minutes on 2 CPU cores); with "
+        f"multiplier of the arrival rate; about {GENERALIST_TRAIN_MINUTES} minutes on 2 CPU cores); with "
         f"--scenario, a model of that scenario (about {DEFAULT_TRAIN_MINUTES} minutes). See docs/training.md.",
     )
     d = _train_defaults()
@@ -612,7 +612,7 @@ def build_parser() -> argparse.ArgumentParser:
                    "scale-free load features (default on a distribution)")
     t.add_argument("--action", choices=["budget", "multiplier", "log-multiplier"], default=None,
                    help="the policy's action: a budget (or a budget level's index; default with --scenario), the "
-                   "index of a multiplier of the arrival rate (default on a distribution; --multiplier-of), or "
+                   "index of a multiplier (of the arrival rate on a distribution; --multiplier-of), or "
                    "log-multiplier: one float in [-1, 1], a multiplier between the smallest and largest of "
                    "--multipliers on a log scale (a Gaussian policy)")
     t.add_argument("--multipliers", type=_float_list("--multipliers"), default=None,
@@ -644,6 +644,8 @@ def build_parser() -> argparse.ArgumentParser:
     t.add_argument("--max-grad-norm", type=float, default=d.max_grad_norm, help=f"(default {d.max_grad_norm})")
     t.add_argument("--net-arch", type=_net_arch, default=d.net_arch,
                    help="hidden layer sizes of policy and value nets (default " + ",".join(map(str, d.net_arch)) + ")")
+    t.add_argument("--log-std-init", type=float, default=None,
+                   help="initial log standard deviation of a Gaussian policy (--action log-multiplier; SB3's default 0)")
     t.add_argument("--algo-kwargs", type=_json_arg, default=None,
                    help='JSON of extra algorithm arguments, e.g. \'{"target_kl": 0.02}\'')
     t.add_argument("--action-repeat", type=int, default=d.action_repeat,

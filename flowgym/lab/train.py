@@ -151,6 +151,9 @@ class TrainConfig:
     max_grad_norm: float = 0.5
     #: Hidden layers of the policy and value networks.
     net_arch: tuple[int, ...] = (64, 64)
+    #: Initial log standard deviation of a Gaussian policy (continuous actions,
+    #: ``action="log-multiplier"``, whose range is ``[-1, 1]``); ``None``: SB3's default, 0.
+    log_std_init: float | None = None
     #: Extra keyword arguments of the algorithm's constructor (override the above).
     algo_kwargs: dict[str, Any] = field(default_factory=dict)
     #: Largest budget the learned policy may choose (its action is ``Discrete(max_budget + 1)``).
@@ -263,6 +266,13 @@ class TrainConfig:
         pos_num("max_grad_norm", self.max_grad_norm)
         pos_num("ent_coef", self.ent_coef, zero=True)
         pos_num("vf_coef", self.vf_coef, zero=True)
+        if self.log_std_init is not None and (isinstance(self.log_std_init, bool)
+                                              or not isinstance(self.log_std_init, (int, float))
+                                              or not math.isfinite(self.log_std_init)):
+            raise ValueError(f"log_std_init must be a finite number or None, got {self.log_std_init!r}")
+        if self.log_std_init is not None and self.action != "log-multiplier":
+            raise ValueError(f"log_std_init sets a Gaussian policy's spread: it needs action='log-multiplier', "
+                             f"got action={self.action!r}")
         for name in ("gamma", "gae_lambda"):
             v = getattr(self, name)
             if isinstance(v, bool) or not isinstance(v, (int, float)) or not 0 < v <= 1:
@@ -868,6 +878,8 @@ def _algo_kwargs(cfg: TrainConfig, algo_cls: type) -> dict[str, Any]:
         common.pop("n_steps")
     kw = {k: v for k, v in common.items() if k in accepted}
     kw["policy_kwargs"] = {"net_arch": list(cfg.net_arch)}
+    if cfg.log_std_init is not None:
+        kw["policy_kwargs"]["log_std_init"] = float(cfg.log_std_init)
     kw.update(dict(cfg.algo_kwargs))
     return kw
 
