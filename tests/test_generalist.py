@@ -172,6 +172,48 @@ def test_random_mix_is_deterministic_and_valid():
         assert rho is not None and 0.0 < rho <= max(dist.rho_range[1], dist.overload_rho_range[1]) + 1e-9
 
 
+def test_slowdown_reward_scales_each_draw_by_its_output_tokens_per_slot():
+    plain, slow = RandomMix(), RandomMix(reward="slowdown")
+    seen_mix = seen_azure = False
+    for s in range(30):
+        a, b = plain(np.random.default_rng(s)), slow(np.random.default_rng(s))
+        scale = b.pop("reward_scale")
+        assert a == b and "reward_scale" not in a  # the same draw, only its reward's scale added
+        wl = a["workload"]
+        streams = wl["streams"] if wl["kind"] == "mix" else [wl]
+        want = 0.0
+        for st in streams:
+            lengths = st["lengths"]
+            if lengths["kind"] == "empirical":
+                eo = float(np.mean([p[1] for p in lengths["pairs"]]))  # three equally weighted pairs
+            else:
+                seen_azure = True
+                eo = float(np.mean(make_workload(st | {"rate": 1.0}).lengths.sample(np.random.default_rng(0), 20000)[1]))
+            r = st["rate"]
+            if isinstance(r, dict):  # steps: the time average over the period
+                seen_mix = True
+                times, rates, period = r["times"] + [r["period"]], r["rates"], r["period"]
+                mean_rate = sum(q * (t1 - t0) for q, t0, t1 in zip(rates, times, times[1:])) / period
+            else:
+                mean_rate = r
+            want += mean_rate * eo
+        assert scale == pytest.approx(want, rel=1e-9)
+    assert seen_mix and seen_azure
+    # the slowdown reward: requests in system per slot over the output tokens arriving per slot
+    d = slow(np.random.default_rng(3))
+    envs = [FlowControlEnv(**{**d, **scale}, observation="load", action="multiplier", max_budget=256)
+            for scale in ({}, {"reward_scale": 100.0})]
+    for e in envs:
+        e.reset(seed=0)
+    for _ in range(50):
+        (_, r_slow, *_), (_, r_time, *_) = (e.step(5) for e in envs)
+        assert r_slow * d["reward_scale"] == pytest.approx(r_time * 100.0)
+    assert r_time < 0
+    assert make_distribution(slow.to_spec()) == slow
+    with pytest.raises(ValueError, match="random-mix: reward must be 'time' or 'slowdown', got 'latency'"):
+        RandomMix(reward="latency")
+
+
 def test_random_mix_spec_round_trip_and_errors():
     d = RandomMix(stationary_p=0.5, M_range=(1000.0, 2000.0))
     assert make_distribution(d.to_spec()) == d

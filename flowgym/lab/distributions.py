@@ -64,6 +64,12 @@ class RandomMix:
     rho_range: tuple[float, float] = (0.3, 1.15)
     overload_rho_range: tuple[float, float] = (1.0, 1.5)
     horizon: int = 4000
+    #: ``"time"``: the environment's reward (requests in system per slot, over ``reward_scale``
+    #: 100), so a draw's return is its time in system times its arrival rate and high-rate draws
+    #: weigh most; ``"slowdown"``: ``reward_scale`` is the draw's mean output tokens arriving per
+    #: slot (``mean rate * E[o]``), so a draw's return is its mean *slowdown* (time in system over
+    #: the mean output length) and every draw weighs alike, whatever its rate and lengths.
+    reward: str = "time"
 
     kind = "random-mix"
 
@@ -80,6 +86,8 @@ class RandomMix:
                     raise ValueError(f"random-mix: {f.name} must be a probability in [0, 1], got {v!r}")
         if isinstance(self.horizon, bool) or not isinstance(self.horizon, int) or self.horizon < 1:
             raise ValueError(f"random-mix: horizon must be a positive integer, got {self.horizon!r}")
+        if self.reward not in ("time", "slowdown"):
+            raise ValueError(f"random-mix: reward must be 'time' or 'slowdown', got {self.reward!r}")
 
     @classmethod
     def from_spec(cls, spec: Mapping[str, Any]) -> RandomMix:
@@ -120,6 +128,7 @@ class RandomMix:
         period = float(sum(durations))
         streams: list[dict[str, Any]] = []
         start = 0.0
+        out_per_slot = 0.0  # mean output tokens arriving per slot (the slowdown reward's scale)
         for k in range(n):
             lengths = ({"kind": "azure", "trace": str(rng.choice(["conv", "code"]))} if azure[k]
                        else self._lengths(rng, M))
@@ -129,16 +138,35 @@ class RandomMix:
             rate = rho / unit
             if n == 1:
                 spec: Any = rate
+                mean_rate = rate
             else:
                 bg = float(rng.uniform(*self.background_range)) * rate if rng.random() < self.background_p else 0.0
+                mean_rate = (rate * durations[k] + bg * (period - durations[k])) / period
                 t_on, t_off = start, start + durations[k]
                 times = sorted({0.0, t_on, t_off} - {period})
                 spec = {"kind": "steps", "times": times, "rates": [rate if t_on <= t < t_off else bg for t in times],
                         "period": period}
             streams.append({"kind": "iid", "rate": spec, "lengths": lengths})
             start += durations[k]
+            if self.reward == "slowdown":
+                out_per_slot += mean_rate * _mean_output(lengths)
         workload = streams[0] if n == 1 else {"kind": "mix", "streams": streams}
-        return {"M": M, "workload": workload, "horizon": self.horizon, "output_length_known": False}
+        drawn = {"M": M, "workload": workload, "horizon": self.horizon, "output_length_known": False}
+        if self.reward == "slowdown":
+            drawn["reward_scale"] = max(out_per_slot, 1e-6)
+        return drawn
+
+
+def _mean_output(lengths: Mapping[str, Any]) -> float:
+    """``E[o]`` of a length distribution: exact for empirical pairs, else the mean of 20,000 draws
+    from a fixed generator (the episode's own generator is not touched)."""
+    if lengths.get("kind") == "empirical":
+        w = np.asarray(lengths.get("weights", [1.0] * len(lengths["pairs"])), dtype=float)
+        o = np.asarray([p[1] for p in lengths["pairs"]], dtype=float)
+        return float((w * o).sum() / w.sum())
+    wl = make_workload({"kind": "iid", "rate": 1.0, "lengths": dict(lengths)})
+    _, out = wl.lengths.sample(np.random.default_rng(0), 20_000)  # type: ignore[attr-defined]
+    return float(np.mean(out))
 
 
 #: Built-in training distributions by name.
