@@ -24,6 +24,7 @@ Not a timed test; run by hand (about 25 minutes on 2 cores for the defaults)::
 
     python benchmarks/bench_learned.py --out results/bench_learned
     python benchmarks/bench_learned.py --scenarios H1-codechat,adaptive-mix --seeds 5 --model runs/ppo-generalist
+    python benchmarks/bench_learned.py --model runs/new --other-model shipped   # two models, one set of references
 """
 
 from __future__ import annotations
@@ -162,7 +163,7 @@ def ratio_ci(a: np.ndarray, b: np.ndarray, n_boot: int = 4000, seed: int = 0) ->
 
 
 def bench_scenario(name: str, model: str | None, seeds: list[int], tune_seeds: list[int],
-                   backend: str) -> dict[str, Any]:
+                   backend: str, other_model: str | None = None) -> dict[str, Any]:
     """Tune the references, run everything on the report seeds; the rows and the ratios."""
     t0 = time.perf_counter()
     ho = held_out()
@@ -203,6 +204,9 @@ def bench_scenario(name: str, model: str | None, seeds: list[int], tune_seeds: l
         AgentSpec("sglang-reserve", {"schedule_conservativeness": cons}, label="sglang-reserve (tuned)"),
         AgentSpec("trt-no-evict", {}, label="trt-no-evict (defaults)"),
     ]
+    if other_model is not None:  # another learned model on the same references ("shipped": the default one)
+        specs.append(AgentSpec("learned", {} if other_model == "shipped" else {"path": other_model},
+                               label="other model"))
     ph = None if finite else phases(kw)
     oracle = None
     if ph is not None:
@@ -237,6 +241,10 @@ def markdown(results: list[dict[str, Any]]) -> str:
     lines = ["| scenario | learned TIS | / best fixed (b) | / tuned rate-switch | / phase oracle | / safe-budget k=2 "
              "| / sglang-reserve (defaults) | / sglang-reserve (tuned c) | / trt-no-evict | goal |",
              "|---|---:|---:|---:|---:|---:|---:|---:|---:|---|"]
+    other = any("other model" in r["ratios"] for r in results)
+    if other:
+        lines[0] = lines[0].replace(" goal |", " / other model | goal |")
+        lines[1] = "|---|" + "---:|" * 9 + "---|"
     for r in results:
         m, q = r["mean_time_in_system"], r["ratios"]
         name = r["scenario"] + (" (held out)" if r["held_out"] else "") + (" (stationary)" if r["stationary"] else "")
@@ -246,7 +254,8 @@ def markdown(results: list[dict[str, Any]]) -> str:
             f"{_fmt(q['safe-budget k=2 (untuned)'])} | "
             f"{_fmt(q['sglang-reserve (defaults)']) if 'sglang-reserve (defaults)' in q else '-'} | "
             f"{_fmt(q['sglang-reserve (tuned)'])} (c={r['sglang_conservativeness']:g}) | "
-            f"{_fmt(q['trt-no-evict (defaults)']) if 'trt-no-evict (defaults)' in q else '-'} | {r['goal']} |")
+            f"{_fmt(q['trt-no-evict (defaults)']) if 'trt-no-evict (defaults)' in q else '-'} | "
+            + (f"{_fmt(q['other model']) if 'other model' in q else '-'} | " if other else "") + f"{r['goal']} |")
     return "\n".join(lines)
 
 
@@ -259,13 +268,16 @@ def main(argv: Sequence[str] | None = None) -> int:
     ap.add_argument("--tune-seeds", type=int, default=2, help="tuning seeds 1000.. (default 2)")
     ap.add_argument("--backend", default="serial", help="serial (default) or process")
     ap.add_argument("--out", default=None, help="write <out>.md and <out>.json")
+    ap.add_argument("--other-model", default=None,
+                    help="a second model directory (or 'shipped') run against the same tuned references: "
+                    "its ratio is the '/ other model' column")
     args = ap.parse_args(argv)
     names = args.scenarios.split(",") if args.scenarios else [*ADAPTIVE_SCENARIOS, *held_out()]
     seeds = list(range(args.seeds))
     tune_seeds = [1000 + i for i in range(args.tune_seeds)]
     results = []
     for name in names:
-        r = bench_scenario(name, args.model, seeds, tune_seeds, args.backend)
+        r = bench_scenario(name, args.model, seeds, tune_seeds, args.backend, args.other_model)
         results.append(r)
         print(f"{name}: learned {r['mean_time_in_system']['learned']:.2f}, "
               + ", ".join(f"/{k} {_fmt(v)}" for k, v in r["ratios"].items())
