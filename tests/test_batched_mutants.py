@@ -133,3 +133,56 @@ def test_a_one_token_cache_is_a_valid_M_that_no_request_fits():
     # M = 1 passes the argument check; it is refused because every request (l, o >= 1) exceeds it
     with pytest.raises(ValueError, match="does not support M=1: the workload can draw requests with l \\+ o = 2"):
         BatchedEngine(1, 1, MultiClassPoisson([(1, 1)], 1.0))
+
+
+def _run(eng, n, slots, budget, seed0=0):
+    eng.reset(np.arange(n), [np.random.default_rng(seed0 + i) for i in range(n)])
+    for _ in range(slots):
+        eng.advance(np.full(n, budget, np.int64))
+    return [eng.request_log(i) for i in range(n)]
+
+
+@pytest.mark.parametrize("n", [1, 3])  # one environment draws alone; several draw as a group
+def test_compiled_sampler_redraws_when_its_margins_run_out(n):
+    # the compiled sampler draws a chunk's uniforms ahead (mean + 12 sd) and reserves table room
+    # for a chunk (mean + 8 sd): almost never too few. With both margins cut to nothing every
+    # chunk takes the rare paths (draw more uniforms and start the chunk again; grow the table
+    # and redo the environment alone), and the requests must be the same.
+    wl = MultiClassPoisson([(5, 10), (3, 20)], [3.0, 4.0])
+    ref = BatchedEngine(n, 2000, wl)
+    tight = BatchedEngine(n, 2000, wl)
+    from flowgym.sim import kernels
+
+    if not kernels.AVAILABLE:
+        pytest.skip("the compiled sampler needs numba")
+    ref.jit = tight.jit = True  # the compiled sampler on both paths of the suite (FLOWGYM_JIT=0 too)
+    assert ref._fast_ok
+    tight._u_want = tight._u_chunk = 4
+    tight._req_chunk = 1
+    a, b = _run(ref, n, 800, 6), _run(tight, n, 800, 6)
+    for la, lb in zip(a, b):
+        assert la["arrival"].size > 5000  # three chunks of 256 slots at 7 per slot
+        for k in la:
+            assert np.array_equal(la[k], lb[k]), k
+
+
+@pytest.mark.parametrize("jit", [True, False])
+def test_a_chunk_larger_than_twice_the_request_table(jit):
+    # 40 requests per slot: the first 256-slot chunk holds about 10,240, more than twice the
+    # table's first 4,096 rows; the table must grow to the chunk, not to twice its size
+    eng = BatchedEngine(2, 4000, IIDPoisson(40.0, PAIRS))
+    eng.jit = jit
+    logs = _run(eng, 2, 300, 50)
+    from flowgym.sim.engine import Engine
+
+    for i, log in enumerate(logs):
+        single = Engine(4000, IIDPoisson(40.0, PAIRS))
+        single.reset(np.random.default_rng(i))
+        for _ in range(300):
+            single.arrive()
+            single.serve(50)
+        want = single.request_log()
+        n = min(log["arrival"].size, want["arrival"].size)
+        assert n > 10_000
+        for k in ("arrival", "prompt_len", "output_len"):  # the requests drawn, from the same generator
+            assert np.array_equal(log[k][:n], want[k][:n]), k
