@@ -186,3 +186,41 @@ def test_a_chunk_larger_than_twice_the_request_table(jit):
         assert n > 10_000
         for k in ("arrival", "prompt_len", "output_len"):  # the requests drawn, from the same generator
             assert np.array_equal(log[k][:n], want[k][:n]), k
+
+
+def test_evictions_cancel_every_future_histogram_crossing_on_both_paths():
+    # LIFO victims are the newest requests, still in bin 0 (fewer than 8 tokens generated): their
+    # future crossings into bins 1.. must be cancelled, or the generated-tokens histogram H later
+    # moves requests that are gone. The numpy path's H equals the compiled path's at every slot.
+    wl = MultiClassPoisson([(10, 20), (10, 40), (10, 60)], 2.0)
+    a, b = BatchedEngine(2, 600, wl), BatchedEngine(2, 600, wl)
+    from flowgym.sim import kernels
+
+    if not kernels.AVAILABLE:
+        pytest.skip("compares with the compiled path (numba)")
+    a.jit, b.jit = True, False
+    for e in (a, b):
+        e.reset(np.arange(2), [np.random.default_rng(5), np.random.default_rng(6)])
+    for _ in range(300):
+        np.testing.assert_array_equal(a.H, b.H)
+        for e in (a, b):
+            e.advance(np.full(2, 6, np.int64))
+    assert b.Kx == 3 and b.request_log(0)["evictions"].sum() > 500
+    assert (b.H[:, 1:] > 0).any()
+
+
+@pytest.mark.parametrize("jit", [True, False])
+def test_projection_at_offset_zero_only_is_the_demand_now(jit):
+    # offsets (0,): no calendar row is read; the projection is the tokens held plus one per active
+    # request (the next token each generates)
+    eng = BatchedEngine(2, 800, MultiClassPoisson([(10, 20), (10, 40)], 1.5), projection_offsets=[0])
+    eng.jit = jit
+    eng.reset(np.arange(2), [np.random.default_rng(1), np.random.default_rng(2)])
+    seen = 0
+    for _ in range(120):
+        p = eng.projected_usage()
+        assert p.shape == (2, 1)
+        np.testing.assert_array_equal(p[:, 0], eng.held + eng.n_active)
+        seen += int((eng.n_active > 0).sum())
+        eng.advance(np.full(2, 4, np.int64))
+    assert seen > 100
