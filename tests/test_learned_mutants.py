@@ -1,0 +1,86 @@
+"""Checks of ``agents/learned.py`` that its mutation run found unpinned (docs/testing.md): the
+budget-level and action-space validation, the policy_kwargs whitelist, and what write_safe stores."""
+
+from __future__ import annotations
+
+import json
+import shutil
+from pathlib import Path
+from types import SimpleNamespace
+
+import numpy as np
+import pytest
+
+from tests._requires import needs_sb3
+
+SHIPPED = Path(__file__).resolve().parent.parent / "flowgym" / "data" / "models" / "generalist"
+
+
+def test_two_ascending_levels_are_valid_one_is_not():
+    from flowgym.agents.learned import valid_levels
+
+    assert valid_levels([0, 4]) and valid_levels((1, 2, 8))
+    for bad in ([3], [], [4, 4], [4, 2], [0, 1.5], [True, 2], [-1, 2], "0,4", None):
+        assert not valid_levels(bad), bad
+
+
+@pytest.mark.parametrize("meta", [{"action_n": 0}, {"action_n": "3"}, {"action_n": True}, {"action_n": 2.0}, {}])
+def test_action_n_must_be_a_positive_integer(meta):
+    from flowgym.agents.learned import action_space_of
+
+    with pytest.raises(ValueError, match="action_n=.* must be a positive integer"):
+        action_space_of(meta)
+
+
+def test_action_space_descriptions():
+    from gymnasium import spaces
+
+    from flowgym.agents.learned import action_space_of, describe_action_space
+
+    assert action_space_of({"action_n": 12}) == spaces.Discrete(12)
+    assert action_space_of({"action_n": 12, "action_space": {"kind": "discrete", "n": 12}}) == spaces.Discrete(12)
+    box = spaces.Box(-1.0, 1.0, (1,), np.float32)
+    assert action_space_of({"action_n": 0, "action_space": describe_action_space(box)}) == box
+    assert describe_action_space(spaces.Discrete(5)) == {"kind": "discrete", "n": 5}
+    for bad in ("box", ["box"], {"kind": "discrete", "n": 3}):  # a discrete n disagreeing with action_n too
+        with pytest.raises(ValueError, match="action_space="):
+            action_space_of({"action_n": 12, "action_space": bad})
+
+
+def _copy(tmp_path: Path) -> Path:
+    d = tmp_path / "model"
+    shutil.copytree(SHIPPED, d)
+    return d
+
+
+@needs_sb3
+@pytest.mark.parametrize("kwargs", [{"net_arch": [64, 64], "activation_fn": "torch.nn.ReLU"}, [64, 64], "net_arch"])
+def test_policy_kwargs_may_only_hold_net_arch(tmp_path, kwargs):
+    from flowgym.agents.learned import LearnedBudget
+
+    d = _copy(tmp_path)
+    meta = json.loads((d / "flowgym_agent.json").read_text())
+    meta["policy_kwargs"] = kwargs
+    (d / "flowgym_agent.json").write_text(json.dumps(meta))
+    with pytest.raises(ValueError, match="policy_kwargs may only hold net_arch"):
+        LearnedBudget(str(d))
+
+
+@needs_sb3
+def test_write_safe_stores_normalisation_only_when_observations_were_normalised(tmp_path):
+    from flowgym.agents.learned import FORMAT_VERSION, LearnedBudget, write_safe
+
+    policy = LearnedBudget().model
+    norm = SimpleNamespace(norm_obs=True, obs_rms=SimpleNamespace(mean=np.arange(17.0), var=np.full(17, 4.0)),
+                           epsilon=1e-8, clip_obs=10.0)
+    for name, n, want in (("none", None, False), ("off", SimpleNamespace(norm_obs=False), False), ("on", norm, True)):
+        d = tmp_path / name
+        d.mkdir()
+        meta = write_safe(str(d), policy, n, {"algo": "ppo"})
+        assert meta["format"] == FORMAT_VERSION == 2 and meta["algo"] == "ppo"
+        with np.load(d / "normalization.npz") as z:
+            assert ("obs_mean" in z.files) == want
+            assert {"obs_low", "obs_high"} <= set(z.files)
+            if want:
+                np.testing.assert_array_equal(z["obs_mean"], np.arange(17.0))
+                assert float(z["clip_obs"]) == 10.0
