@@ -84,3 +84,46 @@ def test_write_safe_stores_normalisation_only_when_observations_were_normalised(
             if want:
                 np.testing.assert_array_equal(z["obs_mean"], np.arange(17.0))
                 assert float(z["clip_obs"]) == 10.0
+
+
+def test_one_action_is_a_valid_discrete_space():
+    from gymnasium import spaces
+
+    from flowgym.agents.learned import action_space_of
+
+    assert action_space_of({"action_n": 1}) == spaces.Discrete(1)
+
+
+@needs_sb3
+@pytest.mark.parametrize("repeat", [0, -8, True, "8", 2.5])
+def test_action_repeat_must_be_a_positive_integer(tmp_path, repeat):
+    from flowgym.agents.learned import LearnedBudget
+
+    d = _copy(tmp_path)
+    meta = json.loads((d / "flowgym_agent.json").read_text())
+    meta["action_repeat"] = repeat
+    (d / "flowgym_agent.json").write_text(json.dumps(meta))
+    with pytest.raises(ValueError, match=f"has action_repeat={repeat!r}; it must be a positive integer"):
+        LearnedBudget(str(d))
+
+
+@needs_sb3
+def test_loading_defaults_labels_and_threads(tmp_path):
+    import torch
+
+    from flowgym.agents.learned import LearnedBudget
+
+    d = _copy(tmp_path)
+    meta = json.loads((d / "flowgym_agent.json").read_text())
+    meta["action_repeat"] = 1
+    (d / "flowgym_agent.json").write_text(json.dumps(meta))
+    one = LearnedBudget(str(d))
+    assert one.action_repeat == 1 and one.label() == "learned (model)"
+    del meta["action_repeat"]  # older directories: every decision is its own (a repeat of 1)
+    (d / "flowgym_agent.json").write_text(json.dumps(meta))
+    assert LearnedBudget(str(d)).action_repeat == 1
+    torch.set_num_threads(2)
+    shipped = LearnedBudget()
+    assert shipped.label() == "learned (generalist)" and shipped.action_repeat == 8
+    assert torch.get_num_threads() == 1  # small networks run fastest on one thread (set when loading)
+    assert LearnedBudget(label="mine").label() == "mine"
