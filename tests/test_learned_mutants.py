@@ -127,3 +127,24 @@ def test_loading_defaults_labels_and_threads(tmp_path):
     assert shipped.label() == "learned (generalist)" and shipped.action_repeat == 8
     assert torch.get_num_threads() == 1  # small networks run fastest on one thread (set when loading)
     assert LearnedBudget(label="mine").label() == "mine"
+
+
+@needs_sb3
+def test_each_decision_is_held_for_action_repeat_slots_and_a_reset_starts_afresh(monkeypatch):
+    import flowgym.agents.learned as learned
+    from flowgym.envs.flow_control import FlowControlConfig
+
+    agent = learned.LearnedBudget()
+    assert agent.action_repeat == 8
+    calls = []
+
+    def fake(model, obs, rule):
+        calls.append(len(calls))
+        return np.array([len(calls) % 12])  # a new index at every query
+
+    monkeypatch.setattr(learned, "policy_action", fake)
+    obs = np.zeros(17)
+    got = [agent.act(obs, None) for _ in range(20)]
+    assert got == [1] * 8 + [2] * 8 + [3] * 4  # queried at acts 0, 8 and 16, held in between
+    agent.reset(FlowControlConfig(**agent.requires))
+    assert agent.act(obs, None) == 4 and len(calls) == 4  # the first act of an episode queries the policy
