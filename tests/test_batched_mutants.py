@@ -47,6 +47,7 @@ def test_histogram_edges_must_start_at_0_and_increase(edges):
     with pytest.raises(ValueError, match="hist_edges must start at 0 and increase strictly"):
         BatchedEngine(2, 100, MultiClassPoisson([(10, 20)], 1.0), hist_edges=edges)
     assert BatchedEngine(2, 100, MultiClassPoisson([(10, 20)], 1.0), hist_edges=[0]).K == 1
+    assert BatchedEngine(2, 100, MultiClassPoisson([(10, 20)], 1.0), hist_edges=[0, 1, 2]).K == 3  # steps of 1
 
 
 def _engine(jit, **kw):
