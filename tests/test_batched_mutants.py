@@ -225,3 +225,54 @@ def test_projection_at_offset_zero_only_is_the_demand_now(jit):
         seen += int((eng.n_active > 0).sum())
         eng.advance(np.full(2, 4, np.int64))
     assert seen > 100
+
+
+@pytest.mark.parametrize("rate", [9.99, 10.0, 10.5])
+def test_rates_from_10_draw_with_numpys_sampler(rate):
+    # numpy's Poisson changes algorithm at lam = 10; the compiled sampler reproduces the one below
+    # it only, so a rate of exactly 10 must not run it: the draws equal the single engine's
+    from flowgym.sim.engine import Engine
+
+    wl = MultiClassPoisson([(10, 20), (5, 8)], [rate, 1.0])
+    eng = BatchedEngine(1, 5000, wl)
+    from flowgym.sim import kernels
+
+    if kernels.AVAILABLE:
+        eng.jit = True  # the compiled sampler is what is being decided (FLOWGYM_JIT=0 too)
+    logs = _run(eng, 1, 300, 40)
+    single = Engine(5000, wl)
+    single.reset(np.random.default_rng(0))
+    for _ in range(300):
+        single.arrive()
+        single.serve(40)
+    want = single.request_log()
+    n = min(logs[0]["arrival"].size, want["arrival"].size)
+    assert n > 2500
+    for k in ("arrival", "prompt_len", "output_len"):
+        assert np.array_equal(logs[0][k][:n], want[k][:n]), k
+
+
+def test_histogram_when_the_longest_output_ends_on_a_bin_edge():
+    # o = 9 with edges (0, 8, ...): a request's last token is generated at j = 8, the edge of bin 1,
+    # so bin 1 is the last bin any request crosses into (Kx = bin of max_o - 1); the batched
+    # environment's observed histogram equals the single environments'
+    import gymnasium as gym
+
+    import flowgym  # noqa: F401
+
+    kw = {"M": 400, "horizon": 60, "observation": "flat",
+          "workload": {"kind": "poisson", "classes": [[5, 9], [5, 4]], "rates": 1.5}}
+    batched = gym.make_vec("FlowControl-v0", num_envs=2, **kw)
+    sync = gym.make_vec("FlowControl-v0", num_envs=2, vectorization_mode="sync", **kw)
+    assert type(batched).__name__ == "FlowControlVectorEnv"
+    ob, _ = batched.reset(seed=3)
+    os_, _ = sync.reset(seed=3)
+    crossed = 0
+    for t in range(59):
+        np.testing.assert_array_equal(ob, os_)
+        act = np.array([3, 5])
+        ob, *_ = batched.step(act)
+        os_, *_ = sync.step(act)
+        crossed += int(batched.engine.H[:, 1].sum())
+    np.testing.assert_array_equal(ob, os_)
+    assert batched.engine.Kx == 1 and crossed > 20  # requests were seen in bin 1
