@@ -148,3 +148,42 @@ def test_each_decision_is_held_for_action_repeat_slots_and_a_reset_starts_afresh
     assert got == [1] * 8 + [2] * 8 + [3] * 4  # queried at acts 0, 8 and 16, held in between
     agent.reset(FlowControlConfig(**agent.requires))
     assert agent.act(obs, None) == 4 and len(calls) == 4  # the first act of an episode queries the policy
+
+
+def test_a_degenerate_box_is_refused():
+    from flowgym.agents.learned import action_space_of
+
+    with pytest.raises(ValueError, match="a box needs finite low < high lists"):
+        action_space_of({"action_n": 0, "action_space": {"kind": "box", "low": [0.0], "high": [0.0]}})
+
+
+@needs_sb3
+def test_a_directory_without_a_format_is_the_pickle_layout(tmp_path):
+    # format 1 (no "format" key) stores the policy in SB3's pickle files: it loads only with trust
+    from flowgym.agents.learned import LearnedBudget
+
+    d = _copy(tmp_path)
+    meta = json.loads((d / "flowgym_agent.json").read_text())
+    del meta["format"]
+    (d / "flowgym_agent.json").write_text(json.dumps(meta))
+    with pytest.raises(ValueError, match="stores its policy only in SB3's pickle-based files"):
+        LearnedBudget(str(d))
+
+
+@needs_sb3
+def test_trusted_loading_normalises_as_vecnormalize_does(tmp_path):
+    import pickle
+
+    from flowgym.agents.learned import LearnedBudget
+
+    src = Path(__file__).resolve().parent.parent / "examples" / "ppo_default"
+    agent = LearnedBudget(str(src), trust=True)
+    with open(src / "vecnormalize.pkl", "rb") as fh:
+        vec = pickle.load(fh)
+    assert float(np.min(vec.obs_rms.var)) < vec.epsilon  # a feature that never varied in training
+    rng = np.random.default_rng(0)
+    for _ in range(20):
+        obs = rng.uniform(0, 2, size=agent.obs_shape)
+        got = agent.normalize(obs)
+        assert np.all(np.isfinite(got))
+        np.testing.assert_array_equal(got, vec.normalize_obs(obs).astype(np.float32))
