@@ -187,3 +187,26 @@ def test_trusted_loading_normalises_as_vecnormalize_does(tmp_path):
         got = agent.normalize(obs)
         assert np.all(np.isfinite(got))
         np.testing.assert_array_equal(got, vec.normalize_obs(obs).astype(np.float32))
+
+
+@pytest.mark.parametrize("low", [[True], ["-1"], [float("nan")], [float("-inf")]])
+def test_box_bounds_must_be_finite_numbers(low):
+    from flowgym.agents.learned import action_space_of
+
+    with pytest.raises(ValueError, match="a box needs finite low < high lists"):
+        action_space_of({"action_n": 0, "action_space": {"kind": "box", "low": low, "high": [1.0]}})
+
+
+@needs_sb3
+def test_mismatched_tensors_are_named_by_the_first_line_of_torchs_error(tmp_path):
+    import torch
+
+    from flowgym.agents.learned import LearnedBudget
+
+    d = _copy(tmp_path)
+    state = torch.load(d / "policy.pt", weights_only=True)
+    state.pop(next(iter(state)))  # one tensor missing
+    torch.save(state, d / "policy.pt")
+    with pytest.raises(ValueError, match=r"policy.pt in .* is not this policy's tensors "
+                       r"\(RuntimeError: Error\(s\) in loading state_dict for ActorCriticPolicy:\)$"):
+        LearnedBudget(str(d))
