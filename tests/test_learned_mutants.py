@@ -176,8 +176,11 @@ def test_trusted_loading_normalises_as_vecnormalize_does(tmp_path):
 
     from flowgym.agents.learned import LearnedBudget
 
-    src = Path(__file__).resolve().parent.parent / "examples" / "ppo_default"
+    src = tmp_path / "ppo"
+    shutil.copytree(Path(__file__).resolve().parent.parent / "examples" / "ppo_default", src)
+    (src / "policy.pt").unlink()  # SB3's own files only: loaded (trusted) with their VecNormalize
     agent = LearnedBudget(str(src), trust=True)
+    assert type(agent.model).__name__ == "PPO"
     with open(src / "vecnormalize.pkl", "rb") as fh:
         vec = pickle.load(fh)
     assert float(np.min(vec.obs_rms.var)) < vec.epsilon  # a feature that never varied in training
