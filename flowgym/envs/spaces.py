@@ -282,13 +282,18 @@ class MultiplierBudget:
         """The budget the action stands for now; raises ``ValueError`` naming the action and the space."""
         a = _int_action(action, self._space)
         n = len(self.multipliers)
-        if self.of == "min":
-            anchor = min(self.tracker.safe_budget(), self.tracker.arrival_rate())
-        else:
-            safe = self.of == "safe" or (self.of == "both" and a >= n)
-            anchor = self.tracker.safe_budget() if safe else self.tracker.arrival_rate()
-        b = round(self.multipliers[a % n] * anchor)
-        return int(min(max(b, 1), self.max_budget))
+        of = ("safe" if a >= n else "rate") if self.of == "both" else self.of
+        return _scaled_budget(self.multipliers[a % n], self.tracker, of, self.max_budget)
+
+
+def _scaled_budget(k: float, tracker: LoadTracker, of: str, max_budget: int) -> int:
+    """``clip(round(k * anchor), 1, max_budget)``, the anchor the tracker's safe budget
+    (``of="safe"``), arrival rate (``"rate"``) or the smaller of the two (``"min"``)."""
+    if of == "min":
+        anchor = min(tracker.safe_budget(), tracker.arrival_rate())
+    else:
+        anchor = tracker.safe_budget() if of == "safe" else tracker.arrival_rate()
+    return int(min(max(round(k * anchor), 1), max_budget))
 
 
 class LogMultiplierBudget:
@@ -332,9 +337,4 @@ class LogMultiplierBudget:
 
     def budget(self, action: Any) -> int:
         """The budget the action stands for now."""
-        k = self.multiplier(action)
-        if self.of == "min":
-            anchor = min(self.tracker.safe_budget(), self.tracker.arrival_rate())
-        else:
-            anchor = self.tracker.safe_budget() if self.of == "safe" else self.tracker.arrival_rate()
-        return int(min(max(round(k * anchor), 1), self.max_budget))
+        return _scaled_budget(self.multiplier(action), self.tracker, self.of, self.max_budget)

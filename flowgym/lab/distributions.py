@@ -23,7 +23,7 @@ from typing import Any
 
 import numpy as np
 
-from flowgym.sim.workloads import make_workload
+from flowgym.sim.workloads import EmpiricalLengths, make_workload
 
 __all__ = ["RandomMix", "DISTRIBUTIONS", "make_distribution"]
 
@@ -160,12 +160,10 @@ class RandomMix:
 def _mean_output(lengths: Mapping[str, Any]) -> float:
     """``E[o]`` of a length distribution: exact for empirical pairs, else the mean of 20,000 draws
     from a fixed generator (the episode's own generator is not touched)."""
-    if lengths.get("kind") == "empirical":
-        w = np.asarray(lengths.get("weights", [1.0] * len(lengths["pairs"])), dtype=float)
-        o = np.asarray([p[1] for p in lengths["pairs"]], dtype=float)
-        return float((w * o).sum() / w.sum())
-    wl = make_workload({"kind": "iid", "rate": 1.0, "lengths": dict(lengths)})
-    _, out = wl.lengths.sample(np.random.default_rng(0), 20_000)  # type: ignore[attr-defined]
+    dist = make_workload({"kind": "iid", "rate": 1.0, "lengths": dict(lengths)}).lengths  # type: ignore[attr-defined]
+    if isinstance(dist, EmpiricalLengths):
+        return float((dist.p * dist.pairs[:, 1]).sum())
+    _, out = dist.sample(np.random.default_rng(0), 20_000)
     return float(np.mean(out))
 
 
