@@ -9,13 +9,15 @@ operators (``and`` <-> ``or``), ``not x`` -> ``x``, unary minus dropped, ``min``
 and untracked files; ``agents/`` linked as ``flowgym/agents``): each mutant is written into the
 copy, the module's tests run there (``pytest -x -q``, a time limit per mutant, with the numba
 kernels and then on the numpy path), and the copy is deleted at the end. The working tree is
-never written.
+never written. ``--paths interpreted`` runs numba's kernels as plain Python (for mutants of
+``flowgym/sim/kernels.py``: compiled, each mutant recompiles every kernel).
 A mutant is *killed* when a test fails, *survived* otherwise; survivors are printed with their
 line, for a test that kills them or a reason they are equivalent (docs/testing.md records them).
 
     python tools/mutate.py flowgym/sim/metrics.py --tests tests/test_metrics_by_hand.py tests/test_env.py
     python tools/mutate.py --preset core           # the modules and tests of docs/testing.md
     python tools/mutate.py --preset engine --by-line --lines 309-602   # the engine's slot phases
+    python tools/mutate.py flowgym/sim/kernels.py --tests tests/test_kernels.py --paths interpreted --by-line
 
 The standard library's ``ast`` makes the mutants (maintained mutation tools did not fit this
 repository's layout: ``agents/`` is installed as ``flowgym.agents``, and they rewrite the tree
@@ -27,6 +29,7 @@ from __future__ import annotations
 import argparse
 import ast
 import copy
+import hashlib
 import json
 import os
 import shutil
@@ -165,18 +168,118 @@ def _check_copy(root: Path) -> None:
 
 
 def _env(root: Path, jit: str) -> dict[str, str]:
-    return {**os.environ, "PYTHONDONTWRITEBYTECODE": "1", "FLOWGYM_JIT": jit, "PYTHONPATH": str(root)}
+    """The environment of a test run on one path: ``"1"`` compiled, ``"0"`` numpy, ``"py"`` interpreted kernels."""
+    env = {**os.environ, "PYTHONDONTWRITEBYTECODE": "1", "FLOWGYM_JIT": "1" if jit == "py" else jit,
+           "PYTHONPATH": str(root)}
+    if jit == "py":
+        env["NUMBA_DISABLE_JIT"] = "1"
+    return env
+
+
+#: A pytest plugin (written into the copy) that runs the numba kernels as plain Python.
+#:
+#: With ``NUMBA_DISABLE_JIT=1`` numba's ``njit`` returns the Python function itself, so the
+#: engine calls ``kernels._batched_step`` & co. interpreted: a kernel mutant costs a test run, not
+#: a recompilation of every kernel (``cache=True`` keys on the file, which each mutant changes).
+#: Two things numba does are redone here: the PCG64 step (an LLVM intrinsic, which only runs
+#: compiled) in Python integers, and the boxing of return values (numba returns ``int`` and
+#: ``float``, not numpy scalars; ``tests/test_kernels.py`` checks the types). With
+#: ``MUTATE_TEST_LIMITS`` (a JSON file: node id -> seconds), a test past its limit fails: a
+#: mutant that loops forever is killed in seconds, not at the whole run's timeout.
+_INTERP_PLUGIN = """
+import json, os, signal
+import numpy as np
+import pytest
+
+_MULT = (2549297995355413924 << 64) + 4865540595714422341
+_M128, _M64 = (1 << 128) - 1, (1 << 64) - 1
+_NAMES = ("fill_range", "admit_lane", "count_classes", "histogram_into", "projected_demand", "evict",
+          "lane_merge", "future_fit", "run_timed", "request_lengths", "batched_step", "vector_observe",
+          "pcg_double", "pcg_fill", "pcg_fill2", "poisson_step", "poisson_counts", "poisson_counts2",
+          "poisson_place", "poisson_chunk", "poisson_chunks", "batched_projection")
+
+
+def _pcg_step(shi, slo, ihi, ilo):
+    s = ((((int(shi) << 64) | int(slo)) * _MULT) + ((int(ihi) << 64) | int(ilo))) & _M128
+    return np.uint64(s >> 64), np.uint64(s & _M64)
+
+
+def _box(v):
+    if isinstance(v, tuple):
+        return tuple(_box(x) for x in v)
+    if isinstance(v, np.bool_):
+        return bool(v)
+    if isinstance(v, np.integer):
+        return int(v)
+    if isinstance(v, np.floating):
+        return float(v)
+    return v
+
+
+def _boxed(f):
+    def call(*a):
+        return _box(f(*a))
+    return call
+
+
+_LIMITS = json.loads(open(os.environ["MUTATE_TEST_LIMITS"]).read()) if os.environ.get("MUTATE_TEST_LIMITS") else {}
+
+
+class TestTimeLimit(Exception):
+    pass
+
+
+def _alarm(signum, frame):
+    raise TestTimeLimit("MUTANT-TEST-TIME-LIMIT: the test ran past its limit (three times its traced time)")
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_call(item):
+    lim = _LIMITS.get(item.nodeid)
+    if lim:
+        signal.signal(signal.SIGALRM, _alarm)
+        signal.setitimer(signal.ITIMER_REAL, lim)
+    try:
+        yield
+    finally:
+        if lim:
+            signal.setitimer(signal.ITIMER_REAL, 0)
+
+
+def pytest_configure(config):
+    from flowgym.sim import kernels
+    assert kernels._numba is not None and kernels._numba.config.DISABLE_JIT, "the kernels are not interpreted"
+    for n in _NAMES:
+        setattr(kernels, n, _boxed(getattr(kernels, "_" + n)))
+    kernels.pcg_step = _pcg_step
+"""
+
+#: Tests left out on the interpreted path: the first checks that numba compiled the kernels; the
+#: other two take minutes interpreted (a survivor there is rerun compiled with every test).
+_COMPILED_ONLY = ["tests/test_kernels.py::test_kernels_compile",
+                  "tests/test_kernels.py::test_batched_completion_tokens_beyond_int32",
+                  "tests/test_kernels.py::test_uniforms_held_over_stay_bounded_after_a_retry"]
+
+
+def _pytest(root: Path, jit: str) -> list[str]:
+    """``python -m pytest`` with the options of one path."""
+    cmd = [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "--hypothesis-seed=0"]
+    if jit == "py":
+        (root / "_mutate_interp.py").write_text(_INTERP_PLUGIN)
+        cmd += ["-p", "_mutate_interp"] + [a for t in _COMPILED_ONLY for a in ("--deselect", t)]
+    return cmd
 
 
 #: A pytest plugin (written into the copy) that records, per test, the lines of one file it runs.
 _TRACE_PLUGIN = """
-import json, os, sys, threading
+import json, os, sys, threading, time
 import pytest
 
 _TARGET = os.path.realpath(os.environ["MUTATE_TRACE_FILE"])
 _OUT = os.environ["MUTATE_TRACE_OUT"]
 _lines = {}
 _order = []
+_dur = {}
 _cur = set()
 _is_target = {}
 
@@ -202,7 +305,9 @@ def pytest_runtest_protocol(item, nextitem):
     _cur.clear()
     threading.settrace(_global)
     sys.settrace(_global)
+    t0 = time.perf_counter()
     yield
+    _dur[item.nodeid] = time.perf_counter() - t0
     sys.settrace(None)
     threading.settrace(None)
     _order.append(item.nodeid)
@@ -212,21 +317,47 @@ def pytest_runtest_protocol(item, nextitem):
 
 def pytest_sessionfinish(session, exitstatus):
     with open(_OUT, "w") as f:
-        json.dump({"ok": exitstatus == 0, "lines": _lines, "order": _order}, f)
+        json.dump({"ok": exitstatus == 0, "lines": _lines, "order": _order, "seconds": _dur}, f)
 """
 
 
-def line_map(root: Path, module: str, tests: list[str], jit: str) -> tuple[dict[int, list[str]], dict[str, int]]:
-    """For each line of ``module``, the tests (node ids) that execute it on one path; and the run order."""
-    (root / "_mutate_trace.py").write_text(_TRACE_PLUGIN)
-    out = root / f"_mutate_lines_{jit}.json"
-    env = {**_env(root, jit), "MUTATE_TRACE_FILE": str(root / module), "MUTATE_TRACE_OUT": str(out)}
-    subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-p", "_mutate_trace",
-                    "--hypothesis-seed=0", *tests], cwd=root, env=env, capture_output=True, text=True)
-    data = json.loads(out.read_text())
-    if not data["ok"]:
-        raise SystemExit(f"the tests fail without a mutant while their lines are traced (FLOWGYM_JIT={jit})")
-    return {int(k): v for k, v in data["lines"].items()}, {nid: i for i, nid in enumerate(data["order"])}
+def line_map(root: Path, module: str, tests: list[str], jit: str,
+             cache: Path | None = None) -> tuple[dict[int, list[str]], dict[str, int], dict[str, float]]:
+    """For each line of ``module``, the tests (node ids) that execute it on one path; their order; their times.
+
+    The order is by the time each test took (fastest first), so that a mutant meets its quickest
+    killer first. With ``cache`` (a JSON file), a trace of the same module text, tests and path is
+    read from it instead of run again, and a new trace is added to it (parallel runs over parts of
+    one module share one trace).
+    """
+    key = json.dumps([jit, hashlib.sha256((root / module).read_bytes()).hexdigest(), tests])
+    stored = json.loads(cache.read_text()) if cache is not None and cache.exists() else {}
+    data = stored.get(key)
+    if data is None:
+        (root / "_mutate_trace.py").write_text(_TRACE_PLUGIN)
+        out = root / f"_mutate_lines_{jit}.json"
+        env = {**_env(root, jit), "MUTATE_TRACE_FILE": str(root / module), "MUTATE_TRACE_OUT": str(out)}
+        subprocess.run([*_pytest(root, jit), "-p", "_mutate_trace", *tests], cwd=root, env=env,
+                       capture_output=True, text=True)
+        data = json.loads(out.read_text())
+        if not data["ok"]:
+            raise SystemExit(f"the tests fail without a mutant while their lines are traced (FLOWGYM_JIT={jit})")
+        if cache is not None:
+            stored = json.loads(cache.read_text()) if cache.exists() else {}
+            stored[key] = data
+            cache.write_text(json.dumps(stored))
+    seconds = data.get("seconds", {})
+    ranked = sorted(data["order"], key=lambda nid: seconds.get(nid, 0.0))
+    return {int(k): v for k, v in data["lines"].items()}, {nid: i for i, nid in enumerate(ranked)}, seconds
+
+
+def _body_lines(tree: ast.Module) -> set[int]:
+    """The lines inside function bodies: they run only when the function is called (not at import)."""
+    out: set[int] = set()
+    for n in ast.walk(tree):
+        if isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef)):
+            out.update(range(n.body[0].lineno, (n.end_lineno or n.body[0].lineno) + 1))
+    return out
 
 
 def _select(lines: dict[int, list[str]], order: dict[str, int], first: int, last: int) -> list[str] | None:
@@ -240,28 +371,31 @@ def _select(lines: dict[int, list[str]], order: dict[str, int], first: int, last
 def run_module(module: str, tests: list[str], timeout: float, limit: int | None,
                paths: tuple[str, ...] = ("1", "0"), root: Path | None = None,
                only: set[int] | None = None, by_line: bool = False,
-               span: list[tuple[int, int]] | None = None) -> list[tuple[Mutant, str]]:
+               span: list[tuple[int, int]] | None = None,
+               cache: Path | None = None) -> list[tuple[Mutant, str]]:
     """Run every mutant of ``module`` (or the indices in ``only``) in the copy at ``root``.
 
     With ``by_line``, each mutant runs only the tests that execute its lines on the unmutated
-    module (per path); a mutant on lines no test executes (a default argument, a module
-    constant: they run at import) runs all of ``tests``; a path on which no test executes lines
-    that another path executes (the numpy twin of a kernel, or a kernel call) is skipped.
+    module (per path), fastest first; a mutant on lines no test executes outside function bodies
+    (a default argument, a module constant: they run at import) runs all of ``tests``; one inside
+    a function body that no test executes on any path *survives* without a run ("no test runs
+    it"); a path on which no test executes lines that another path executes (the numpy twin of a
+    kernel, or a kernel call) is skipped. ``cache``: see :func:`line_map`.
     """
     path = root / module
-    for jit in paths:  # the unmutated module must pass, or every mutant would look killed
-        r = subprocess.run([sys.executable, "-m", "pytest", "-x", "-q", "-p", "no:cacheprovider",
-                            "--hypothesis-seed=0", *tests], cwd=root, env=_env(root, jit), capture_output=True,
+    for jit in paths if not by_line else ():  # the unmutated module must pass (the trace checks it too)
+        r = subprocess.run([*_pytest(root, jit), "-x", *tests], cwd=root, env=_env(root, jit), capture_output=True,
                            text=True)
         if r.returncode != 0:
             raise SystemExit(f"the tests fail without a mutant (FLOWGYM_JIT={jit}):\n{r.stdout[-3000:]}")
     original = path.read_text()
     tree = ast.parse(original)
     n = len(_spots(tree))
-    maps: dict[str, tuple[dict[int, list[str]], dict[str, int]]] = {}
+    body = _body_lines(tree)
+    maps: dict[str, tuple[dict[int, list[str]], dict[str, int], dict[str, float]]] = {}
     if by_line:
         for jit in paths:
-            maps[jit] = line_map(root, module, tests, jit)
+            maps[jit] = line_map(root, module, tests, jit, cache)
             print(f"traced the tests' lines of {module} (FLOWGYM_JIT={jit}): {len(maps[jit][1])} tests, "
                   f"{len(maps[jit][0])} lines", flush=True)
     results = []
@@ -276,10 +410,15 @@ def run_module(module: str, tests: list[str], timeout: float, limit: int | None,
             t0 = time.perf_counter()
             verdict = "survived"
             ran = 0
-            for jit in paths:  # the compiled kernels, then the numpy twins (CI runs both)
+            if by_line and first in body and not any(_select(*maps[p][:2], first, last) for p in paths):
+                verdict = "survived (no test runs it)"
+                paths_to_run: tuple[str, ...] = ()
+            else:
+                paths_to_run = paths
+            for jit in paths_to_run:  # the compiled kernels, then the numpy twins (CI runs both)
                 selected = tests
                 if by_line:
-                    run_lines, seq = maps[jit]
+                    run_lines, seq, took = maps[jit]
                     selected = _select(run_lines, seq, first, last)
                     if selected is None:
                         # no test runs these lines on this path: if one does on another path, the
@@ -289,15 +428,29 @@ def run_module(module: str, tests: list[str], timeout: float, limit: int | None,
                             continue
                         selected = tests
                 ran += len(selected)
+                # a mutant times out (and is killed) only past twice what its tests took traced: the
+                # import-time lines run every test, which can take longer than ``timeout``
+                limit_s = timeout
+                if by_line:
+                    limit_s = max(timeout, 30.0 + 2.0 * sum(took.values() if selected is tests else
+                                                            (took.get(t, 0.0) for t in selected)))
+                env = _env(root, jit)
+                if by_line and jit == "py":  # each test may take three times its traced time, plus 10 s
+                    (root / "_mutate_limits.json").write_text(json.dumps({t: 10.0 + 3.0 * v for t, v in took.items()}))
+                    env["MUTATE_TEST_LIMITS"] = str(root / "_mutate_limits.json")
                 try:
-                    r = subprocess.run([sys.executable, "-m", "pytest", "-x", "-q", "-p", "no:cacheprovider",
-                                        "--hypothesis-seed=0", *selected], cwd=root, env=_env(root, jit),
-                                       capture_output=True, text=True, timeout=timeout)
+                    r = subprocess.run([*_pytest(root, jit), "-x", *selected], cwd=root, env=env,
+                                       capture_output=True, text=True, timeout=limit_s)
                 except subprocess.TimeoutExpired:
                     verdict = f"killed (timeout, FLOWGYM_JIT={jit})"
                     break
                 if r.returncode != 0:
-                    verdict = f"killed (FLOWGYM_JIT={jit})"
+                    verdict = f"killed (FLOWGYM_JIT={jit})" if jit != "py" else "killed (interpreted)"
+                    if jit == "py" and "MUTANT-TEST-TIME-LIMIT" in r.stdout:
+                        verdict = "killed (interpreted, a test past 3x its time)"
+                    elif jit == "py" and "IndexError" in r.stdout:
+                        # compiled numba does not check bounds: this kill may not happen in CI
+                        verdict = "killed (interpreted, IndexError)"
                     break
             results.append((mut, verdict))
             print(f"{module}:{mut.line}: #{k} {mut.what}: {verdict} ({time.perf_counter() - t0:.0f} s"
@@ -321,9 +474,14 @@ def main() -> int:
                     help="run against each mutant only the tests that execute its lines (traced once per path on "
                     "the unmutated module; lines run only at import, e.g. defaults, run all the tests; a path on "
                     "which no test runs lines that another path runs is skipped)")
-    ap.add_argument("--paths", choices=["both", "compiled", "numpy"], default="both",
+    ap.add_argument("--line-map", type=Path, default=None,
+                    help="with --by-line: a JSON file that keeps the traces (reused by runs over other --lines of "
+                    "the same module text and tests)")
+    ap.add_argument("--paths", choices=["both", "compiled", "numpy", "interpreted"], default="both",
                     help="run the tests with the numba kernels, on the numpy path (FLOWGYM_JIT=0), or both "
-                    "(default: a mutant survives only if it survives both, as in CI)")
+                    "(default: a mutant survives only if it survives both, as in CI); 'interpreted' runs the "
+                    "kernels as plain Python (NUMBA_DISABLE_JIT=1), for mutants of flowgym/sim/kernels.py: "
+                    "no recompilation per mutant, and --by-line sees their lines")
     args = ap.parse_args()
     # a terminated run still deletes its copy (SystemExit unwinds the temporary directory)
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
@@ -344,19 +502,19 @@ def main() -> int:
         only = {int(x) for x in args.only.split(",") if x.strip()}
     survivors = []
     total = 0
-    paths = {"both": ("1", "0"), "compiled": ("1",), "numpy": ("0",)}[args.paths]
+    paths = {"both": ("1", "0"), "compiled": ("1",), "numpy": ("0",), "interpreted": ("py",)}[args.paths]
     with tempfile.TemporaryDirectory(prefix="flowgym-mutate-") as tmp:
         root = make_copy(Path(tmp))
         _check_copy(root)
         print(f"mutants run in a copy of the repository: {root}", flush=True)
         for module, tests in targets:
             res = run_module(module, tests, args.timeout, args.limit, paths, root=root, only=only,
-                             by_line=args.by_line, span=span)
+                             by_line=args.by_line, span=span, cache=args.line_map)
             total += len(res)
-            survivors += [(module, m) for m, v in res if v == "survived"]
+            survivors += [(module, m, v) for m, v in res if v.startswith("survived")]
     print(f"\n{total} mutants, {total - len(survivors)} killed, {len(survivors)} survived")
-    for module, m in survivors:
-        print(f"  survived: {module}:{m.line}: #{m.index} {m.what}")
+    for module, m, v in survivors:
+        print(f"  {v}: {module}:{m.line}: #{m.index} {m.what}")
     return 0
 
 
