@@ -193,10 +193,6 @@ import pytest
 
 _MULT = (2549297995355413924 << 64) + 4865540595714422341
 _M128, _M64 = (1 << 128) - 1, (1 << 64) - 1
-_NAMES = ("fill_range", "admit_lane", "count_classes", "histogram_into", "projected_demand", "evict",
-          "lane_merge", "future_fit", "run_timed", "request_lengths", "batched_step", "vector_observe",
-          "pcg_double", "pcg_fill", "pcg_fill2", "poisson_step", "poisson_counts", "poisson_counts2",
-          "poisson_place", "poisson_chunk", "poisson_chunks", "batched_projection")
 
 
 def _pcg_step(shi, slo, ihi, ilo):
@@ -249,8 +245,8 @@ def pytest_runtest_call(item):
 def pytest_configure(config):
     from flowgym.sim import kernels
     assert kernels._numba is not None and kernels._numba.config.DISABLE_JIT, "the kernels are not interpreted"
-    for n in _NAMES:
-        setattr(kernels, n, _boxed(getattr(kernels, "_" + n)))
+    for n in [n for n in dir(kernels) if not n.startswith("_") and callable(getattr(kernels, "_" + n, None))]:
+        setattr(kernels, n, _boxed(getattr(kernels, "_" + n)))  # every kernel ``x`` is ``njit(_x)``
     kernels.pcg_step = _pcg_step
 """
 
@@ -342,7 +338,7 @@ def line_map(root: Path, module: str, tests: list[str], jit: str,
         data = json.loads(out.read_text())
         if not data["ok"]:
             raise SystemExit(f"the tests fail without a mutant while their lines are traced (FLOWGYM_JIT={jit})")
-        if cache is not None:
+        if cache is not None:  # read again: a parallel run may have added its trace meanwhile
             stored = json.loads(cache.read_text()) if cache.exists() else {}
             stored[key] = data
             cache.write_text(json.dumps(stored))
@@ -398,6 +394,9 @@ def run_module(module: str, tests: list[str], timeout: float, limit: int | None,
             maps[jit] = line_map(root, module, tests, jit, cache)
             print(f"traced the tests' lines of {module} (FLOWGYM_JIT={jit}): {len(maps[jit][1])} tests, "
                   f"{len(maps[jit][0])} lines", flush=True)
+        if "py" in maps:  # interpreted, each test may take three times its traced time, plus 10 s
+            limits = {t: 10.0 + 3.0 * v for t, v in maps["py"][2].items()}
+            (root / "_mutate_limits.json").write_text(json.dumps(limits))
     results = []
     try:
         for k in range(n if limit is None else min(n, limit)):
@@ -435,8 +434,7 @@ def run_module(module: str, tests: list[str], timeout: float, limit: int | None,
                     limit_s = max(timeout, 30.0 + 2.0 * sum(took.values() if selected is tests else
                                                             (took.get(t, 0.0) for t in selected)))
                 env = _env(root, jit)
-                if by_line and jit == "py":  # each test may take three times its traced time, plus 10 s
-                    (root / "_mutate_limits.json").write_text(json.dumps({t: 10.0 + 3.0 * v for t, v in took.items()}))
+                if by_line and jit == "py":
                     env["MUTATE_TEST_LIMITS"] = str(root / "_mutate_limits.json")
                 try:
                     r = subprocess.run([*_pytest(root, jit), "-x", *selected], cwd=root, env=env,
