@@ -82,7 +82,7 @@ def test_a_reset_clears_every_eviction_count_of_the_longer_episode(jit):
 def test_an_out_of_range_budget_is_refused_in_any_environment(jit, env):
     eng = _engine(jit)
     eng.reset(np.arange(2), [np.random.default_rng(0), np.random.default_rng(1)])
-    for bad, mb in ((-1, None), (5, 4)):
+    for bad, mb in ((-1, None), (5, 4), (1, 0)):  # max_budget 0 is a cap too (kernels.py #634, #786)
         b = np.zeros(2, np.int64)
         b[env] = bad
         with pytest.raises(BudgetError, match=f"budget {bad} of environment {env} is not in 0.."):
@@ -276,3 +276,18 @@ def test_histogram_when_the_longest_output_ends_on_a_bin_edge():
         crossed += int(batched.engine.H[:, 1].sum())
     np.testing.assert_array_equal(ob, os_)
     assert batched.engine.Kx == 1 and crossed > 20  # requests were seen in bin 1
+
+
+@pytest.mark.parametrize("jit", [True, False])
+def test_one_tracked_class_is_counted(jit):
+    # a workload of a single class, tracked: its queue count is the queue (kernels.py mutants
+    # `m_track > 0` -> `> 1`, which left one class untracked: `#650`
+    # at admission and `#901` at eviction: budgets of 1, then of 6, which overflow M = 600 and evict)
+    eng = BatchedEngine(2, 600, MultiClassPoisson([(10, 20)], 2.0), track_class_queue=True)
+    eng.jit = jit
+    eng.reset(np.arange(2), [np.random.default_rng(0), np.random.default_rng(1)])
+    for s in range(120):
+        eng.advance(np.full(2, 1 if s < 60 else 6, np.int64))
+        np.testing.assert_array_equal(eng.class_queue[:, 0], eng.n_queued)
+    assert eng.class_queue.shape[1] == 1 and int(eng.n_queued.min()) > 20
+    assert all(eng.request_log(i)["evictions"].sum() > 0 for i in range(2))
