@@ -6,7 +6,8 @@ name with :func:`make_agent` (``"flow-control"``, ``"rate-switch"``, ``"alpha-gr
 ``"mc-sf"``, ``"a-min"``, ``"greedy-lifo"``, ``"fixed"``, ``"random"``, ``"safe-budget"``,
 ``"schedule"``, the production admission controllers ``"sglang-reserve"`` (SGLang's adaptive
 ``new_token_ratio`` reservation) and ``"trt-no-evict"`` (TensorRT-LLM's GUARANTEED_NO_EVICT), and ``"learned"``,
-a Stable-Baselines3 policy trained by ``flowgym train``: ``make_agent("learned", path=...)``).
+a policy trained by ``flowgym train`` (no path: the shipped generalist, numpy only; or a
+Stable-Baselines3 policy: ``make_agent("learned", path=...)``).
 
 Layer 3 of the package: agents import :mod:`flowgym.envs` (the observation, the
 read-only :class:`~flowgym.envs.view.SystemView`, the config) and never the engine.

@@ -31,6 +31,9 @@ __all__ = [
     "policy_action",
     "require_sb3",
     "valid_levels",
+    "ArrayPolicy",
+    "ARRAYS_FILE",
+    "ARRAY_ALGORITHMS",
 ]
 
 # --------------------------------------------------------------------------- the model directory format
@@ -49,6 +52,11 @@ NORM_FILE = "normalization.npz"
 #: The shipped generalist (``learned`` with no path): the pickle-free files of ``flowgym train``
 #: with no scenario, installed with the package (reproduce: ``flowgym train``; docs/training.md).
 DEFAULT_MODEL = str(importlib.resources.files("flowgym.data") / "models" / "generalist")
+#: The policy of a derivative-free search (``flowgym train --algo ars``): plain arrays, read with
+#: ``numpy.load(allow_pickle=False)``; such a model needs neither torch nor Stable-Baselines3.
+ARRAYS_FILE = "policy.npz"
+#: Algorithms whose policy is an :class:`ArrayPolicy` in ``ARRAYS_FILE`` (not an SB3 policy).
+ARRAY_ALGORITHMS = ("ars",)
 #: Version of the layout of a model directory (2: the policy and normalisation load without pickle).
 FORMAT_VERSION = 2
 
@@ -176,14 +184,7 @@ def _load_safe(path: str, meta: dict[str, Any], trust: bool) -> tuple[Any, Any]:
     from gymnasium import spaces
 
     cls = _algorithm(meta, trust)
-    try:
-        with np.load(os.path.join(path, NORM_FILE), allow_pickle=False) as z:
-            arrays = {k: z[k] for k in z.files}
-    except (OSError, ValueError, KeyError) as e:
-        raise ValueError(f"learned agent: {NORM_FILE} in {path!r} is not a plain array file ({e})") from None
-    for k in ("obs_low", "obs_high"):
-        if k not in arrays:
-            raise ValueError(f"learned agent: {NORM_FILE} in {path!r} has no {k!r}")
+    arrays, norm = _load_norm(path)
     obs_space = spaces.Box(arrays["obs_low"].astype(np.float32), arrays["obs_high"].astype(np.float32),
                            dtype=np.float32)
     act_space = action_space_of(meta)
@@ -198,10 +199,6 @@ def _load_safe(path: str, meta: dict[str, Any], trust: bool) -> tuple[Any, Any]:
         raise ValueError(f"learned agent: {POLICY_FILE} in {path!r} is not this policy's tensors "
                          f"({type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''})") from None
     policy.set_training_mode(False)
-    norm = None
-    if "obs_mean" in arrays:
-        norm = (arrays["obs_mean"].astype(np.float64),
-                np.sqrt(arrays["obs_var"].astype(np.float64) + float(arrays["epsilon"])), float(arrays["clip_obs"]))
     return policy, norm
 
 
@@ -256,11 +253,121 @@ def resave(path: str) -> None:
         json.dump(meta, fh, indent=1)
 
 
+class ArrayPolicy:
+    """A small tanh network in numpy: ``a = tanh(W_n ... tanh(W_1 x + b_1) ... + b_n)``, one action in ``[-1, 1]``.
+
+    The policy of ``flowgym train --algo ars`` (:mod:`flowgym.lab.ars`), for the continuous
+    ``action="log-multiplier"``. ``layers`` is a list of ``(W, b)`` pairs, ``W`` of shape
+    ``(out, in)``; no layer pairs means a linear policy (one pair). ``predict`` mirrors SB3's so
+    :func:`policy_action` and :class:`LearnedBudget` treat it like an SB3 model.
+    """
+
+    def __init__(self, layers: list[tuple[np.ndarray, np.ndarray]], obs_low: np.ndarray, obs_high: np.ndarray) -> None:
+        from gymnasium import spaces
+
+        if not layers:
+            raise ValueError("ArrayPolicy needs at least one (W, b) layer")
+        self.layers = [(np.asarray(w, dtype=np.float64), np.asarray(b, dtype=np.float64)) for w, b in layers]
+        n_in = np.asarray(obs_low).shape[0]
+        for i, (w, b) in enumerate(self.layers):
+            if w.ndim != 2 or b.shape != (w.shape[0],) or w.shape[1] != n_in:
+                raise ValueError(f"ArrayPolicy: layer {i} has W {w.shape} and b {b.shape}; expected W of shape "
+                                 f"(n, {n_in}) and b of shape (n,)")
+            if not (np.all(np.isfinite(w)) and np.all(np.isfinite(b))):
+                raise ValueError(f"ArrayPolicy: layer {i} holds a non-finite weight")
+            n_in = w.shape[0]
+        if n_in != 1:
+            raise ValueError(f"ArrayPolicy: the last layer has {n_in} outputs; the action is one float")
+        self.observation_space = spaces.Box(np.asarray(obs_low, np.float32), np.asarray(obs_high, np.float32),
+                                            dtype=np.float32)
+        self.action_space = spaces.Box(-1.0, 1.0, (1,), dtype=np.float32)
+
+    @classmethod
+    def from_vector(cls, theta: np.ndarray, sizes: list[int], obs_low: np.ndarray,
+                    obs_high: np.ndarray) -> ArrayPolicy:
+        """The network with layer sizes ``sizes`` (inputs first, 1 last) whose weights, layer by layer
+        (``W`` row-major, then ``b``), are ``theta``."""
+        layers, k = [], 0
+        for a, b in zip(sizes[:-1], sizes[1:]):
+            w = theta[k:k + a * b].reshape(b, a)
+            k += a * b
+            layers.append((w, theta[k:k + b]))
+            k += b
+        if k != len(theta):
+            raise ValueError(f"ArrayPolicy: {len(theta)} weights for layer sizes {sizes} (which need {k})")
+        return cls(layers, obs_low, obs_high)
+
+    @staticmethod
+    def n_weights(sizes: list[int]) -> int:
+        """How many weights a network of layer sizes ``sizes`` has."""
+        return sum(a * b + b for a, b in zip(sizes[:-1], sizes[1:]))
+
+    def __call__(self, obs: np.ndarray) -> np.ndarray:
+        """Actions for a batch of normalised observations, shape ``(n, 1)``."""
+        h = np.asarray(obs, dtype=np.float64)
+        for w, b in self.layers:
+            h = np.tanh(h @ w.T + b)
+        return h
+
+    def predict(self, obs: Any, state: Any = None, episode_start: Any = None,
+                deterministic: bool = True) -> tuple[np.ndarray, None]:
+        """SB3's signature: the (deterministic) actions of a batch of observations."""
+        return self(np.asarray(obs)).astype(np.float32), None
+
+    def arrays(self) -> dict[str, np.ndarray]:
+        """The weights as ``ARRAYS_FILE`` stores them (``w0``, ``b0``, ``w1``, ...)."""
+        out: dict[str, np.ndarray] = {}
+        for i, (w, b) in enumerate(self.layers):
+            out[f"w{i}"], out[f"b{i}"] = w, b
+        return out
+
+
+def _load_norm(path: str) -> tuple[dict[str, np.ndarray], Any]:
+    """``NORM_FILE``'s arrays (without pickle) and the normalisation ``(mean, std, clip)`` or ``None``."""
+    try:
+        with np.load(os.path.join(path, NORM_FILE), allow_pickle=False) as z:
+            arrays = {k: z[k] for k in z.files}
+    except (OSError, ValueError, KeyError) as e:
+        raise ValueError(f"learned agent: {NORM_FILE} in {path!r} is not a plain array file ({e})") from None
+    for k in ("obs_low", "obs_high"):
+        if k not in arrays:
+            raise ValueError(f"learned agent: {NORM_FILE} in {path!r} has no {k!r}")
+    norm = None
+    if "obs_mean" in arrays:
+        for k in ("obs_var", "epsilon", "clip_obs"):
+            if k not in arrays:
+                raise ValueError(f"learned agent: {NORM_FILE} in {path!r} has obs_mean but no {k!r}")
+        norm = (arrays["obs_mean"].astype(np.float64),
+                np.sqrt(arrays["obs_var"].astype(np.float64) + float(arrays["epsilon"])), float(arrays["clip_obs"]))
+    return arrays, norm
+
+
+def _load_arrays(path: str, meta: dict[str, Any]) -> tuple[ArrayPolicy, Any]:
+    """An :class:`ArrayPolicy` from ``ARRAYS_FILE`` and the normalisation, both plain arrays."""
+    arrays, norm = _load_norm(path)
+    try:
+        with np.load(os.path.join(path, ARRAYS_FILE), allow_pickle=False) as z:
+            weights = {k: z[k] for k in z.files}
+    except (OSError, ValueError, KeyError) as e:
+        raise ValueError(f"learned agent: {ARRAYS_FILE} in {path!r} is not a plain array file ({e})") from None
+    layers = []
+    while f"w{len(layers)}" in weights:
+        i = len(layers)
+        if f"b{i}" not in weights:
+            raise ValueError(f"learned agent: {ARRAYS_FILE} in {path!r} has w{i} but no b{i}")
+        layers.append((weights[f"w{i}"], weights[f"b{i}"]))
+    try:
+        policy = ArrayPolicy(layers, arrays["obs_low"], arrays["obs_high"])
+    except ValueError as e:
+        raise ValueError(f"learned agent: {ARRAYS_FILE} in {path!r}: {e}") from None
+    return policy, norm
+
+
 # --------------------------------------------------------------------------- the agent
 
 
 class LearnedBudget(Agent):
-    """``B_t`` chosen by a trained SB3 policy from the flat observation (deterministically).
+    """``B_t`` chosen by a trained policy (SB3, or the numpy network of ``--algo ars``), deterministically.
 
     ``LearnedBudget(path)`` loads the model directory written by
     :func:`flowgym.lab.train.train` (``model.zip``, ``vecnormalize.pkl``,
@@ -276,7 +383,9 @@ class LearnedBudget(Agent):
     first step. Each decision is held for the ``action_repeat`` slots it was
     trained with (``flowgym_agent.json``), so the agent keeps a little state,
     reset by :meth:`reset`. A model trained with ``budget_levels`` chooses the
-    index of a level, and the agent plays that level's budget.
+    index of a level, and the agent plays that level's budget. A model of
+    ``flowgym train --algo ars`` (``"algo": "ars"``) is an :class:`ArrayPolicy` in
+    ``policy.npz``: it loads and runs with numpy alone (no torch, no SB3).
 
     With no path it loads the shipped generalist (:data:`DEFAULT_MODEL`: trained by
     ``flowgym train`` with no scenario on randomised workloads; scale-free, so it runs on
@@ -322,6 +431,17 @@ class LearnedBudget(Agent):
         self.obs_shape = tuple(int(x) for x in self.meta["observation_shape"])
         #: The policy's action is a float vector (``action="log-multiplier"``), not an index.
         self.continuous = not hasattr(action_space_of(self.meta), "n")
+        if self.meta.get("algo") in ARRAY_ALGORITHMS:  # numpy weights: no torch, no SB3, no pickle
+            if not self.continuous:
+                raise ValueError(f"learned agent: {META_FILE} in {self.path!r} names algo "
+                                 f"{self.meta.get('algo')!r}, whose policy has a continuous action, but records "
+                                 f"action_space={self.meta.get('action_space')!r}")
+            self.model, self._norm = _load_arrays(self.path, self.meta)
+        else:
+            self._load_sb3(trust)
+        self._finish_init(label, action_rule)
+
+    def _load_sb3(self, trust: bool) -> None:
         require_sb3()
         import torch
 
@@ -336,6 +456,8 @@ class LearnedBudget(Agent):
                 f"{VECNORM_FILE}), which can run code when loaded. If it comes from a source you trust, load it "
                 f"with trust=True ('learned:path=DIR,trust=true'), or convert it once with "
                 f"flowgym.agents.learned.resave(DIR) (writes {POLICY_FILE} and {NORM_FILE})")
+
+    def _finish_init(self, label: str | None, action_rule: str | None = None) -> None:
         if tuple(self.model.observation_space.shape) != self.obs_shape:
             raise ValueError(f"learned agent: model observation shape {self.model.observation_space.shape} "
                              f"differs from {META_FILE}'s {self.obs_shape}")
@@ -359,6 +481,23 @@ class LearnedBudget(Agent):
         if self.action_rule not in ACTION_RULES:
             raise ValueError(f"learned agent: action_rule must be one of {list(ACTION_RULES)}, got {self.action_rule!r}")
         self._label = label or f"learned ({os.path.basename(os.path.normpath(self.path))})"
+
+    @classmethod
+    def from_policy(cls, policy: ArrayPolicy, norm: Any, env_options: dict[str, Any], action_repeat: int,
+                    label: str = "learned (candidate)") -> LearnedBudget:
+        """An agent around an in-memory :class:`ArrayPolicy` (a candidate during ``flowgym train --algo
+        ars``): it acts exactly as the model directory written from it will. ``norm`` is
+        ``(mean, std, clip)`` or ``None``; ``env_options`` the environment options it needs."""
+        self = cls.__new__(cls)
+        self.path = ""
+        self.meta = {"algo": "ars", "agent_env_options": dict(env_options), "action_repeat": int(action_repeat),
+                     "action_space": describe_action_space(policy.action_space), "action_n": 0,
+                     "observation_shape": list(policy.observation_space.shape), "action_rule": "mode"}
+        self.obs_shape = tuple(policy.observation_space.shape)
+        self.continuous = True
+        self.model, self._norm = policy, norm
+        self._finish_init(label)
+        return self
 
     def reset(self, config: FlowControlConfig, seed: int | None = None) -> None:
         """Start an episode; refuses a configuration whose observation-shaping options differ."""
@@ -388,6 +527,11 @@ class LearnedBudget(Agent):
             return obs.astype(np.float32)
         mean, std, clip = self._norm
         return np.clip((obs - mean) / std, -clip, clip).astype(np.float32)
+
+    @property
+    def decides_next(self) -> bool:
+        """Whether the next :meth:`act` consults the policy (else it repeats the held decision)."""
+        return self._left == 0
 
     def act(self, observation: Any, view: SystemView) -> int:
         """The policy's budget, recomputed every ``action_repeat`` slots (held in between)."""

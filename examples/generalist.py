@@ -2,8 +2,8 @@
 
 The generalist (``make_agent("learned")``, no path) was trained by ``flowgym train`` on random
 request mixes; it reads only scale-free load features and chooses a multiple of the arrival
-rate, so it runs on any cache size and request mix in the slot model. Needs the ``train`` extra
-(torch, for the policy network)::
+rate, so it runs on any cache size and request mix in the slot model. A linear policy in numpy:
+no extra is needed::
 
     python examples/generalist.py
 """

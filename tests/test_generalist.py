@@ -4,6 +4,7 @@ randomised environment, training distribution, the two reference agents and the 
 from __future__ import annotations
 
 import math
+import os
 
 import gymnasium as gym
 import numpy as np
@@ -384,14 +385,16 @@ def test_load_observation_is_the_same_in_streaming_record_mode():
 # --------------------------------------------------------------------------- shipped model, CLI, benchmark
 
 
-@needs_sb3
 def test_shipped_generalist_loads_and_runs_without_training():
     from flowgym.agents.learned import DEFAULT_MODEL
 
     agent = make_agent("learned")
     assert agent.path == DEFAULT_MODEL and agent.label() == "learned (generalist)"
     assert agent.requires["observation"] == "load" and agent.requires["multiplier_of"] == "rate"
-    assert agent.meta["trained_on"]["kind"] == "random-mix"
+    assert agent.meta["trained_on"]["kind"] == "random-mix" and agent.meta["algo"] == "ars"
+    assert agent.continuous and agent.meta["layer_sizes"] == [17, 1]  # a linear policy, numpy only
+    size = sum(os.path.getsize(os.path.join(DEFAULT_MODEL, f)) for f in os.listdir(DEFAULT_MODEL))
+    assert size < 5_000_000
     # scale-free: it runs at any M and request scale, and its decisions are reproducible
     kw = {"M": 50000, "workload": _iid(3.0, [[200, 50], [50, 300]]), "horizon": 400}
     e1 = run_episode(agent, kw, seed=1, horizon=400)
@@ -400,7 +403,7 @@ def test_shipped_generalist_loads_and_runs_without_training():
     assert e1.metrics()["completed"] > 0
 
 
-def test_train_cli_default_is_the_generalist(monkeypatch):
+def test_train_cli_ppo_generalist_and_scenario_defaults(monkeypatch):
     import flowgym.lab.train as train_mod
     from flowgym.lab.cli import main
 
@@ -412,8 +415,8 @@ def test_train_cli_default_is_the_generalist(monkeypatch):
 
     monkeypatch.setattr(train_mod, "train", fake_train)
     pytest.importorskip("stable_baselines3")
-    with pytest.raises(SystemExit):
-        main(["train", "--quiet"])
+    with pytest.raises(SystemExit):  # PPO's generalist (the shipped one is --algo ars's: tests/test_ars.py)
+        main(["train", "--quiet", "--algo", "ppo"])
     cfg = seen["cfg"]
     assert cfg.distribution == "random-mix" and cfg.action == "multiplier" and cfg.multiplier_of == "rate"
     assert cfg.out == "runs/ppo-generalist" and cfg.total_timesteps == 1_000_000 and cfg.seed == 10_000

@@ -13,7 +13,8 @@ import pytest
 
 from tests._requires import needs_sb3
 
-SHIPPED = Path(__file__).resolve().parent.parent / "flowgym" / "data" / "models" / "generalist"
+#: PPO's generalist (the shipped default until 2026-11-25; the default is now a numpy policy: tests/test_ars.py)
+SHIPPED = Path(__file__).resolve().parent.parent / "examples" / "ppo_generalist"
 
 
 def test_two_ascending_levels_are_valid_one_is_not():
@@ -70,7 +71,7 @@ def test_policy_kwargs_may_only_hold_net_arch(tmp_path, kwargs):
 def test_write_safe_stores_normalisation_only_when_observations_were_normalised(tmp_path):
     from flowgym.agents.learned import FORMAT_VERSION, LearnedBudget, write_safe
 
-    policy = LearnedBudget().model
+    policy = LearnedBudget(str(SHIPPED)).model
     norm = SimpleNamespace(norm_obs=True, obs_rms=SimpleNamespace(mean=np.arange(17.0), var=np.full(17, 4.0)),
                            epsilon=1e-8, clip_obs=10.0)
     for name, n, want in (("none", None, False), ("off", SimpleNamespace(norm_obs=False), False), ("on", norm, True)):
@@ -123,8 +124,8 @@ def test_loading_defaults_labels_and_threads(tmp_path):
     (d / "flowgym_agent.json").write_text(json.dumps(meta))
     assert LearnedBudget(str(d)).action_repeat == 1
     torch.set_num_threads(2)
-    shipped = LearnedBudget()
-    assert shipped.label() == "learned (generalist)" and shipped.action_repeat == 8
+    shipped = LearnedBudget(str(SHIPPED))
+    assert shipped.label() == "learned (ppo_generalist)" and shipped.action_repeat == 8
     assert torch.get_num_threads() == 1  # small networks run fastest on one thread (set when loading)
     assert LearnedBudget(label="mine").label() == "mine"
 
@@ -134,7 +135,7 @@ def test_each_decision_is_held_for_action_repeat_slots_and_a_reset_starts_afresh
     import flowgym.agents.learned as learned
     from flowgym.envs.flow_control import FlowControlConfig
 
-    agent = learned.LearnedBudget()
+    agent = learned.LearnedBudget(str(SHIPPED))
     assert agent.action_repeat == 8
     calls = []
 

@@ -292,8 +292,10 @@ def test_budget_levels_train_reload_and_act_within_the_levels(tmp_path):
 
 
 def test_train_cli_bad_input(capsys):
-    assert main(["train", "--n-envs", "0", "--quiet"]) == 2
+    assert main(["train", "--algo", "ppo", "--n-envs", "0", "--quiet"]) == 2
     assert "n_envs" in capsys.readouterr().err
+    assert main(["train", "--iterations", "0", "--quiet"]) == 2  # the default (no scenario) is --algo ars
+    assert "iterations must be a positive integer" in capsys.readouterr().err
     with pytest.raises(SystemExit):
         main(["train", "--env-overrides", "{not json"])
     with pytest.raises(SystemExit):

@@ -5,8 +5,8 @@
   as CSV, JSON and PNG plots (the paper's Section 4.1 experiment by default).
 * ``flowgym run``: one scenario under a fixed activation budget, metrics printed.
 * ``flowgym hindsight``: the hindsight optimum of a small trace against the agents.
-* ``flowgym train``: train a learned budget (Stable-Baselines3, PPO by default) on a
-  scenario and evaluate it against the baselines; ``compare --agents
+* ``flowgym train``: train a learned budget (the generalist by augmented random search,
+  or an SB3 algorithm, PPO by default, on a scenario) and evaluate it against the baselines; ``compare --agents
   "learned:path=DIR"`` then includes it.
 """
 
@@ -36,8 +36,8 @@ LLM serving under a KV-cache limit as a Gymnasium environment (FlowControl-v0).
   flowgym hindsight  the hindsight optimum of a small trace against the agents
   flowgym scenario   list the named scenarios, or print one as a file to start from
   flowgym reproduce  rerun the paper's experiments and check each claim against the docs
-  flowgym train      train a learned budget (Stable-Baselines3) and compare it with the
-                     baselines; then: flowgym compare --agents "learned:path=DIR"
+  flowgym train      train a learned budget (random search, or Stable-Baselines3) and compare
+                     it with the baselines; then: flowgym compare --agents "learned:path=DIR"
 
 'flowgym COMMAND --help' tells each command's options."""
 
@@ -407,9 +407,81 @@ def _int_list(flag: str, minimum: int, example: str) -> Any:
 _net_arch = _int_list("--net-arch", 1, "64,64")
 
 
+#: ``flowgym train`` options of the SB3 path only, and of ``--algo ars`` only (dest names).
+_SB3_ONLY = ("n_envs", "vec_env", "learning_rate", "n_steps", "batch_size", "n_epochs", "gamma", "gae_lambda",
+             "clip_range", "ent_coef", "vf_coef", "max_grad_norm", "net_arch", "log_std_init", "algo_kwargs",
+             "action_rule", "budget_levels", "norm_obs", "norm_reward", "clip_obs", "eval_freq", "checkpoint_freq",
+             "select", "torch_threads", "device", "total_timesteps", "trials", "address")
+_ARS_ONLY = ("iterations", "directions", "draws", "noise", "step_size", "hidden", "eval_every", "norm_draws")
+
+
+def _train_ars(args: argparse.Namespace) -> int:
+    import os
+
+    from flowgym.lab.ars import ARSConfig, train_ars
+
+    given = [f"--{k.replace('_', '-')}" for k in _SB3_ONLY if getattr(args, k, None) is not None]
+    if args.backend != "serial":
+        given.append("--backend")
+    if args.observation not in (None, "load"):
+        given.append(f"--observation {args.observation}")
+    if args.action not in (None, "log-multiplier"):
+        given.append(f"--action {args.action}")
+    if given:
+        print(f"error: {', '.join(given)} configure the SB3 algorithms; --algo ars trains a numpy policy on the load "
+              "features with the log-multiplier action (its options: --iterations, --directions, --draws, --noise, "
+              "--step-size, --hidden, --eval-every, --norm-draws; docs/training.md)", file=sys.stderr)
+        return 2
+    kw: dict[str, Any] = {}
+    for k in ("scenario", "rate", "multipliers", "multiplier_of", "max_budget", "action_repeat", "eval_episodes",
+              "eval_seed", "seed", "final_eval_seeds", "tune_seeds", "env_overrides", "out", *_ARS_ONLY):
+        v = getattr(args, k, None)
+        if v is not None:
+            kw[k] = tuple(v) if k in ("multipliers", "hidden") else v
+    kw["workers"] = args.workers if args.workers is not None else 2
+    kw["progress"] = not args.quiet
+    if args.distribution == "none":
+        kw["distribution"] = None
+    elif args.distribution is not None:
+        kw["distribution"] = args.distribution
+    if "out" not in kw:
+        kw["out"] = "runs/ars-generalist" if kw.get("distribution", "random-mix") is not None else \
+            f"runs/ars-{os.path.splitext(os.path.basename(str(kw.get('scenario', 'adaptive-mix'))))[0]}"
+    cfg = ARSConfig(**kw)
+    cfg.validate()
+    on = cfg.scenario if cfg.distribution is None else (
+        f"the {cfg.distribution if isinstance(cfg.distribution, str) else 'given'} distribution "
+        f"(reported on {cfg.scenario})")
+    print(f"training ars (augmented random search, {'linear' if not cfg.hidden else 'hidden ' + str(list(cfg.hidden))} "
+          f"policy) on {on}: {cfg.iterations} updates x {2 * cfg.directions} candidates x {cfg.draws} draws "
+          f"({cfg.workers} processes, seed {cfg.seed}); load average {os.getloadavg()[0]:.2f}; writing {cfg.out}/")
+    res = train_ars(cfg)
+    print(f"trained {res.iterations} updates ({res.episodes} episodes) in {res.wall_seconds:.0f} s; kept the policy "
+          f"of update {res.best_iteration} (geometric mean time in system {res.best_eval:.2f} on the "
+          f"{cfg.eval_episodes} evaluation draws)")
+    if res.table is not None:
+        print(res.table.format())
+        if res.table.tuned:
+            print("baselines tuned on seeds 1000.. (lowest mean time in system): " + ", ".join(res.table.tuned))
+    print(f"wrote {cfg.out}/ (policy.npz, normalization.npz, flowgym_agent.json, curves.csv"
+          + (", eval.*" if res.table is not None else "") + ")")
+    print(f"compare it with the scenario's tuned line-up on held-out seeds: flowgym compare --scenario "
+          f'{cfg.scenario} --seeds 900-919 --add-agents "learned:path={cfg.out}"')
+    return 0
+
+
 def _train(args: argparse.Namespace) -> int:
     from flowgym.agents.learned import require_sb3
     from flowgym.lab.train import TrainConfig, train
+
+    if args.algo is None:
+        args.algo = "ars" if args.scenario is None else "ppo"
+    if args.algo.lower() == "ars":
+        return _train_ars(args)
+    given = [f"--{k.replace('_', '-')}" for k in _ARS_ONLY if getattr(args, k, None) is not None]
+    if given:
+        print(f"error: {', '.join(given)} configure --algo ars, not {args.algo}", file=sys.stderr)
+        return 2
 
     fields = {f for f in TrainConfig.__dataclass_fields__}
     kw = {k: v for k, v in vars(args).items() if k in fields and v is not None}
@@ -587,18 +659,24 @@ def build_parser() -> argparse.ArgumentParser:
     s.set_defaults(func=_scenario)
     t = sub.add_parser(
         "train", formatter_class=_HelpFormatter,
-        help="train a learned activation budget (Stable-Baselines3; needs pip install 'flowgym[train]')",
-        description="Train an SB3 agent (PPO by default) with vectorised environments, "
-        "VecNormalize (saved with the model), evaluation on separate seeds during training "
-        "and a progress bar; then evaluate it against the scenario's baselines (fixed budget tuned by grid "
-        "search) on seeds 0..N-1. Writes a model directory that 'flowgym compare --agents "
-        "\"learned:path=DIR\"' and flowgym.agents.LearnedBudget load. With no --scenario it trains the "
-        "generalist (the shipped default learned agent: random-mix workloads, scale-free observation, a "
-        f"multiplier of the arrival rate; about {GENERALIST_TRAIN_MINUTES} minutes on 2 CPU cores); with "
-        f"--scenario, a model of that scenario (about {DEFAULT_TRAIN_MINUTES} minutes). See docs/training.md.",
+        help="train a learned activation budget (the generalist by random search; SB3 algorithms with "
+        "pip install 'flowgym[train]')",
+        description="With no --scenario, train the generalist (the shipped default learned agent): augmented "
+        "random search (--algo ars, flowgym.lab.ars) of a linear policy of the scale-free load features on "
+        "random-mix workloads, its action a multiplier of the arrival rate, every candidate policy of an update "
+        "run on the same draws (common random numbers), the best of the evaluations on 12 fixed draws kept; "
+        f"about {GENERALIST_TRAIN_MINUTES} minutes on 2 CPU cores, numpy only. With --scenario (or --algo ppo, "
+        "a2c, ...), an SB3 agent (PPO by default) with vectorised environments, VecNormalize (saved with the "
+        "model), evaluation on separate seeds during training and a progress bar "
+        f"(about {DEFAULT_TRAIN_MINUTES} minutes on a scenario; needs pip install 'flowgym[train]'). Either "
+        "way it then evaluates the model against the scenario's baselines (fixed budget tuned by grid "
+        "search) on seeds 0..N-1 and writes a model directory that 'flowgym compare --agents "
+        "\"learned:path=DIR\"' and flowgym.agents.LearnedBudget load. See docs/training.md.",
     )
     d = _train_defaults()
     g = d.generalist()
+    from flowgym.lab.ars import ARSConfig
+
     t.add_argument("--scenario", default=None,
                    help="scenario to train on (with --distribution, or without --scenario: the scenario the final "
                    "table reports on, zero-shot): a scenario file (.toml or .json) or one of: "
@@ -622,38 +700,43 @@ def build_parser() -> argparse.ArgumentParser:
                    help="what a multiplier action multiplies: the online safe budget M/E[w], the arrival rate "
                    "(the generalist's default), both (twice the actions) or the smaller of the two")
     t.add_argument("--rate", type=float, default=None, help="the scenario's rate argument (default: its own)")
-    t.add_argument("--algo", default=d.algo, help="ppo (default), a2c, dqn, or package.module:Class")
+    t.add_argument("--algo", default=None,
+                   help="ars: augmented random search of a small numpy policy with common random numbers "
+                   "(flowgym.lab.ars; the default without --scenario: the shipped generalist's recipe, no torch "
+                   "needed), ppo (the default with --scenario), a2c, dqn, another SB3 / sb3-contrib algorithm "
+                   "or package.module:Class")
     t.add_argument("--total-timesteps", type=int, default=None,
                    help="decisions (SB3 timesteps; slots = decisions x action repeat) "
                    f"(default {g.total_timesteps} for the generalist, {d.total_timesteps} with --scenario)")
-    t.add_argument("--n-envs", type=int, default=d.n_envs, help=f"vectorised environments (default {d.n_envs})")
-    t.add_argument("--vec-env", choices=["auto", "batched", "dummy", "subproc"], default=d.vec_env,
+    t.add_argument("--n-envs", type=int, default=None, help=f"vectorised environments (default {d.n_envs})")
+    t.add_argument("--vec-env", choices=["auto", "batched", "dummy", "subproc"], default=None,
                    help="auto (default): the batched VecEnv (flowgym.envs.sb3) where the configuration allows, else "
                    "dummy; batched: that or an error naming why not; dummy: one process; subproc: one process per env")
-    t.add_argument("--seed", type=int, default=d.seed, help=f"seed of the algorithm and of training env 0 (default {d.seed})")
-    t.add_argument("--learning-rate", type=float, default=d.learning_rate, help=f"(default {d.learning_rate})")
-    t.add_argument("--n-steps", type=int, default=d.n_steps, help=f"rollout steps per env (default {d.n_steps})")
-    t.add_argument("--batch-size", type=int, default=d.batch_size, help=f"minibatch (default {d.batch_size})")
-    t.add_argument("--n-epochs", type=int, default=d.n_epochs, help=f"PPO epochs (default {d.n_epochs})")
+    t.add_argument("--seed", type=int, default=None, help=f"seed of the algorithm and of training env 0 (default {d.seed}; ars: its first training draw, "
+                   f"default {ARSConfig().seed})")
+    t.add_argument("--learning-rate", type=float, default=None, help=f"(default {d.learning_rate})")
+    t.add_argument("--n-steps", type=int, default=None, help=f"rollout steps per env (default {d.n_steps})")
+    t.add_argument("--batch-size", type=int, default=None, help=f"minibatch (default {d.batch_size})")
+    t.add_argument("--n-epochs", type=int, default=None, help=f"PPO epochs (default {d.n_epochs})")
     t.add_argument("--gamma", type=float, default=None,
                    help=f"discount (default {g.gamma} for the generalist, {d.gamma} with --scenario)")
-    t.add_argument("--gae-lambda", type=float, default=d.gae_lambda, help=f"(default {d.gae_lambda})")
-    t.add_argument("--clip-range", type=float, default=d.clip_range, help=f"PPO clip (default {d.clip_range})")
-    t.add_argument("--ent-coef", type=float, default=d.ent_coef, help=f"entropy bonus (default {d.ent_coef})")
-    t.add_argument("--vf-coef", type=float, default=d.vf_coef, help=f"(default {d.vf_coef})")
-    t.add_argument("--max-grad-norm", type=float, default=d.max_grad_norm, help=f"(default {d.max_grad_norm})")
-    t.add_argument("--net-arch", type=_net_arch, default=d.net_arch,
+    t.add_argument("--gae-lambda", type=float, default=None, help=f"(default {d.gae_lambda})")
+    t.add_argument("--clip-range", type=float, default=None, help=f"PPO clip (default {d.clip_range})")
+    t.add_argument("--ent-coef", type=float, default=None, help=f"entropy bonus (default {d.ent_coef})")
+    t.add_argument("--vf-coef", type=float, default=None, help=f"(default {d.vf_coef})")
+    t.add_argument("--max-grad-norm", type=float, default=None, help=f"(default {d.max_grad_norm})")
+    t.add_argument("--net-arch", type=_net_arch, default=None,
                    help="hidden layer sizes of policy and value nets (default " + ",".join(map(str, d.net_arch)) + ")")
     t.add_argument("--log-std-init", type=float, default=None,
                    help="initial log standard deviation of a Gaussian policy (--action log-multiplier; SB3's default 0)")
     t.add_argument("--algo-kwargs", type=_json_arg, default=None,
                    help='JSON of extra algorithm arguments, e.g. \'{"target_kl": 0.02}\'')
-    t.add_argument("--action-repeat", type=int, default=d.action_repeat,
+    t.add_argument("--action-repeat", type=int, default=None,
                    help=f"slots each decision is held for; --total-timesteps counts decisions (default {d.action_repeat})")
-    t.add_argument("--action-rule", choices=["mean", "mode"], default=d.action_rule,
+    t.add_argument("--action-rule", choices=["mean", "mode"], default=None,
                    help="deterministic budget of the policy: expected budget, rounded (default; with budget "
                    "levels the expected level index), or argmax")
-    t.add_argument("--max-budget", type=int, default=d.max_budget,
+    t.add_argument("--max-budget", type=int, default=None,
                    help="largest budget the policy may choose (default: the scenario's, 16; 64 on adaptive-mix)")
     t.add_argument("--budget-levels", type=_int_list("--budget-levels", 0, "0,1,2,4,8,16,32,64"), default=None,
                    help="the budgets the policy chooses among (ascending), e.g. 0,1,2,3,4,6,8,12,16,24,32,40,48,64; "
@@ -666,31 +749,46 @@ def build_parser() -> argparse.ArgumentParser:
                    help="do not normalise observations")
     t.add_argument("--no-norm-reward", dest="norm_reward", action="store_false", default=None,
                    help="do not normalise rewards")
-    t.add_argument("--clip-obs", type=float, default=d.clip_obs, help=f"(default {d.clip_obs})")
+    t.add_argument("--clip-obs", type=float, default=None, help=f"(default {d.clip_obs})")
     t.add_argument("--eval-freq", type=int, default=None,
                    help=f"evaluate every N decisions, 0 = never (default {g.eval_freq} for the generalist, "
                    f"{d.eval_freq} with --scenario)")
     t.add_argument("--eval-episodes", type=int, default=None,
                    help=f"(default {g.eval_episodes} fixed draws for the generalist, {d.eval_episodes} with --scenario)")
-    t.add_argument("--eval-seed", type=int, default=d.eval_seed, help=f"first evaluation seed (default {d.eval_seed})")
+    t.add_argument("--eval-seed", type=int, default=None, help=f"first evaluation seed (default {d.eval_seed})")
     t.add_argument("--checkpoint-freq", type=int, default=None,
                    help=f"checkpoint every N decisions, 0 = never (default {g.checkpoint_freq} for the generalist, "
                    f"{d.checkpoint_freq} with --scenario)")
-    t.add_argument("--final-eval-seeds", type=int, default=d.final_eval_seeds,
+    t.add_argument("--final-eval-seeds", type=int, default=None,
                    help=f"report seeds 0..N-1 of the final table, 0 = no table (default {d.final_eval_seeds})")
-    t.add_argument("--tune-seeds", type=int, default=d.tune_seeds,
+    t.add_argument("--tune-seeds", type=int, default=None,
                    help=f"tuning seeds 1000.. of the baselines (default {d.tune_seeds})")
-    t.add_argument("--select", choices=["best", "last"], default=d.select,
+    t.add_argument("--select", choices=["best", "last"], default=None,
                    help="model.zip = the best evaluated policy (default) or the last")
-    t.add_argument("--torch-threads", type=int, default=d.torch_threads, help=f"(default {d.torch_threads})")
-    t.add_argument("--device", default=d.device, help=f"torch device (default {d.device})")
+    t.add_argument("--torch-threads", type=int, default=None, help=f"(default {d.torch_threads})")
+    t.add_argument("--device", default=None, help=f"torch device (default {d.device})")
     t.add_argument("--backend", choices=["serial", "ray"], default="serial",
                    help="serial: one training run (default); ray: a Ray Tune search of --trials runs over seeds and "
                    "the settings that matter (flowgym.lab.train.SEARCH_SPACE), the worst stopped early (ASHA), the "
                    "best evaluated against the tuned baselines (pip install 'flowgym[ray]'; docs/scaling.md)")
     t.add_argument("--trials", type=int, default=None, help="trials of a --backend ray search (default 4)")
-    t.add_argument("--workers", type=int, default=None, help="CPUs of the local Ray cluster (default: the cores)")
+    t.add_argument("--workers", type=int, default=None, help="CPUs of the local Ray cluster (default: the cores); with --algo ars, processes running "
+                   "episodes (default 2; the result does not depend on it)")
     t.add_argument("--address", default=None, help="an existing Ray cluster (auto, ray://head:10001)")
+    a = ARSConfig()
+    t.add_argument("--iterations", type=int, default=None, help=f"(ars) policy updates (default {a.iterations})")
+    t.add_argument("--directions", type=int, default=None,
+                   help=f"(ars) random directions per update, each run + and - (default {a.directions})")
+    t.add_argument("--draws", type=int, default=None,
+                   help=f"(ars) draws of the workload per candidate and update, the same for all (default {a.draws})")
+    t.add_argument("--noise", type=float, default=None, help=f"(ars) perturbation of each weight (default {a.noise})")
+    t.add_argument("--step-size", type=float, default=None, help=f"(ars) step size (default {a.step_size})")
+    t.add_argument("--hidden", type=_int_list("--hidden", 1, "8"), default=None,
+                   help="(ars) hidden layer sizes of the policy (default: none, a linear policy)")
+    t.add_argument("--eval-every", type=int, default=None,
+                   help=f"(ars) evaluate every N updates on the fixed draws; the best is kept (default {a.eval_every})")
+    t.add_argument("--norm-draws", type=int, default=None,
+                   help=f"(ars) draws that set the observation normalisation (default {a.norm_draws})")
     t.add_argument("--out", default=None, help="output directory (default runs/<algo>-<scenario>)")
     t.add_argument("--no-plots", action="store_true", help="skip curves.png")
     t.add_argument("--quiet", action="store_true", help="no progress bar")

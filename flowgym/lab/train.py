@@ -85,8 +85,9 @@ __all__ = [
 CURVES_FILE = "curves.csv"
 #: Wall minutes of the default ``flowgym train`` on 2 CPU cores (measured; docs/training.md).
 DEFAULT_TRAIN_MINUTES = 6
-#: Wall minutes of the default ``flowgym train`` (the generalist) on 2 CPU cores (measured; docs/training.md).
-GENERALIST_TRAIN_MINUTES = 15
+#: Wall minutes of the default ``flowgym train`` (the generalist: ``--algo ars``, 2 processes) on 2 CPU
+#: cores (measured; docs/training.md). PPO's generalist (``--algo ppo``) took 9-15.
+GENERALIST_TRAIN_MINUTES = 20
 #: The generalist's actions: ``B_t = k * (arrival rate)`` for these ``k`` (starts per arrival).
 GENERALIST_MULTIPLIERS = (0.5, 0.7, 0.85, 1.0, 1.15, 1.3, 1.5, 1.75, 2.0, 2.5, 3.0, 4.0)
 #: Environment arguments that shape the observation: a learned agent declares them as trained.

@@ -1,0 +1,429 @@
+"""Augmented random search (ARS) of a small numpy policy on the scale-free load features.
+
+``flowgym train --algo ars`` (the shipped generalist's recipe, :meth:`ARSConfig.generalist`).
+Why a derivative-free search next to PPO (docs/training.md, "The generalist"): PPO's policies
+on the random-mix distribution stayed near a *constant* multiplier of the arrival rate (a
+near-uniform softmax, or a Gaussian mean that trades light loads for heavy ones), because the
+per-step advantages are mostly Poisson noise. ARS (Mania, Guy & Recht 2018, "Simple random
+search provides a competitive approach to reinforcement learning", version V1 with antithetic
+directions) instead compares whole episodes of the metric we report, and here with **common
+random numbers**: in one iteration every perturbed policy runs on the *same* draws of the
+workload distribution with the *same* seeds (the arrivals do not depend on the policy), so the
+difference between ``theta + nu * delta`` and ``theta - nu * delta`` is the policy's effect on
+those draws, not the draws' spread. The objective is the geometric mean of the time in system
+over the draws (minus the mean of its log), the selection metric of every generalist, which
+weighs a light draw (10-20 slots) and an overloaded one (hundreds) alike.
+
+The policy is :class:`flowgym.agents.learned.ArrayPolicy`, a linear map (``hidden=()``) or a
+small tanh network of the 17 load features (normalised by their mean and spread under the
+initial policy on ``norm_draws`` draws, then frozen) to the continuous ``log-multiplier``
+action: ``k`` between the smallest and the largest of ``multipliers`` (0.5-4 by default) on a
+log scale, ``B_t = round(k * arrival rate)``; ``theta = 0`` is ``k = sqrt(0.5 * 4) = 1.41``,
+the constant that PPO's generalists played. Every candidate runs through
+:func:`flowgym.lab.evaluation.run_episode` with
+:meth:`flowgym.agents.LearnedBudget.from_policy`, the same code path as the saved model.
+
+Same configuration, same model, whatever ``workers`` is (each episode is deterministic in its
+draw's seed and the update sums in a fixed order).
+"""
+
+from __future__ import annotations
+
+import csv
+import dataclasses
+import json
+import math
+import os
+import time
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+
+from flowgym.agents.learned import (
+    ARRAYS_FILE,
+    FORMAT_VERSION,
+    META_FILE,
+    NORM_FILE,
+    ArrayPolicy,
+    LearnedBudget,
+    describe_action_space,
+)
+
+__all__ = ["ARSConfig", "ARSResult", "train_ars", "CURVE_COLUMNS"]
+
+#: Columns of an ARS run's ``curves.csv`` (one row per iteration; ``eval_geo_time_in_system`` on
+#: evaluation iterations only).
+CURVE_COLUMNS = ("iteration", "episodes", "decisions", "wall_seconds", "train_log_time_in_system",
+                 "step_norm", "eval_geo_time_in_system")
+
+
+@dataclass
+class ARSConfig:
+    """Settings of :func:`train_ars` (``flowgym train --algo ars``). Defaults: the shipped generalist."""
+
+    #: Workloads to train on: ``"random-mix"``, its mapping ``{"kind": "random-mix", ...}``, a callable
+    #: ``rng -> FlowControl-v0 arguments``, or ``None``: the scenario's own workload (its seeds vary).
+    distribution: Any = "random-mix"
+    #: The report scenario of the final table (zero-shot with a distribution), or the training
+    #: workload without one: a built-in name or a scenario file.
+    scenario: str = "adaptive-mix"
+    rate: float | None = None
+    #: Hidden layer sizes of the policy (``()``: linear in the load features).
+    hidden: tuple[int, ...] = ()
+    #: Updates of the policy.
+    iterations: int = 80
+    #: Random directions per update (each run twice: ``+`` and ``-``).
+    directions: int = 8
+    #: Draws (episodes) per candidate per update, common to all candidates of that update.
+    draws: int = 8
+    #: Standard deviation of the perturbation of each weight.
+    noise: float = 0.05
+    #: Step size (ARS's ``alpha``; the step is divided by the spread of the candidates' scores).
+    step_size: float = 0.02
+    #: The multiplier range of the ``log-multiplier`` action (its smallest and largest value count).
+    multipliers: tuple[float, ...] = (0.5, 0.7, 0.85, 1.0, 1.15, 1.3, 1.5, 1.75, 2.0, 2.5, 3.0, 4.0)
+    #: What the multiplier multiplies (``FlowControlConfig.multiplier_of``).
+    multiplier_of: str = "rate"
+    #: Largest budget (the cap of ``k * rate``).
+    max_budget: int = 256
+    #: Slots each decision is held for.
+    action_repeat: int = 8
+    #: Draws whose observations, under the initial policy, set the normalisation (seeds below ``seed``).
+    norm_draws: int = 16
+    #: Evaluate the current policy every this many iterations (and after the last) on the
+    #: ``eval_episodes`` fixed draws from ``eval_seed``; the best evaluated policy is kept.
+    eval_every: int = 5
+    eval_episodes: int = 12
+    eval_seed: int = 20_000
+    #: Iteration ``i`` trains on draws ``seed + i * draws + j``; the normalisation draws are
+    #: ``seed - 1 - j``; the directions come from ``numpy.random.default_rng(seed)``.
+    seed: int = 40_000
+    #: Processes running episodes (1: this one).
+    workers: int = 1
+    #: Overrides of the environment arguments (e.g. ``{"reward_weights": ...}``; not the workload).
+    env_overrides: dict[str, Any] = field(default_factory=dict)
+    #: Reporting seeds ``0..final_eval_seeds-1`` of the final table on ``scenario`` (0: none).
+    final_eval_seeds: int = 3
+    tune_seeds: int = 2
+    out: str = "runs/ars-generalist"
+    progress: bool = True
+
+    @classmethod
+    def generalist(cls, **overrides: Any) -> ARSConfig:
+        """The shipped generalist's recipe (``flowgym train`` with no scenario)."""
+        return cls(**overrides)
+
+    def validate(self) -> None:
+        """Raise ``ValueError`` naming the first invalid setting."""
+
+        def pos_int(name: str, zero: bool = False) -> None:
+            v = getattr(self, name)
+            if isinstance(v, bool) or not isinstance(v, (int, np.integer)) or v < (0 if zero else 1):
+                raise ValueError(f"{name} must be a {'non-negative' if zero else 'positive'} integer, got {v!r}")
+
+        for name in ("iterations", "directions", "draws", "max_budget", "action_repeat", "eval_every",
+                     "eval_episodes", "workers", "norm_draws"):
+            pos_int(name)
+        for name in ("eval_seed", "seed", "final_eval_seeds", "tune_seeds"):
+            pos_int(name, zero=True)
+        if self.seed < self.norm_draws:
+            raise ValueError(f"seed must be at least norm_draws ({self.norm_draws}): the normalisation draws are "
+                             f"seeds seed-1 down to seed-norm_draws, got seed={self.seed}")
+        for name in ("noise", "step_size"):
+            v = getattr(self, name)
+            if isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v) or v <= 0:
+                raise ValueError(f"{name} must be a positive number, got {v!r}")
+        if not isinstance(self.hidden, (tuple, list)) or any(
+                isinstance(h, bool) or not isinstance(h, (int, np.integer)) or h < 1 for h in self.hidden):
+            raise ValueError(f"hidden must be a list of positive layer sizes (empty: linear), got {self.hidden!r}")
+        if not isinstance(self.env_overrides, Mapping):
+            raise ValueError(f"env_overrides must be a mapping, got {self.env_overrides!r}")
+        for bad in ("workload", "observation", "action", "max_budget", "multipliers", "multiplier_of"):
+            if bad in self.env_overrides:
+                raise ValueError(f"env_overrides may not set {bad!r}: the workload comes from the distribution or "
+                                 "the scenario, and the observation and action are the search's own settings")
+        from flowgym.envs.flow_control import FlowControlConfig
+        from flowgym.lab.scenarios import get_scenario
+
+        FlowControlConfig(multipliers=tuple(self.multipliers), multiplier_of=self.multiplier_of,
+                          action="log-multiplier").validate()
+        get_scenario(self.scenario, rate=self.rate)
+        if self.distribution is not None:
+            from flowgym.lab.distributions import make_distribution
+
+            make_distribution(self.distribution)
+        if not self.out:
+            raise ValueError("out (the output directory) must be given")
+
+    def hyperparameters(self) -> dict[str, Any]:
+        """The settings as a JSON-ready dict."""
+        d = dataclasses.asdict(self)
+        d["hidden"] = list(self.hidden)
+        d["multipliers"] = list(self.multipliers)
+        if self.distribution is not None:
+            from flowgym.lab.distributions import make_distribution
+
+            dist = make_distribution(self.distribution)
+            d["distribution"] = dist.to_spec() if hasattr(dist, "to_spec") else repr(self.distribution)
+        return d
+
+
+@dataclass
+class ARSResult:
+    """What :func:`train_ars` produced."""
+
+    out: str
+    iterations: int
+    episodes: int
+    wall_seconds: float
+    #: Iteration of the kept policy and its evaluation (geometric mean time in system).
+    best_iteration: int
+    best_eval: float
+    curves: list[dict[str, Any]]
+    table: Any = None
+
+
+# --------------------------------------------------------------------------- one episode (runs in workers)
+
+_SPEC: dict[str, Any] = {}
+
+
+def _init_worker(spec: dict[str, Any]) -> None:
+    _SPEC.clear()
+    _SPEC.update(spec)
+
+
+def _episode(task: tuple[np.ndarray, int, dict[str, Any]]) -> float:
+    """Mean time in system of the policy with weights ``theta`` on one draw (seed, its arguments)."""
+    from flowgym.lab.evaluation import run_episode
+
+    theta, seed, env_kwargs = task
+    s = _SPEC
+    policy = ArrayPolicy.from_vector(np.asarray(theta), s["sizes"], s["obs_low"], s["obs_high"])
+    agent = LearnedBudget.from_policy(policy, s["norm"], s["env_options"], s["action_repeat"])
+    ep = run_episode(agent, env_kwargs, seed, env_kwargs.get("horizon"))
+    return float(ep.metrics()["mean_time_in_system"])
+
+
+def _observations(task: tuple[int, dict[str, Any]]) -> np.ndarray:
+    """The raw load observations at the decision points of the initial policy (zero weights) on one draw."""
+    from flowgym.lab.evaluation import run_episode
+
+    seed, env_kwargs = task
+    s = _SPEC
+    policy = ArrayPolicy.from_vector(np.zeros(ArrayPolicy.n_weights(s["sizes"])), s["sizes"],
+                                     s["obs_low"], s["obs_high"])
+    agent = LearnedBudget.from_policy(policy, None, s["env_options"], s["action_repeat"])
+    seen: list[np.ndarray] = []
+    act = agent.act
+
+    def record(observation: Any, view: Any) -> Any:
+        if agent.decides_next:
+            seen.append(np.asarray(observation, dtype=np.float64))
+        return act(observation, view)
+
+    agent.act = record  # type: ignore[method-assign]
+    run_episode(agent, env_kwargs, seed, env_kwargs.get("horizon"))
+    return np.stack(seen) if seen else np.zeros((0, len(s["obs_low"])))
+
+
+class _Runner:
+    """Runs tasks here (``workers == 1``) or in a process pool, results in task order."""
+
+    def __init__(self, spec: dict[str, Any], workers: int) -> None:
+        self.spec, self.pool = spec, None
+        _init_worker(spec)
+        if workers > 1:
+            import multiprocessing
+            from concurrent.futures import ProcessPoolExecutor
+
+            self.pool = ProcessPoolExecutor(workers, mp_context=multiprocessing.get_context("spawn"),
+                                            initializer=_init_worker, initargs=(spec,))
+
+    def map(self, fn: Any, tasks: list[Any]) -> list[Any]:
+        if self.pool is None:
+            return [fn(t) for t in tasks]
+        return list(self.pool.map(fn, tasks, chunksize=max(1, len(tasks) // (4 * self.pool._max_workers))))
+
+    def update(self, **spec: Any) -> None:
+        self.spec.update(spec)
+        _init_worker(self.spec)
+        if self.pool is not None:  # new workers see the new spec
+            workers = self.pool._max_workers
+            self.pool.shutdown()
+            self.__init__(self.spec, workers)  # type: ignore[misc]
+
+    def close(self) -> None:
+        if self.pool is not None:
+            self.pool.shutdown()
+
+
+def _log_scores(values: Sequence[float], n_candidates: int, n_draws: int) -> np.ndarray:
+    """Minus the mean log time in system of each candidate over the draws where every candidate has one."""
+    v = np.asarray(values, dtype=np.float64).reshape(n_candidates, n_draws)
+    ok = np.all(np.isfinite(v) & (v > 0), axis=0)
+    if not ok.any():
+        return np.zeros(n_candidates)
+    return -np.log(v[:, ok]).mean(axis=1)
+
+
+# --------------------------------------------------------------------------- the search
+
+
+def train_ars(cfg: ARSConfig | None = None, *, on_iteration: Any = None, **overrides: Any) -> ARSResult:
+    """Run the search; write the model directory ``cfg.out`` (``policy.npz``, ``normalization.npz``,
+    ``flowgym_agent.json``, ``curves.csv``); return an :class:`ARSResult`.
+
+    ``on_iteration(row)`` is called after every iteration with its row of ``curves.csv``.
+    """
+    from flowgym.lab.evaluation import Progress
+    from flowgym.lab.scenarios import get_scenario
+    from flowgym.lab.train import _agent_options, _versions, final_evaluation, learned_env_kwargs
+
+    cfg = dataclasses.replace(cfg or ARSConfig(), **overrides)
+    cfg.validate()
+    sc = get_scenario(cfg.scenario, rate=cfg.rate)
+    env_kw = learned_env_kwargs(sc.tune_env_kwargs(), cfg.max_budget, cfg.env_overrides, observation="load",
+                                action="log-multiplier", multipliers=cfg.multipliers,
+                                multiplier_of=cfg.multiplier_of)
+    env_options = _agent_options(env_kw)
+    # an episode's arguments: the draw's (or the scenario's) without the agent's options, which
+    # run_episode adds from the agent (as for any learned agent)
+    base = {k: v for k, v in env_kw.items() if k not in env_options}
+    if cfg.distribution is not None:
+        from flowgym.lab.distributions import make_distribution
+
+        sampler = make_distribution(cfg.distribution)
+        fixed = {k: v for k, v in base.items() if k not in ("M", "workload", "horizon")}
+
+        def draw(seed: int) -> dict[str, Any]:
+            return {**dict(sampler(np.random.default_rng(seed))), **fixed}
+    else:
+        def draw(seed: int) -> dict[str, Any]:
+            return dict(base)
+
+    from flowgym.envs.flow_control import FlowControlEnv
+
+    probe = FlowControlEnv(**{**draw(cfg.seed), **env_options})
+    obs_low, obs_high = np.asarray(probe.observation_space.low), np.asarray(probe.observation_space.high)
+    sizes = [int(obs_low.shape[0]), *[int(h) for h in cfg.hidden], 1]
+    n_w = ArrayPolicy.n_weights(sizes)
+    rng = np.random.default_rng(cfg.seed)
+    theta = np.zeros(n_w)
+    if cfg.hidden:  # a network needs random hidden weights (the output layer starts at zero: k = 1.41)
+        k = 0
+        for a, b in zip(sizes[:-2], sizes[1:-1]):
+            theta[k:k + a * b] = rng.normal(0.0, 1.0 / math.sqrt(a), a * b)
+            k += a * b + b
+    spec = {"sizes": sizes, "obs_low": obs_low, "obs_high": obs_high, "norm": None,
+            "env_options": env_options, "action_repeat": cfg.action_repeat}
+    os.makedirs(cfg.out, exist_ok=True)
+    runner = _Runner(spec, cfg.workers)
+    t0 = time.perf_counter()
+    try:
+        # the normalisation: the load features' mean and spread under the initial policy, then frozen
+        obs = runner.map(_observations, [(cfg.seed - 1 - j, draw(cfg.seed - 1 - j)) for j in range(cfg.norm_draws)])
+        allobs = np.concatenate(obs)
+        mean, var = allobs.mean(axis=0), allobs.var(axis=0)
+        eps, clip = 1e-8, 10.0
+        norm = (mean, np.sqrt(var + eps), clip)
+        runner.update(norm=norm)
+
+        eval_kw = [draw(cfg.eval_seed + j) for j in range(cfg.eval_episodes)]
+
+        def evaluate(th: np.ndarray) -> float:
+            v = runner.map(_episode, [(th, cfg.eval_seed + j, eval_kw[j]) for j in range(cfg.eval_episodes)])
+            return float(math.exp(-_log_scores(v, 1, len(v))[0]))
+
+        bar = Progress(cfg.iterations, enabled=cfg.progress)
+        rows: list[dict[str, Any]] = []
+        best = (evaluate(theta), 0, theta.copy())
+        rows.append({"iteration": 0, "episodes": cfg.eval_episodes, "decisions": 0, "wall_seconds": 0.0,
+                     "eval_geo_time_in_system": best[0]})
+        episodes, decisions = cfg.eval_episodes, 0
+        for it in range(1, cfg.iterations + 1):
+            seeds = [cfg.seed + (it - 1) * cfg.draws + j for j in range(cfg.draws)]
+            kws = [draw(s) for s in seeds]
+            deltas = rng.normal(size=(cfg.directions, n_w))
+            cands = [theta + cfg.noise * d for d in deltas] + [theta - cfg.noise * d for d in deltas]
+            vals = runner.map(_episode, [(c, s, kw) for c in cands for s, kw in zip(seeds, kws)])
+            scores = _log_scores(vals, len(cands), cfg.draws)
+            rp, rm = scores[:cfg.directions], scores[cfg.directions:]
+            spread = float(np.std(scores))
+            step = cfg.step_size / (cfg.directions * spread) * ((rp - rm) @ deltas) if spread > 0 else np.zeros(n_w)
+            theta = theta + step
+            episodes += len(vals)
+            decisions += sum(int(kw.get("horizon") or 0) for kw in kws) * len(cands) // cfg.action_repeat
+            row: dict[str, Any] = {"iteration": it, "episodes": episodes, "decisions": decisions,
+                                   "wall_seconds": time.perf_counter() - t0,
+                                   "train_log_time_in_system": float(-scores.mean()),
+                                   "step_norm": float(np.linalg.norm(step))}
+            if it % cfg.eval_every == 0 or it == cfg.iterations:
+                e = evaluate(theta)
+                episodes += cfg.eval_episodes
+                row["eval_geo_time_in_system"] = e
+                if e < best[0]:
+                    best = (e, it, theta.copy())
+            rows.append(row)
+            bar.update(f"iteration {it}, best {best[0]:.2f} at {best[1]}")
+            if on_iteration is not None:
+                on_iteration(row)
+        bar.close()
+    finally:
+        runner.close()
+    wall = time.perf_counter() - t0
+
+    policy = ArrayPolicy.from_vector(best[2], sizes, obs_low, obs_high)
+    np.savez(os.path.join(cfg.out, ARRAYS_FILE), **policy.arrays())
+    np.savez(os.path.join(cfg.out, NORM_FILE), obs_low=obs_low, obs_high=obs_high, obs_mean=mean, obs_var=var,
+             epsilon=np.float64(eps), clip_obs=np.float64(clip))
+    meta = {
+        "format": FORMAT_VERSION,
+        "algo": "ars",
+        "algo_class": "flowgym.lab.ars:train_ars",
+        "scenario": sc.name,
+        "rate": cfg.rate,
+        "scenario_data": sc.to_dict(),
+        "trained_on": "scenario" if cfg.distribution is None else cfg.hyperparameters()["distribution"],
+        "observation": "load",
+        "action": "log-multiplier",
+        "env_kwargs": env_kw,
+        "agent_env_options": env_options,
+        "observation_shape": [int(obs_low.shape[0])],
+        "action_n": 0,
+        "action_space": describe_action_space(policy.action_space),
+        "action_repeat": int(cfg.action_repeat),
+        "budget_levels": None,
+        "action_rule": "mode",
+        "layer_sizes": sizes,
+        "hyperparameters": cfg.hyperparameters(),
+        "seeds": {"train": [cfg.seed, cfg.seed + cfg.iterations * cfg.draws - 1],
+                  "normalisation": [cfg.seed - cfg.norm_draws, cfg.seed - 1],
+                  "eval_during_training": [cfg.eval_seed + i for i in range(cfg.eval_episodes)],
+                  "tune": [1000 + i for i in range(cfg.tune_seeds)],
+                  "report": list(range(cfg.final_eval_seeds))},
+        "selected": "best",
+        "best_iteration": best[1],
+        "best_eval_time_in_system": best[0],
+        "episodes": episodes,
+        "decisions": decisions,
+        "wall_seconds": wall,
+        "loadavg": list(os.getloadavg()) if hasattr(os, "getloadavg") else None,
+        "versions": _versions(),
+    }
+    from flowgym.lab.train import _json_default
+
+    with open(os.path.join(cfg.out, META_FILE), "w") as fh:
+        json.dump(meta, fh, indent=1, default=_json_default)
+    with open(os.path.join(cfg.out, "curves.csv"), "w", newline="") as fh:
+        w = csv.DictWriter(fh, fieldnames=list(CURVE_COLUMNS), extrasaction="ignore")
+        w.writeheader()
+        for r in rows:
+            w.writerow(r)
+    res = ARSResult(cfg.out, cfg.iterations, episodes, wall, best[1], best[0], rows)
+    if cfg.final_eval_seeds > 0:
+        res.table = final_evaluation(cfg.out, seeds=list(range(cfg.final_eval_seeds)),
+                                     tune_seeds=[1000 + i for i in range(cfg.tune_seeds)], progress=cfg.progress)
+    return res

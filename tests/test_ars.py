@@ -1,0 +1,168 @@
+"""flowgym.lab.ars (``flowgym train --algo ars``) and the numpy policy it writes (agents.learned.ArrayPolicy)."""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+
+from flowgym.agents.learned import ARRAYS_FILE, META_FILE, NORM_FILE, ArrayPolicy, LearnedBudget
+from flowgym.lab.ars import ARSConfig, _log_scores, train_ars
+from flowgym.lab.cli import main
+from flowgym.lab.distributions import RandomMix
+from flowgym.lab.evaluation import run_episode
+
+TINY = dict(iterations=2, directions=2, draws=2, norm_draws=2, eval_every=1, eval_episodes=2, final_eval_seeds=0,
+            progress=False)
+
+
+@pytest.fixture(scope="module")
+def tiny_model(tmp_path_factory):
+    out = str(tmp_path_factory.mktemp("ars") / "m")
+    res = train_ars(out=out, **TINY)
+    return out, res
+
+
+def test_array_policy_is_tanh_of_its_layers_and_round_trips_through_a_vector():
+    rng = np.random.default_rng(1)
+    sizes = [3, 4, 1]
+    theta = rng.normal(size=ArrayPolicy.n_weights(sizes))
+    assert ArrayPolicy.n_weights(sizes) == 3 * 4 + 4 + 4 * 1 + 1
+    p = ArrayPolicy.from_vector(theta, sizes, np.full(3, -16.0), np.full(3, 16.0))
+    x = rng.normal(size=(5, 3))
+    w0, b0 = theta[:12].reshape(4, 3), theta[12:16]
+    w1, b1 = theta[16:20].reshape(1, 4), theta[20:21]
+    want = np.tanh(np.tanh(x @ w0.T + b0) @ w1.T + b1)
+    np.testing.assert_allclose(p(x), want, rtol=1e-12)
+    act, state = p.predict(x)
+    assert act.shape == (5, 1) and act.dtype == np.float32 and state is None
+    assert np.all(np.abs(act) <= 1)
+    a = p.arrays()
+    assert sorted(a) == ["b0", "b1", "w0", "w1"]
+    again = ArrayPolicy([(a["w0"], a["b0"]), (a["w1"], a["b1"])], np.full(3, -16.0), np.full(3, 16.0))
+    np.testing.assert_array_equal(again(x), p(x))
+
+
+def test_array_policy_refuses_bad_weights_by_name():
+    lo, hi = np.zeros(3), np.ones(3)
+    with pytest.raises(ValueError, match="layer 0 has W"):
+        ArrayPolicy([(np.zeros((1, 2)), np.zeros(1))], lo, hi)
+    with pytest.raises(ValueError, match="non-finite"):
+        ArrayPolicy([(np.full((1, 3), np.nan), np.zeros(1))], lo, hi)
+    with pytest.raises(ValueError, match="2 outputs"):
+        ArrayPolicy([(np.zeros((2, 3)), np.zeros(2))], lo, hi)
+    with pytest.raises(ValueError, match="weights for layer sizes"):
+        ArrayPolicy.from_vector(np.zeros(5), [3, 1], lo, hi)
+    with pytest.raises(ValueError, match="at least one"):
+        ArrayPolicy([], lo, hi)
+
+
+def test_log_scores_are_minus_the_mean_log_over_draws_every_candidate_finished():
+    v = [10.0, 100.0, math.nan,
+         20.0, 50.0, 7.0]
+    s = _log_scores(v, 2, 3)  # the third draw has no value for candidate 0: dropped for both
+    np.testing.assert_allclose(s, [-(math.log(10) + math.log(100)) / 2, -(math.log(20) + math.log(50)) / 2])
+    assert s[0] == pytest.approx(s[1], rel=1e-15)  # the same geometric mean, 31.6
+    np.testing.assert_array_equal(_log_scores([math.nan, math.nan], 2, 1), [0.0, 0.0])
+
+
+def test_ars_writes_a_model_the_learned_agent_loads(tiny_model):
+    out, res = tiny_model
+    for f in (ARRAYS_FILE, NORM_FILE, META_FILE, "curves.csv"):
+        assert os.path.exists(os.path.join(out, f)), f
+    meta = json.load(open(os.path.join(out, META_FILE)))
+    assert meta["algo"] == "ars" and meta["action"] == "log-multiplier" and meta["layer_sizes"] == [17, 1]
+    assert meta["best_iteration"] == res.best_iteration and res.episodes == meta["episodes"]
+    # 2 evaluation episodes before the updates, 2 updates of 2 x 2 candidates x 2 draws, each followed by 2
+    assert res.episodes == 2 + 2 * (8 + 2)
+    agent = LearnedBudget(out)
+    assert agent.continuous and agent.action_repeat == 8 and agent.requires["action"] == "log-multiplier"
+    with np.load(os.path.join(out, NORM_FILE)) as z:
+        assert z["obs_mean"].shape == (17,) and np.all(z["obs_var"] >= 0)
+
+
+def test_the_saved_model_acts_as_the_candidate_that_was_evaluated(tiny_model):
+    """The kept policy's evaluation during training is reproduced by the saved model through run_episode."""
+    out, res = tiny_model
+    agent = LearnedBudget(out)
+    cfg = ARSConfig(**TINY)
+    tis = []
+    for j in range(cfg.eval_episodes):
+        kw = RandomMix()(np.random.default_rng(cfg.eval_seed + j))
+        tis.append(run_episode(agent, kw, cfg.eval_seed + j, kw.get("horizon")).metrics()["mean_time_in_system"])
+    assert math.exp(np.mean(np.log(tis))) == pytest.approx(res.best_eval, rel=1e-12)
+
+
+def test_same_config_same_model_whatever_the_workers(tiny_model, tmp_path):
+    out, _ = tiny_model
+    other = str(tmp_path / "w2")
+    train_ars(out=other, workers=2, **TINY)
+    for f in (ARRAYS_FILE, NORM_FILE):
+        with np.load(os.path.join(out, f)) as a, np.load(os.path.join(other, f)) as b:
+            assert sorted(a.files) == sorted(b.files)
+            for k in a.files:
+                np.testing.assert_array_equal(a[k], b[k])
+
+
+def test_an_ars_model_loads_and_acts_without_torch(tiny_model):
+    out, _ = tiny_model
+    code = ("import sys; from flowgym.agents import LearnedBudget; a = LearnedBudget(sys.argv[1]); "
+            "import numpy as np; o = np.zeros(17); print(float(np.ravel(a.act(o, None))[0])); "
+            "assert 'torch' not in sys.modules and 'stable_baselines3' not in sys.modules")
+    r = subprocess.run([sys.executable, "-c", code, out], capture_output=True, text=True, timeout=120)
+    assert r.returncode == 0, r.stderr
+    assert -1.0 <= float(r.stdout.strip()) <= 1.0
+
+
+def test_a_hostile_policy_file_is_refused_by_name(tiny_model, tmp_path):
+    out, _ = tiny_model
+    bad = tmp_path / "bad"
+    bad.mkdir()
+    for f in (NORM_FILE, META_FILE):
+        (bad / f).write_bytes(open(os.path.join(out, f), "rb").read())
+    np.savez(bad / ARRAYS_FILE, w0=np.array([object()], dtype=object), b0=np.zeros(1))  # needs pickle to load
+    with pytest.raises(ValueError, match="policy.npz .* is not a plain array file"):
+        LearnedBudget(str(bad))
+    np.savez(bad / ARRAYS_FILE, w0=np.zeros((1, 5)), b0=np.zeros(1))  # wrong input width
+    with pytest.raises(ValueError, match="policy.npz .*layer 0 has W"):
+        LearnedBudget(str(bad))
+    np.savez(bad / ARRAYS_FILE, w0=np.full((1, 17), np.inf), b0=np.zeros(1))
+    with pytest.raises(ValueError, match="non-finite"):
+        LearnedBudget(str(bad))
+
+
+def test_config_errors_name_the_setting():
+    with pytest.raises(ValueError, match="iterations"):
+        ARSConfig(iterations=0).validate()
+    with pytest.raises(ValueError, match="noise"):
+        ARSConfig(noise=-1.0).validate()
+    with pytest.raises(ValueError, match="hidden"):
+        ARSConfig(hidden=(0,)).validate()
+    with pytest.raises(ValueError, match="env_overrides may not set 'workload'"):
+        ARSConfig(env_overrides={"workload": {}}).validate()
+    with pytest.raises(ValueError, match="seed must be at least norm_draws"):
+        ARSConfig(seed=3).validate()
+
+
+def test_train_cli_defaults_to_ars_without_a_scenario_and_refuses_options_of_the_other_algorithm(monkeypatch, capsys):
+    seen = {}
+
+    def fake(cfg):
+        seen["cfg"] = cfg
+        raise SystemExit(0)
+
+    monkeypatch.setattr("flowgym.lab.ars.train_ars", fake)
+    with pytest.raises(SystemExit):
+        main(["train", "--quiet"])
+    cfg = seen["cfg"]
+    assert isinstance(cfg, ARSConfig) and cfg == ARSConfig(workers=2, progress=False)
+    assert cfg.out == "runs/ars-generalist" and cfg.distribution == "random-mix"
+    assert main(["train", "--learning-rate", "0.1"]) == 2
+    assert "--learning-rate configure the SB3 algorithms" in capsys.readouterr().err
+    assert main(["train", "--scenario", "adaptive-mix", "--iterations", "3"]) == 2
+    assert "--iterations configure --algo ars, not ppo" in capsys.readouterr().err
