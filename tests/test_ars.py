@@ -166,3 +166,20 @@ def test_train_cli_defaults_to_ars_without_a_scenario_and_refuses_options_of_the
     assert "--learning-rate configure the SB3 algorithms" in capsys.readouterr().err
     assert main(["train", "--scenario", "adaptive-mix", "--iterations", "3"]) == 2
     assert "--iterations configure --algo ars, not ppo" in capsys.readouterr().err
+
+
+def test_selection_benchmark_compares_models_on_new_draws(tiny_model, capsys):
+    import importlib.util
+    import pathlib
+
+    path = pathlib.Path(__file__).resolve().parents[1] / "benchmarks" / "select_generalist.py"
+    spec = importlib.util.spec_from_file_location("select_generalist", path)
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    out, _ = tiny_model
+    assert mod.main(["shipped", out, "--draws", "2"]) == 0
+    lines = capsys.readouterr().out.splitlines()
+    assert lines[0].startswith("2 draws of RandomMix() (seeds 30000-30001)")
+    assert lines[1].startswith("shipped: geometric mean") and "/ shipped 1.000 [1.000, 1.000]" in lines[1]
+    want = np.exp(np.mean(np.log(mod.time_in_system(out, [30000, 30001]))))
+    assert lines[2].startswith(f"{out}: geometric mean {want:.2f};")

@@ -1,0 +1,69 @@
+"""Generalist models compared on new draws of their training distribution (model selection).
+
+The protocol that chose the shipped generalist (docs/training.md, "The generalist"): each model
+runs one episode on each of ``--draws`` draws of ``RandomMix()`` (seeds ``30000..``, used by no
+training run, no in-training evaluation and no report); the figure is the geometric mean of the
+time in system (a light draw of 10 slots and an overloaded one of 1,000 weigh alike), and each
+model's ratio to the first one with a 95% paired bootstrap interval over the draws, also split into
+light draws (the first model's time in system below 50 slots) and heavy ones. Not a timed test;
+about a minute per model on one core::
+
+    python benchmarks/select_generalist.py examples/ppo_generalist shipped
+    python benchmarks/select_generalist.py shipped runs/ars-generalist --draws 48
+
+``shipped`` is the default learned agent (``learned`` with no path).
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from collections.abc import Sequence
+
+import numpy as np
+
+from flowgym.agents import LearnedBudget
+from flowgym.lab.distributions import RandomMix
+from flowgym.lab.evaluation import run_episode
+
+FIRST_SEED = 30_000
+LIGHT = 50.0
+
+
+def time_in_system(model: str, seeds: Sequence[int]) -> np.ndarray:
+    """The model's mean time in system on the draw of each seed."""
+    agent = LearnedBudget(None if model == "shipped" else model)
+    out = []
+    for seed in seeds:
+        kw = RandomMix()(np.random.default_rng(seed))
+        out.append(run_episode(agent, kw, seed, kw.get("horizon")).metrics()["mean_time_in_system"])
+    return np.asarray(out, dtype=np.float64)
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("models", nargs="+", help="model directories, or 'shipped'; ratios are to the first")
+    ap.add_argument("--draws", type=int, default=48, help="draws (seeds 30000..; default 48)")
+    args = ap.parse_args(argv)
+    if args.draws < 2:
+        ap.error("--draws must be at least 2")
+    seeds = list(range(FIRST_SEED, FIRST_SEED + args.draws))
+    logs = {m: np.log(time_in_system(m, seeds)) for m in args.models}
+    base = logs[args.models[0]]
+    light = base < np.log(LIGHT)
+    rng = np.random.default_rng(0)
+    idx = rng.integers(0, len(seeds), size=(4000, len(seeds)))
+    print(f"{args.draws} draws of RandomMix() (seeds {seeds[0]}-{seeds[-1]}); {int(light.sum())} light "
+          f"(time in system of {args.models[0]} below {LIGHT:g})")
+    for m, v in logs.items():
+        d = v - base
+        lo, hi = np.exp(np.quantile(d[idx].mean(axis=1), [0.025, 0.975]))
+        split = (f", light {np.exp(d[light].mean()):.3f}, heavy {np.exp(d[~light].mean()):.3f}"
+                 if light.any() and (~light).any() else "")
+        print(f"{m}: geometric mean {np.exp(v.mean()):.2f}; / {args.models[0]} {np.exp(d.mean()):.3f} "
+              f"[{lo:.3f}, {hi:.3f}]{split}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
