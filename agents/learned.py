@@ -329,22 +329,47 @@ def _load_norm(path: str) -> tuple[dict[str, np.ndarray], Any]:
             arrays = {k: z[k] for k in z.files}
     except (OSError, ValueError, KeyError) as e:
         raise ValueError(f"learned agent: {NORM_FILE} in {path!r} is not a plain array file ({e})") from None
+    where = f"learned agent: {NORM_FILE} in {path!r}"
     for k in ("obs_low", "obs_high"):
         if k not in arrays:
-            raise ValueError(f"learned agent: {NORM_FILE} in {path!r} has no {k!r}")
+            raise ValueError(f"{where} has no {k!r}")
+    for k, v in arrays.items():
+        if v.dtype.kind not in "fiu":
+            raise ValueError(f"{where}: {k!r} holds {v.dtype} values; expected real numbers")
+    shape = arrays["obs_low"].shape
+    if len(shape) != 1 or arrays["obs_high"].shape != shape:
+        raise ValueError(f"{where}: obs_low and obs_high must be vectors of one length, got shapes "
+                         f"{shape} and {arrays['obs_high'].shape}")
     norm = None
     if "obs_mean" in arrays:
         for k in ("obs_var", "epsilon", "clip_obs"):
             if k not in arrays:
-                raise ValueError(f"learned agent: {NORM_FILE} in {path!r} has obs_mean but no {k!r}")
-        norm = (arrays["obs_mean"].astype(np.float64),
-                np.sqrt(arrays["obs_var"].astype(np.float64) + float(arrays["epsilon"])), float(arrays["clip_obs"]))
+                raise ValueError(f"{where} has obs_mean but no {k!r}")
+        mean, var = arrays["obs_mean"].astype(np.float64), arrays["obs_var"].astype(np.float64)
+        if mean.shape != shape or var.shape != shape:
+            raise ValueError(f"{where}: obs_mean and obs_var must have the observation's shape {shape}, got "
+                             f"{mean.shape} and {var.shape}")
+        if not (np.all(np.isfinite(mean)) and np.all(np.isfinite(var)) and np.all(var >= 0)):
+            raise ValueError(f"{where}: obs_mean must be finite and obs_var finite and >= 0")
+        eps, clip = arrays["epsilon"], arrays["clip_obs"]
+        if eps.size != 1 or clip.size != 1 or not (math.isfinite(float(eps)) and float(eps) >= 0
+                                                    and math.isfinite(float(clip)) and float(clip) > 0):
+            raise ValueError(f"{where}: epsilon must be one finite number >= 0 and clip_obs one finite number > 0, "
+                             f"got {eps!r} and {clip!r}")
+        norm = (mean, np.sqrt(var + float(eps)), float(clip))
     return arrays, norm
 
 
 def _load_arrays(path: str, meta: dict[str, Any]) -> tuple[ArrayPolicy, Any]:
     """An :class:`ArrayPolicy` from ``ARRAYS_FILE`` and the normalisation, both plain arrays."""
     arrays, norm = _load_norm(path)
+    if norm is None:
+        raise ValueError(f"learned agent: {NORM_FILE} in {path!r} has no obs_mean: an {meta.get('algo')!r} "
+                         "model is trained on normalised observations")
+    if meta.get("agent_env_options", {}).get("action") != "log-multiplier":
+        raise ValueError(f"learned agent: {META_FILE} in {path!r}: an {meta.get('algo')!r} model acts with "
+                         "action='log-multiplier'; agent_env_options says "
+                         f"{meta.get('agent_env_options', {}).get('action')!r}")
     try:
         with np.load(os.path.join(path, ARRAYS_FILE), allow_pickle=False) as z:
             weights = {k: z[k] for k in z.files}
@@ -356,6 +381,13 @@ def _load_arrays(path: str, meta: dict[str, Any]) -> tuple[ArrayPolicy, Any]:
         if f"b{i}" not in weights:
             raise ValueError(f"learned agent: {ARRAYS_FILE} in {path!r} has w{i} but no b{i}")
         layers.append((weights[f"w{i}"], weights[f"b{i}"]))
+    extra = sorted(set(weights) - {f"{c}{i}" for i in range(len(layers)) for c in "wb"})
+    if extra:
+        raise ValueError(f"learned agent: {ARRAYS_FILE} in {path!r} has arrays {extra} that are no layer "
+                         f"(expected w0, b0, ..., w{len(layers) - 1}, b{len(layers) - 1})")
+    for k, v in weights.items():
+        if v.dtype.kind not in "fiu":
+            raise ValueError(f"learned agent: {ARRAYS_FILE} in {path!r}: {k!r} holds {v.dtype} values")
     try:
         policy = ArrayPolicy(layers, arrays["obs_low"], arrays["obs_high"])
     except ValueError as e:

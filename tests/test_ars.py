@@ -183,3 +183,59 @@ def test_selection_benchmark_compares_models_on_new_draws(tiny_model, capsys):
     assert lines[1].startswith("shipped: geometric mean") and "/ shipped 1.000 [1.000, 1.000]" in lines[1]
     want = np.exp(np.mean(np.log(mod.time_in_system(out, [30000, 30001]))))
     assert lines[2].startswith(f"{out}: geometric mean {want:.2f};")
+
+
+def _tamper(out, tmp_path, name, **arrays):
+    bad = tmp_path / name
+    bad.mkdir()
+    for f in (NORM_FILE, META_FILE, ARRAYS_FILE):
+        (bad / f).write_bytes(open(os.path.join(out, f), "rb").read())
+    for f, changes in arrays.items():
+        with np.load(bad / f) as z:
+            a = {k: z[k] for k in z.files}
+        a.update(changes)
+        for k in [k for k, v in changes.items() if v is None]:
+            del a[k]
+        np.savez(bad / f, **a)
+    return str(bad)
+
+
+@pytest.mark.parametrize("changes, match", [
+    ({"obs_var": np.ones(3)}, "obs_mean and obs_var must have the observation's shape"),
+    ({"obs_mean": np.full(17, np.nan)}, "obs_mean must be finite"),
+    ({"obs_var": -np.ones(17)}, "obs_var finite and >= 0"),
+    ({"clip_obs": np.float64(-1)}, "clip_obs one finite number > 0"),
+    ({"epsilon": np.ones(2)}, "epsilon must be one finite number"),
+    ({"obs_low": np.float64(0)}, "obs_low and obs_high must be vectors of one length"),
+    ({"obs_mean": np.ones(17, complex)}, "holds complex128 values"),
+    ({"obs_mean": None}, "has no obs_mean"),
+])
+def test_a_tampered_normalisation_is_refused_by_name(tiny_model, tmp_path, changes, match):
+    out, _ = tiny_model
+    with pytest.raises(ValueError, match=match):
+        LearnedBudget(_tamper(out, tmp_path, "bad", **{NORM_FILE: changes}))
+
+
+def test_extra_or_complex_weights_are_refused(tiny_model, tmp_path):
+    out, _ = tiny_model
+    with pytest.raises(ValueError, match="that are no layer"):
+        LearnedBudget(_tamper(out, tmp_path, "extra", **{ARRAYS_FILE: {"w5": np.zeros((1, 1))}}))
+    with pytest.raises(ValueError, match="holds complex128 values"):
+        LearnedBudget(_tamper(out, tmp_path, "cplx", **{ARRAYS_FILE: {"b0": np.zeros(1, complex)}}))
+
+
+def test_ars_with_a_scenario_searches_on_it(monkeypatch):
+    seen = {}
+
+    def fake(cfg):
+        seen["cfg"] = cfg
+        raise SystemExit(0)
+
+    monkeypatch.setattr("flowgym.lab.ars.train_ars", fake)
+    with pytest.raises(SystemExit):
+        main(["train", "--quiet", "--algo", "ars", "--scenario", "adaptive-high"])
+    cfg = seen["cfg"]
+    assert cfg.distribution is None and cfg.scenario == "adaptive-high" and cfg.out == "runs/ars-adaptive-high"
+    with pytest.raises(SystemExit):
+        main(["train", "--quiet", "--algo", "ars", "--scenario", "adaptive-high", "--distribution", "random-mix"])
+    assert seen["cfg"].distribution == "random-mix" and seen["cfg"].out == "runs/ars-generalist"

@@ -24,7 +24,8 @@ the constant that PPO's generalists played. Every candidate runs through
 :meth:`flowgym.agents.LearnedBudget.from_policy`, the same code path as the saved model.
 
 Same configuration, same model, whatever ``workers`` is (each episode is deterministic in its
-draw's seed and the update sums in a fixed order).
+draw's seed and the update sums in a fixed order). With ``workers > 1`` the episodes run in
+spawned processes, so a script calling :func:`train_ars` needs ``if __name__ == "__main__":``.
 """
 
 from __future__ import annotations
@@ -97,7 +98,7 @@ class ARSConfig:
     eval_every: int = 5
     eval_episodes: int = 12
     eval_seed: int = 20_000
-    #: Iteration ``i`` trains on draws ``seed + i * draws + j``; the normalisation draws are
+    #: Update ``u = 1, 2, ...`` trains on draws ``seed + (u - 1) * draws + j``; the normalisation draws are
     #: ``seed - 1 - j``; the directions come from ``numpy.random.default_rng(seed)``.
     seed: int = 40_000
     #: Processes running episodes (1: this one).
@@ -233,7 +234,7 @@ class _Runner:
     """Runs tasks here (``workers == 1``) or in a process pool, results in task order."""
 
     def __init__(self, spec: dict[str, Any], workers: int) -> None:
-        self.spec, self.pool = spec, None
+        self.spec, self.pool, self.workers = spec, None, workers
         _init_worker(spec)
         if workers > 1:
             import multiprocessing
@@ -245,19 +246,18 @@ class _Runner:
     def map(self, fn: Any, tasks: list[Any]) -> list[Any]:
         if self.pool is None:
             return [fn(t) for t in tasks]
-        return list(self.pool.map(fn, tasks, chunksize=max(1, len(tasks) // (4 * self.pool._max_workers))))
+        return list(self.pool.map(fn, tasks, chunksize=max(1, len(tasks) // (4 * self.workers))))
 
     def update(self, **spec: Any) -> None:
         self.spec.update(spec)
         _init_worker(self.spec)
         if self.pool is not None:  # new workers see the new spec
-            workers = self.pool._max_workers
             self.pool.shutdown()
-            self.__init__(self.spec, workers)  # type: ignore[misc]
+            self.__init__(self.spec, self.workers)  # type: ignore[misc]
 
     def close(self) -> None:
         if self.pool is not None:
-            self.pool.shutdown()
+            self.pool.shutdown(cancel_futures=True)
 
 
 def _log_scores(values: Sequence[float], n_candidates: int, n_draws: int) -> np.ndarray:
@@ -335,6 +335,9 @@ def train_ars(cfg: ARSConfig | None = None, *, on_iteration: Any = None, **overr
 
         def evaluate(th: np.ndarray) -> float:
             v = runner.map(_episode, [(th, cfg.eval_seed + j, eval_kw[j]) for j in range(cfg.eval_episodes)])
+            ok = [x for x in v if math.isfinite(x) and x > 0]
+            if not ok:  # no evaluation draw finished a request: never a best policy
+                return math.inf
             return float(math.exp(-_log_scores(v, 1, len(v))[0]))
 
         bar = Progress(cfg.iterations, enabled=cfg.progress)

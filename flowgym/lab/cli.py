@@ -428,7 +428,8 @@ def _train_ars(args: argparse.Namespace) -> int:
     if args.action not in (None, "log-multiplier"):
         given.append(f"--action {args.action}")
     if given:
-        print(f"error: {', '.join(given)} configure the SB3 algorithms; --algo ars trains a numpy policy on the load "
+        print(f"error: {', '.join(given)} configure the SB3 algorithms (add --algo ppo, or another, to train with "
+              "SB3); --algo ars, the default without --scenario, trains a numpy policy on the load "
               "features with the log-multiplier action (its options: --iterations, --directions, --draws, --noise, "
               "--step-size, --hidden, --eval-every, --norm-draws; docs/training.md)", file=sys.stderr)
         return 2
@@ -440,8 +441,8 @@ def _train_ars(args: argparse.Namespace) -> int:
             kw[k] = tuple(v) if k in ("multipliers", "hidden") else v
     kw["workers"] = args.workers if args.workers is not None else 2
     kw["progress"] = not args.quiet
-    if args.distribution == "none":
-        kw["distribution"] = None
+    if args.distribution == "none" or (args.distribution is None and args.scenario is not None):
+        kw["distribution"] = None  # train on the scenario itself, as the SB3 path does
     elif args.distribution is not None:
         kw["distribution"] = args.distribution
     if "out" not in kw:
