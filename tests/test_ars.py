@@ -149,14 +149,20 @@ def test_config_errors_name_the_setting():
         ARSConfig(seed=3).validate()
 
 
-def test_train_cli_defaults_to_ars_without_a_scenario_and_refuses_options_of_the_other_algorithm(monkeypatch, capsys):
-    seen = {}
+@pytest.fixture
+def seen(monkeypatch):
+    """The configuration ``flowgym train`` hands to ``train_ars`` (which then stops the command)."""
+    got = {}
 
     def fake(cfg):
-        seen["cfg"] = cfg
+        got["cfg"] = cfg
         raise SystemExit(0)
 
     monkeypatch.setattr("flowgym.lab.ars.train_ars", fake)
+    return got
+
+
+def test_train_cli_defaults_to_ars_without_a_scenario_and_refuses_options_of_the_other_algorithm(seen, capsys):
     with pytest.raises(SystemExit):
         main(["train", "--quiet"])
     cfg = seen["cfg"]
@@ -224,14 +230,7 @@ def test_extra_or_complex_weights_are_refused(tiny_model, tmp_path):
         LearnedBudget(_tamper(out, tmp_path, "cplx", **{ARRAYS_FILE: {"b0": np.zeros(1, complex)}}))
 
 
-def test_ars_with_a_scenario_searches_on_it(monkeypatch):
-    seen = {}
-
-    def fake(cfg):
-        seen["cfg"] = cfg
-        raise SystemExit(0)
-
-    monkeypatch.setattr("flowgym.lab.ars.train_ars", fake)
+def test_ars_with_a_scenario_searches_on_it(seen):
     with pytest.raises(SystemExit):
         main(["train", "--quiet", "--algo", "ars", "--scenario", "adaptive-high"])
     cfg = seen["cfg"]

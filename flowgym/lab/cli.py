@@ -407,6 +407,22 @@ def _int_list(flag: str, minimum: int, example: str) -> Any:
 _net_arch = _int_list("--net-arch", 1, "64,64")
 
 
+def _trained_on(cfg: Any) -> str:
+    """What a training configuration trains on, for the first line of ``flowgym train``."""
+    if cfg.distribution is None:
+        return str(cfg.scenario)
+    name = cfg.distribution if isinstance(cfg.distribution, str) else "given"
+    return f"the {name} distribution (reported on {cfg.scenario})"
+
+
+def _print_table(table: Any) -> None:
+    """The final table of ``flowgym train`` and the tuned baselines, if there is one."""
+    if table is not None:
+        print(table.format())
+        if table.tuned:
+            print("baselines tuned on seeds 1000.. (lowest mean time in system): " + ", ".join(table.tuned))
+
+
 #: ``flowgym train`` options of the SB3 path only, and of ``--algo ars`` only (dest names).
 _SB3_ONLY = ("n_envs", "vec_env", "learning_rate", "n_steps", "batch_size", "n_epochs", "gamma", "gae_lambda",
              "clip_range", "ent_coef", "vf_coef", "max_grad_norm", "net_arch", "log_std_init", "algo_kwargs",
@@ -450,9 +466,7 @@ def _train_ars(args: argparse.Namespace) -> int:
             f"runs/ars-{os.path.splitext(os.path.basename(str(kw.get('scenario', 'adaptive-mix'))))[0]}"
     cfg = ARSConfig(**kw)
     cfg.validate()
-    on = cfg.scenario if cfg.distribution is None else (
-        f"the {cfg.distribution if isinstance(cfg.distribution, str) else 'given'} distribution "
-        f"(reported on {cfg.scenario})")
+    on = _trained_on(cfg)
     print(f"training ars (augmented random search, {'linear' if not cfg.hidden else 'hidden ' + str(list(cfg.hidden))} "
           f"policy) on {on}: {cfg.iterations} updates x {2 * cfg.directions} candidates x {cfg.draws} draws "
           f"({cfg.workers} processes, seed {cfg.seed}); load average {os.getloadavg()[0]:.2f}; writing {cfg.out}/")
@@ -460,10 +474,7 @@ def _train_ars(args: argparse.Namespace) -> int:
     print(f"trained {res.iterations} updates ({res.episodes} episodes) in {res.wall_seconds:.0f} s; kept the policy "
           f"of update {res.best_iteration} (geometric mean time in system {res.best_eval:.2f} on the "
           f"{cfg.eval_episodes} evaluation draws)")
-    if res.table is not None:
-        print(res.table.format())
-        if res.table.tuned:
-            print("baselines tuned on seeds 1000.. (lowest mean time in system): " + ", ".join(res.table.tuned))
+    _print_table(res.table)
     print(f"wrote {cfg.out}/ (policy.npz, normalization.npz, flowgym_agent.json, curves.csv"
           + (", eval.*" if res.table is not None else "") + ")")
     print(f"compare it with the scenario's tuned line-up on held-out seeds: flowgym compare --scenario "
@@ -513,9 +524,7 @@ def _train(args: argparse.Namespace) -> int:
         return 2
     import os
 
-    on = cfg.scenario if cfg.distribution is None else (
-        f"the {cfg.distribution if isinstance(cfg.distribution, str) else 'given'} distribution "
-        f"(reported on {cfg.scenario})")
+    on = _trained_on(cfg)
     print(f"training {cfg.algo} on {on} for {cfg.total_timesteps} decisions of {cfg.action_repeat} slots "
           f"({cfg.n_envs} {cfg.vec_env} envs, "
           f"seed {cfg.seed}); load average {os.getloadavg()[0]:.2f}; writing {cfg.out}/")
@@ -523,10 +532,7 @@ def _train(args: argparse.Namespace) -> int:
     print(f"trained {res.timesteps} decisions ({res.timesteps * cfg.action_repeat} slots) in {res.wall_seconds:.0f} s "
           f"({res.steps_per_second:.0f} decisions/s, {res.steps_per_second * cfg.action_repeat:.0f} slots/s, "
           f"load average {os.getloadavg()[0]:.2f}); model.zip is the {res.selected} policy")
-    if res.table is not None:
-        print(res.table.format())
-        if res.table.tuned:
-            print("baselines tuned on seeds 1000.. (lowest mean time in system): " + ", ".join(res.table.tuned))
+    _print_table(res.table)
     print(f"wrote {cfg.out}/ (policy.pt, normalization.npz, flowgym_agent.json, model.zip, vecnormalize.pkl, curves.csv"
           + ("" if args.no_plots else ", curves.png") + (", eval.*" if res.table is not None else "") + ")")
     print(f"compare it with the scenario's tuned line-up on held-out seeds: flowgym compare --scenario "
