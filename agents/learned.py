@@ -322,20 +322,26 @@ class ArrayPolicy:
         return out
 
 
-def _load_norm(path: str) -> tuple[dict[str, np.ndarray], Any]:
-    """``NORM_FILE``'s arrays (without pickle) and the normalisation ``(mean, std, clip)`` or ``None``."""
+def _read_arrays(path: str, name: str) -> dict[str, np.ndarray]:
+    """The arrays of the ``.npz`` file ``name`` in ``path``, read without pickle; each must hold real numbers."""
     try:
-        with np.load(os.path.join(path, NORM_FILE), allow_pickle=False) as z:
+        with np.load(os.path.join(path, name), allow_pickle=False) as z:
             arrays = {k: z[k] for k in z.files}
     except (OSError, ValueError, KeyError) as e:
-        raise ValueError(f"learned agent: {NORM_FILE} in {path!r} is not a plain array file ({e})") from None
+        raise ValueError(f"learned agent: {name} in {path!r} is not a plain array file ({e})") from None
+    for k, v in arrays.items():
+        if v.dtype.kind not in "fiu":
+            raise ValueError(f"learned agent: {name} in {path!r}: {k!r} holds {v.dtype} values; expected real numbers")
+    return arrays
+
+
+def _load_norm(path: str) -> tuple[dict[str, np.ndarray], Any]:
+    """``NORM_FILE``'s arrays (without pickle) and the normalisation ``(mean, std, clip)`` or ``None``."""
+    arrays = _read_arrays(path, NORM_FILE)
     where = f"learned agent: {NORM_FILE} in {path!r}"
     for k in ("obs_low", "obs_high"):
         if k not in arrays:
             raise ValueError(f"{where} has no {k!r}")
-    for k, v in arrays.items():
-        if v.dtype.kind not in "fiu":
-            raise ValueError(f"{where}: {k!r} holds {v.dtype} values; expected real numbers")
     shape = arrays["obs_low"].shape
     if len(shape) != 1 or arrays["obs_high"].shape != shape:
         raise ValueError(f"{where}: obs_low and obs_high must be vectors of one length, got shapes "
@@ -370,11 +376,7 @@ def _load_arrays(path: str, meta: dict[str, Any]) -> tuple[ArrayPolicy, Any]:
         raise ValueError(f"learned agent: {META_FILE} in {path!r}: an {meta.get('algo')!r} model acts with "
                          "action='log-multiplier'; agent_env_options says "
                          f"{meta.get('agent_env_options', {}).get('action')!r}")
-    try:
-        with np.load(os.path.join(path, ARRAYS_FILE), allow_pickle=False) as z:
-            weights = {k: z[k] for k in z.files}
-    except (OSError, ValueError, KeyError) as e:
-        raise ValueError(f"learned agent: {ARRAYS_FILE} in {path!r} is not a plain array file ({e})") from None
+    weights = _read_arrays(path, ARRAYS_FILE)
     layers = []
     while f"w{len(layers)}" in weights:
         i = len(layers)
@@ -385,9 +387,6 @@ def _load_arrays(path: str, meta: dict[str, Any]) -> tuple[ArrayPolicy, Any]:
     if extra:
         raise ValueError(f"learned agent: {ARRAYS_FILE} in {path!r} has arrays {extra} that are no layer "
                          f"(expected w0, b0, ..., w{len(layers) - 1}, b{len(layers) - 1})")
-    for k, v in weights.items():
-        if v.dtype.kind not in "fiu":
-            raise ValueError(f"learned agent: {ARRAYS_FILE} in {path!r}: {k!r} holds {v.dtype} values")
     try:
         policy = ArrayPolicy(layers, arrays["obs_low"], arrays["obs_high"])
     except ValueError as e:

@@ -196,14 +196,15 @@ def _init_worker(spec: dict[str, Any]) -> None:
     _SPEC.update(spec)
 
 
-def _episode(task: tuple[np.ndarray, int, dict[str, Any]]) -> float:
-    """Mean time in system of the policy with weights ``theta`` on one draw (seed, its arguments)."""
+def _episode(task: tuple[np.ndarray, Any, int, dict[str, Any]]) -> float:
+    """Mean time in system of the policy with weights ``theta`` and normalisation ``norm`` on one draw
+    (seed, its arguments)."""
     from flowgym.lab.evaluation import run_episode
 
-    theta, seed, env_kwargs = task
+    theta, norm, seed, env_kwargs = task
     s = _SPEC
     policy = ArrayPolicy.from_vector(np.asarray(theta), s["sizes"], s["obs_low"], s["obs_high"])
-    agent = LearnedBudget.from_policy(policy, s["norm"], s["env_options"], s["action_repeat"])
+    agent = LearnedBudget.from_policy(policy, norm, s["env_options"], s["action_repeat"])
     ep = run_episode(agent, env_kwargs, seed, env_kwargs.get("horizon"))
     return float(ep.metrics()["mean_time_in_system"])
 
@@ -247,13 +248,6 @@ class _Runner:
         if self.pool is None:
             return [fn(t) for t in tasks]
         return list(self.pool.map(fn, tasks, chunksize=max(1, len(tasks) // (4 * self.workers))))
-
-    def update(self, **spec: Any) -> None:
-        self.spec.update(spec)
-        _init_worker(self.spec)
-        if self.pool is not None:  # new workers see the new spec
-            self.pool.shutdown()
-            self.__init__(self.spec, self.workers)  # type: ignore[misc]
 
     def close(self) -> None:
         if self.pool is not None:
@@ -317,7 +311,7 @@ def train_ars(cfg: ARSConfig | None = None, *, on_iteration: Any = None, **overr
         for a, b in zip(sizes[:-2], sizes[1:-1]):
             theta[k:k + a * b] = rng.normal(0.0, 1.0 / math.sqrt(a), a * b)
             k += a * b + b
-    spec = {"sizes": sizes, "obs_low": obs_low, "obs_high": obs_high, "norm": None,
+    spec = {"sizes": sizes, "obs_low": obs_low, "obs_high": obs_high,
             "env_options": env_options, "action_repeat": cfg.action_repeat}
     os.makedirs(cfg.out, exist_ok=True)
     runner = _Runner(spec, cfg.workers)
@@ -329,12 +323,11 @@ def train_ars(cfg: ARSConfig | None = None, *, on_iteration: Any = None, **overr
         mean, var = allobs.mean(axis=0), allobs.var(axis=0)
         eps, clip = 1e-8, 10.0
         norm = (mean, np.sqrt(var + eps), clip)
-        runner.update(norm=norm)
 
         eval_kw = [draw(cfg.eval_seed + j) for j in range(cfg.eval_episodes)]
 
         def evaluate(th: np.ndarray) -> float:
-            v = runner.map(_episode, [(th, cfg.eval_seed + j, eval_kw[j]) for j in range(cfg.eval_episodes)])
+            v = runner.map(_episode, [(th, norm, cfg.eval_seed + j, eval_kw[j]) for j in range(cfg.eval_episodes)])
             ok = [x for x in v if math.isfinite(x) and x > 0]
             if not ok:  # no evaluation draw finished a request: never a best policy
                 return math.inf
@@ -351,7 +344,7 @@ def train_ars(cfg: ARSConfig | None = None, *, on_iteration: Any = None, **overr
             kws = [draw(s) for s in seeds]
             deltas = rng.normal(size=(cfg.directions, n_w))
             cands = [theta + cfg.noise * d for d in deltas] + [theta - cfg.noise * d for d in deltas]
-            vals = runner.map(_episode, [(c, s, kw) for c in cands for s, kw in zip(seeds, kws)])
+            vals = runner.map(_episode, [(c, norm, s, kw) for c in cands for s, kw in zip(seeds, kws)])
             scores = _log_scores(vals, len(cands), cfg.draws)
             rp, rm = scores[:cfg.directions], scores[cfg.directions:]
             spread = float(np.std(scores))
