@@ -119,6 +119,20 @@ def test_an_ars_model_loads_and_acts_without_torch(tiny_model):
     assert -1.0 <= float(r.stdout.strip()) <= 1.0
 
 
+def test_ars_trains_without_torch_and_records_only_what_it_used(tmp_path):
+    """``flowgym train`` (ARS, the default) runs where torch and SB3 are not installed (here: made
+    unimportable), and its ``meta.json`` names the versions of what it ran with, not torch's."""
+    out = str(tmp_path / "nt")
+    code = ("import sys; sys.modules['torch'] = None; sys.modules['stable_baselines3'] = None; "
+            "from flowgym.lab.ars import train_ars; "
+            f"train_ars(out=sys.argv[1], **{TINY!r})")
+    r = subprocess.run([sys.executable, "-c", code, out], capture_output=True, text=True, timeout=300)
+    assert r.returncode == 0, r.stderr
+    with open(os.path.join(out, META_FILE)) as fh:
+        versions = json.load(fh)["versions"]
+    assert set(versions) == {"gymnasium", "numpy", "flowgym"}
+
+
 def test_a_hostile_policy_file_is_refused_by_name(tiny_model, tmp_path):
     out, _ = tiny_model
     bad = tmp_path / "bad"
@@ -147,6 +161,16 @@ def test_config_errors_name_the_setting():
         ARSConfig(env_overrides={"workload": {}}).validate()
     with pytest.raises(ValueError, match="seed must be at least norm_draws"):
         ARSConfig(seed=3).validate()
+    with pytest.raises(ValueError, match=r"training seeds 20000\.\.20639 overlap the selection \(eval_seed\) seeds "
+                                         r"20000\.\.20011"):
+        ARSConfig(seed=20000).validate()
+    with pytest.raises(ValueError, match=r"normalisation seeds 39984\.\.39999 overlap the selection"):
+        ARSConfig(eval_seed=39980).validate()
+    with pytest.raises(ValueError, match=r"training seeds 990\.\.1629 overlap the tuning \(tune_seeds\) seeds "):
+        ARSConfig(seed=990).validate()
+    with pytest.raises(ValueError, match=r"selection \(eval_seed\) seeds 0\.\.11 overlap the report"):
+        ARSConfig(eval_seed=0).validate()
+    ARSConfig(seed=50_000, eval_seed=100).validate()  # disjoint: fine
 
 
 @pytest.fixture

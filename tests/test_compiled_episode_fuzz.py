@@ -357,3 +357,143 @@ def test_the_future_fit_kernel_on_degenerate_lengths():
         ap, ag, ao = rng.integers(1, 40, n), rng.integers(0, 30, n), rng.integers(0, 60, n)
         cp, co = rng.integers(1, 40, k), rng.integers(0, 40, k)
         assert kernels.future_fit(M, ap, ag, ao, cp, co) == future_fit_count(M, ap, ag, ao, cp, co)
+
+
+# --------------------------------------------------------------------------- the loop's room margins
+
+# The worst case for every buffer ``run_timed`` writes (``_worst_case_state``): at the decision point
+# of iteration 1, admitting k = 3 overflows the cache, the ``all`` rule evicts every active request
+# and every admitted one (n_active + k), they go back before the one request left queued, and both
+# requests drawn but not yet arrived join at the iteration's end.
+WORST = {"M": 1000, "horizon": 200, "eviction": "all", "queue_order": "fifo",
+         "time_model": {"kind": "linear", "c0": 1.0, "c_prefill": 0.0, "c_decode": 0.0, "c_kv": 0.0},
+         "workload": {"kind": "trace", "timed": True,
+                      # ids 0-2 run from iteration 0; 3-6 queue (3-5 admitted at iteration 1); 7-8 arrive at 2.0
+                      "arrival": [0.0] * 7 + [2.0, 2.0],
+                      "prompt_len": [100] * 3 + [250] * 4 + [10, 10],
+                      "output_len": [500] * 3 + [10] * 4 + [10, 10]}}
+WORST_RULE = AdmissionRule("fixed", budget=3)
+
+
+def _worst_case_state() -> tuple[FlowControlEnv, int, int]:
+    """The environment at iteration 1's decision point, with its k and ``bound`` (queued + active +
+    drawn but not arrived: what run_timed sizes the queue buffer by)."""
+    env = FlowControlEnv(**WORST)
+    env.reset(seed=0)
+    env.step(3)
+    e = env.engine
+    k = min(3, e.n_queued)
+    return env, k, e.n_queued + e.n_active + (e.n_req - e.n_arrived)
+
+
+def _place_queue(lane: rules.Lane, size: int, head: int) -> None:
+    """Move the lane's queue into a buffer of ``size`` entries, starting at ``head``."""
+    ids = lane.items().copy()
+    keys = lane.kbuf[lane.head : lane.tail].copy()
+    buf = np.full(size, SENTINEL, np.int64)
+    buf[head : head + ids.size] = ids
+    if lane.keyed:
+        lane.kbuf = np.full(size, SENTINEL, np.int64)
+        lane.kbuf[head : head + ids.size] = keys
+    else:
+        lane.kbuf = buf
+    lane.buf, lane.head, lane.tail = buf, head, head + ids.size
+
+
+def test_the_worst_case_iteration_is_what_the_margin_tests_run():
+    """``_worst_case_state`` is the worst case: every active and admitted request evicted, the rest of
+    the queue behind them, every drawn request arriving in the same iteration."""
+    env, k, bound = _worst_case_state()
+    e = env.engine
+    assert (e.n_queued, e.n_active, k, bound) == (4, 3, 3, 9)
+    env.step(3)
+    assert e.last_arrivals == 2 and e.n_arrived == e.n_req == 9
+    assert e.total_evictions == 6 and e.n_active == 0 and e.n_queued == 9
+    assert e.queue_ids().tolist() == [0, 1, 2, 3, 4, 5, 6, 7, 8]
+
+
+@pytest.mark.parametrize("extra", [-2, -1, 0, 1])
+@pytest.mark.parametrize("head", [0, 1, 2, 3])
+def test_the_compiled_loop_fits_the_worst_case_in_any_queue_buffer(head, extra):
+    """The queue buffer holds ``bound + k + 1`` positions at the decision point or ``run_timed`` asks
+    for room (RUN_GROW), and a queue whose head leaves too little room behind its tail is re-centred
+    first. With the buffer ``extra`` positions longer than ``head + bound + k - 1`` (the last position
+    the worst case writes is ``head + bound + k - 1``), the run equals the stepped one and the queue
+    stays inside its buffer (``0 <= head <= tail <= size``)."""
+    env, k, bound = _worst_case_state()
+    ref, _, _ = _worst_case_state()
+    lane = env.engine.lanes[0]
+    _place_queue(lane, max(head + bound + k - 1 + extra, len(lane) + head), head)
+    assert env.engine.run_rule(WORST_RULE, horizon=env._horizon, max_iterations=1) == 1
+    assert 0 <= lane.head <= lane.tail <= lane.buf.size
+    assert env.engine.total_evictions == 6
+    step_to_end(env, WORST_RULE)
+    step_to_end(ref, WORST_RULE)
+    assert differences(env, ref) == []
+
+
+@pytest.mark.parametrize("extra", [-1, 0, 1])
+@pytest.mark.parametrize("dead", [0, 3])
+def test_the_compiled_loop_fits_the_worst_case_in_any_active_array(dead, extra):
+    """The active arrays hold the active entries (and dead ones, before them) plus the k admitted, or
+    ``run_timed`` compacts them and asks for room; the eviction buffer holds every entry of the active
+    window plus k (the ``all`` rule evicts them all), counted after that compaction. Each sized
+    ``extra`` from that need (``both``: the active arrays short, so the iteration compacts them,
+    and the eviction buffer ``extra`` from what the compacted window needs)."""
+    for which in ("active", "evict", "both"):
+        env, k, _ = _worst_case_state()
+        ref, _, _ = _worst_case_state()
+        e = env.engine
+        n = e.n_active
+        ids, start, fin = (a[e._h : e._tail].copy() for a in (e._a_id, e._a_start, e._a_fin))
+        if which in ("active", "both"):
+            size = dead + n + k + (extra if which == "active" else -1)
+            e._a_id, e._a_start, e._a_fin = (np.full(max(size, dead + n), -1, np.int64) for _ in range(3))
+            e._a_id[dead : dead + n], e._a_start[dead : dead + n], e._a_fin[dead : dead + n] = ids, start, fin
+            e._a_fin[:dead] = -1  # evicted entries: dead (finish -1 <= t)
+            e._h, e._tail = 0, dead + n
+        if which == "both":
+            e._ev_buf = np.empty(n + k + extra, np.int64)
+        if which == "evict":
+            e._ev_buf = np.empty(max(e._tail - e._h + k + extra, 0), np.int64)
+        assert e.run_rule(WORST_RULE, horizon=env._horizon, max_iterations=1) == 1, which
+        assert e.total_evictions == 6, which
+        step_to_end(env, WORST_RULE)
+        step_to_end(ref, WORST_RULE)
+        assert differences(env, ref) == [], which
+
+
+def test_an_arrival_exactly_at_a_chunk_boundary_joins_when_the_clock_reaches_it():
+    """Workloads are drawn in chunks of ``CHUNK_SECONDS``; when the clock reaches a chunk's end exactly,
+    the next chunk is drawn before this iteration's arrivals are taken (``now >= gen_t``), so a request
+    arriving exactly at the boundary joins then, not one iteration later. Iterations of exactly 1.0 s
+    put the clock on the boundary (60.0) with requests still running."""
+    from flowgym.sim.workloads import CHUNK_SECONDS
+
+    at = float(CHUNK_SECONDS)
+    kwargs = {**WORST, "eviction": "lifo",
+              "workload": {"kind": "trace", "timed": True, "arrival": [0.0, 0.0, at, at + 0.5],
+                           "prompt_len": [10, 10, 10, 10], "output_len": [200, 200, 5, 5]}}
+    fast = run_episode(FlowControl(b=4), kwargs, 0, None)
+    slow = run_episode(FlowControl(b=4), kwargs, 0, None, compiled=False)
+    assert fast.log["arrival"].tolist() == slow.log["arrival"].tolist() == [0, 0, 60, 61]
+    assert fast.log["finish"].tolist() == slow.log["finish"].tolist()
+
+
+def test_the_record_and_the_clock_fill_together():
+    """``run_timed`` asks for room when the record or the clock is full (``rec_n >= rows or t - base >=
+    clock.size``). In full record mode (the only one it runs) both hold one row per iteration from 0
+    and grow by doubling, so at every call they are full together: either test alone would do (why the
+    mutants of that line are recorded as equivalent in docs/testing.md)."""
+    for n in (0, 1, 255, 256, 257, 511, 700):
+        env = FlowControlEnv(**{**WORST, "horizon": 5000,
+                                "workload": {"kind": "iid", "rate": 3.0, "timed": True,
+                                             "lengths": {"kind": "lmsys-like"}}})
+        env.reset(seed=n)
+        e = env.engine
+        for _ in range(n):
+            env.step(2)
+        e._flush_records()  # as run_rule does first
+        assert e._rec_n == e.t - e._clock_base == n and e._rec.shape[0] == e._clock.size
+        e.run_rule(AdmissionRule("fixed", budget=2), horizon=None, max_iterations=300 + n)
+        assert e._rec_n == e.t and e._rec.shape[0] == e._clock.size

@@ -132,6 +132,19 @@ class ARSConfig:
         if self.seed < self.norm_draws:
             raise ValueError(f"seed must be at least norm_draws ({self.norm_draws}): the normalisation draws are "
                              f"seeds seed-1 down to seed-norm_draws, got seed={self.seed}")
+        ranges = {  # [first, last] seeds of each use: the model is selected on seeds it did not train on
+            "training": (self.seed, self.seed + self.iterations * self.draws - 1),
+            "normalisation": (self.seed - self.norm_draws, self.seed - 1),
+            "selection (eval_seed)": (self.eval_seed, self.eval_seed + self.eval_episodes - 1),
+            "report (final_eval_seeds)": (0, self.final_eval_seeds - 1),
+            "tuning (tune_seeds)": (1000, 999 + self.tune_seeds),
+        }
+        used = [(name, lo, hi) for name, (lo, hi) in ranges.items() if hi >= lo]
+        for i, (a, alo, ahi) in enumerate(used):
+            for b, blo, bhi in used[i + 1:]:
+                if alo <= bhi and blo <= ahi:
+                    raise ValueError(f"the {a} seeds {alo}..{ahi} overlap the {b} seeds {blo}..{bhi}: "
+                                     "choose seed and eval_seed so that every use has its own seeds")
         for name in ("noise", "step_size"):
             v = getattr(self, name)
             if isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v) or v <= 0:
@@ -407,7 +420,7 @@ def train_ars(cfg: ARSConfig | None = None, *, on_iteration: Any = None, **overr
         "decisions": decisions,
         "wall_seconds": wall,
         "loadavg": list(os.getloadavg()) if hasattr(os, "getloadavg") else None,
-        "versions": _versions(),
+        "versions": _versions(("gymnasium", "numpy")),  # ARS needs neither torch nor SB3
     }
     from flowgym.lab.train import _json_default
 

@@ -910,9 +910,10 @@ def _finite_mean(values: Sequence[float]) -> float:
     return float(v.mean()) if v.size else float("nan")
 
 
-def _versions() -> dict[str, str]:
+def _versions(modules: Sequence[str] = ("stable_baselines3", "torch", "gymnasium", "numpy")) -> dict[str, str]:
+    """The versions of ``modules`` (those importable) and of flowgym, for a model's ``meta.json``."""
     out = {}
-    for mod in ("stable_baselines3", "torch", "gymnasium", "numpy"):
+    for mod in modules:
         try:
             out[mod] = __import__(mod).__version__
         except Exception:  # pragma: no cover - informational only
