@@ -375,10 +375,11 @@ WORST = {"M": 1000, "horizon": 200, "eviction": "all", "queue_order": "fifo",
 WORST_RULE = AdmissionRule("fixed", budget=3)
 
 
-def _worst_case_state() -> tuple[FlowControlEnv, int, int]:
+def _worst_case_state(order: str = "fifo") -> tuple[FlowControlEnv, int, int]:
     """The environment at iteration 1's decision point, with its k and ``bound`` (queued + active +
-    drawn but not arrived: what run_timed sizes the queue buffer by)."""
-    env = FlowControlEnv(**WORST)
+    drawn but not arrived: what run_timed sizes the queue buffer by). ``order="estimate"``: a keyed
+    lane (ids and keys in two buffers; the evicted, whose estimates grew, go behind the queue)."""
+    env = FlowControlEnv(**{**WORST, "queue_order": order})
     env.reset(seed=0)
     env.step(3)
     e = env.engine
@@ -412,17 +413,19 @@ def test_the_worst_case_iteration_is_what_the_margin_tests_run():
     assert e.queue_ids().tolist() == [0, 1, 2, 3, 4, 5, 6, 7, 8]
 
 
+@pytest.mark.parametrize("order", ["fifo", "estimate"])
 @pytest.mark.parametrize("extra", [-2, -1, 0, 1])
 @pytest.mark.parametrize("head", [0, 1, 2, 3])
-def test_the_compiled_loop_fits_the_worst_case_in_any_queue_buffer(head, extra):
+def test_the_compiled_loop_fits_the_worst_case_in_any_queue_buffer(head, extra, order):
     """The queue buffer holds ``bound + k + 1`` positions at the decision point or ``run_timed`` asks
     for room (RUN_GROW), and a queue whose head leaves too little room behind its tail is re-centred
     first. With the buffer ``extra`` positions longer than ``head + bound + k - 1`` (the last position
     the worst case writes is ``head + bound + k - 1``), the run equals the stepped one and the queue
     stays inside its buffer (``0 <= head <= tail <= size``)."""
-    env, k, bound = _worst_case_state()
-    ref, _, _ = _worst_case_state()
+    env, k, bound = _worst_case_state(order)
+    ref, _, _ = _worst_case_state(order)
     lane = env.engine.lanes[0]
+    assert lane.keyed == (order == "estimate")
     _place_queue(lane, max(head + bound + k - 1 + extra, len(lane) + head), head)
     assert env.engine.run_rule(WORST_RULE, horizon=env._horizon, max_iterations=1) == 1
     assert 0 <= lane.head <= lane.tail <= lane.buf.size
@@ -497,3 +500,19 @@ def test_the_record_and_the_clock_fill_together():
         assert e._rec_n == e.t - e._clock_base == n and e._rec.shape[0] == e._clock.size
         e.run_rule(AdmissionRule("fixed", budget=2), horizon=None, max_iterations=300 + n)
         assert e._rec_n == e.t and e._rec.shape[0] == e._clock.size
+
+
+def test_iterations_longer_than_a_chunk_draw_every_chunk_they_pass():
+    """An iteration may end past the end of the next workload chunk (here a slow model: Jaillet's
+    ``a = 100`` s per token of mean context, iterations of several seconds to minutes, chunks of
+    60 s): the compiled loop then hands the draw to Python (``now >= gen_t``) before taking that
+    iteration's arrivals, whatever the latency model's coefficients."""
+    kwargs = {"M": 4000, "horizon": 300, "time_model": {"kind": "jaillet", "a": 100.0, "b": 0.0, "c": 0.0, "p": 0.0},
+              "workload": {"kind": "iid", "rate": 1.0, "timed": True, "lengths": {"kind": "lmsys-like"}}}
+    for seed in (0, 1):
+        fast = run_episode(FlowControl(b=2), kwargs, seed, None)
+        slow = run_episode(FlowControl(b=2), kwargs, seed, None, compiled=False)
+        assert fast.log["arrival"].tolist() == slow.log["arrival"].tolist()
+        assert fast.log["finish"].tolist() == slow.log["finish"].tolist()
+        assert np.array_equal(fast.series["time"], slow.series["time"])
+        assert float(fast.series["time"][0]) < 60.0 < float(fast.series["time"][-1])

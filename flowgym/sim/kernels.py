@@ -623,8 +623,9 @@ def _run_timed(S, F, pol, pol_limit, lat_code, arrival, arrival_time, prompt, ou
                         buf[tl] = i
                         S[S_QTAIL] = tl + 1
             if keyed:
-                o = np.argsort(nk)  # (arrivals share the floor estimate: already in order)
-                lane_merge(buf, kbuf, keyed, S, nid[o], nk[o], q)
+                wid, wk = nid[:q], nk[:q]  # sort only what was written
+                o = np.argsort(wk)  # (arrivals share the floor estimate: already in order)
+                lane_merge(buf, kbuf, keyed, S, wid[o], wk[o], q)
 
 
 # --------------------------------------------------------------------------- batched engine (flowgym.sim.batched)
