@@ -291,3 +291,67 @@ def test_one_tracked_class_is_counted(jit):
         np.testing.assert_array_equal(eng.class_queue[:, 0], eng.n_queued)
     assert eng.class_queue.shape[1] == 1 and int(eng.n_queued.min()) > 20
     assert all(eng.request_log(i)["evictions"].sum() > 0 for i in range(2))
+
+
+def _single_logs(M, wl, n, slots, budget):
+    """Each environment's requests from a single engine (numpy's sampler), seeds 0..n-1."""
+    from flowgym.sim.engine import Engine
+
+    out = []
+    for i in range(n):
+        single = Engine(M, wl)
+        single.jit = False
+        single.reset(np.random.default_rng(i))
+        for _ in range(slots):
+            single.arrive()
+            single.serve(budget)
+        out.append(single.request_log())
+    return out
+
+
+@pytest.mark.parametrize("n", [3, 4, 5])
+@pytest.mark.parametrize("margin", ["default", "mean", "counts"])
+def test_the_compiled_sampler_draws_a_single_engines_requests_in_any_group(n, margin):
+    """The compiled sampler draws environments in pairs (an odd group ends with one alone), from
+    uniforms drawn ahead. With only a chunk's mean number of uniforms drawn ahead (``mean``) about
+    half the chunks run out while placing their requests, and are redone alone; with only what the
+    Poisson counts use on average (``counts``) about half the pairs run out while counting, and are
+    counted again stream by stream. Every environment still gets the requests of a
+    single engine drawing from the same generator with numpy (kernels.py mutants ``qs[0] < 0`` ->
+    ``qs[1] < 0`` (an odd group's last environment drew nothing) and the redraw's ``U[r0 + h]`` ->
+    ``U[r0 - h]``)."""
+    from flowgym.sim import kernels
+
+    if not kernels.AVAILABLE:
+        pytest.skip("the compiled sampler needs numba")
+    wl = MultiClassPoisson([(5, 10), (3, 20), (4, 8)], [3.0, 0.0, 4.0])
+    eng = BatchedEngine(n, 2000, wl)
+    eng.jit = True  # the compiled sampler on both paths of the suite (FLOWGYM_JIT=0 too)
+    assert eng._fast_ok
+    if margin == "mean":
+        eng._u_want = eng._u_chunk
+    if margin == "counts":  # a Poisson(lambda) draw uses lambda + 1 uniforms on average
+        eng._u_want = int(np.sum(np.where(wl.rates > 0, wl.rates + 1, 0))) * 256
+    logs = _run(eng, n, 800, 6)
+    assert bool(eng._fast.all())
+    for i, (got, want) in enumerate(zip(logs, _single_logs(2000, wl, n, 800, 6))):
+        k = min(got["arrival"].size, want["arrival"].size)
+        assert k > 5000
+        for key in ("arrival", "prompt_len", "output_len"):
+            assert np.array_equal(got[key][:k], want[key][:k]), (i, key)
+
+
+def test_the_compiled_sampler_with_every_rate_zero_still_moves_the_clock():
+    """A chunk with no class drawing uses no uniform (its position stays 0): it is still a chunk
+    (slots, bounds and clock written), not a failure (mutants ``q >= 0`` -> ``q > 0`` / ``q >= 1``)."""
+    from flowgym.sim import kernels
+
+    if not kernels.AVAILABLE:
+        pytest.skip("the compiled sampler needs numba")
+    wl = MultiClassPoisson([(5, 10), (3, 20)], [0.0, 0.0])
+    eng = BatchedEngine(3, 2000, wl)
+    eng.jit = True
+    logs = _run(eng, 3, 600, 6)
+    assert bool(eng._fast.all())
+    assert all(log["arrival"].size == 0 for log in logs)
+    assert eng.gen_t.tolist() == [768] * 3 and eng.n_req.tolist() == [0] * 3

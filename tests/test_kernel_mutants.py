@@ -105,6 +105,37 @@ def test_a_poisson_chunk_with_no_positive_rate_still_writes_its_slots() -> None:
     assert (cls == -1).all()
 
 
+@pytest.mark.parametrize("n", [1, 2, 3])
+def test_poisson_chunks_with_no_positive_rate_still_write_every_environments_slots(n) -> None:
+    """:func:`poisson_chunks` (the batched sampler, environments in pairs): all rates 0, so no
+    uniform is used (position 0); each environment's chunk is still written (bounds at its next id,
+    token sums 0, clock advanced), not taken for "ran out". Kills ``q >= 0`` -> ``q > 0`` / ``q >= 1``
+    there (which skipped the placement and left the bounds unwritten)."""
+    lk = np.array([10, 30], np.int64)
+    nz, enl = np.empty(0, np.int64), np.empty(0, np.float64)
+    want, n_slots = 40, 3
+    pcg = np.zeros((n, 4), np.uint64)
+    pcg[:, 3] = 2 * np.arange(n) + 1  # PCG64 increments are odd
+    left, left_n = np.zeros((n, want)), np.zeros(n, np.int64)
+    st = np.zeros((12, n), np.int64)
+    st[9], st[11] = 6, [5, 9, 2][:n]  # gen_t (the chunk starts at slot 6), the next request ids
+    cls = np.full((n, 16), -1, np.int64)
+    abnd = np.full((n, 12), -7, np.int64)
+    tokc = np.full((n, n_slots + 1), -7, np.int64)
+    clsc = np.full((n, n_slots + 1, 2), -7, np.int64)
+    res = np.full(16, -99, np.int64)
+    kernels.poisson_chunks(np.empty((16, want)), want, np.arange(n, dtype=np.int64), pcg, left, left_n, nz, enl, lk,
+                           2, n_slots, st, cls, abnd, tokc, clsc, res)
+    assert res[:n].tolist() == [0] * n
+    for i in range(n):
+        base = [5, 9, 2][i]
+        assert abnd[i, 6:10].tolist() == [base] * 4 and (abnd[i, :6] == -7).all() and (abnd[i, 10:] == -7).all()
+        assert tokc[i].tolist() == [0] * 4 and (clsc[i] == 0).all()
+    assert st[9].tolist() == [9] * n and st[10].tolist() == [6] * n and st[11].tolist() == [5, 9, 2][:n]
+    assert left_n.tolist() == [want] * n  # every uniform drawn is held over for the next chunk
+    assert (cls == -1).all()
+
+
 @pytest.mark.parametrize("short", [1, 2])
 def test_paired_poisson_counts_use_no_uniform_past_end_when_one_stream_runs_on_alone(short: int) -> None:
     """``poisson_counts2`` reads only ``u[:end]`` also in its one-stream tail loops (``q >= end`` ->
