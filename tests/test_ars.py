@@ -15,6 +15,7 @@ from flowgym.agents.learned import ARRAYS_FILE, META_FILE, NORM_FILE, ArrayPolic
 from flowgym.lab.ars import ARSConfig, _log_scores, train_ars
 from flowgym.lab.cli import main
 from flowgym.lab.distributions import RandomMix
+from flowgym.envs.flow_control import FlowControlEnv
 from flowgym.lab.evaluation import run_episode
 
 TINY = dict(iterations=2, directions=2, draws=2, norm_draws=2, eval_every=1, eval_episodes=2, final_eval_seeds=0,
@@ -237,6 +238,8 @@ def _tamper(out, tmp_path, name, **arrays):
     ({"clip_obs": np.float64(-1)}, "clip_obs one finite number > 0"),
     ({"epsilon": np.ones(2)}, "epsilon must be one finite number"),
     ({"obs_low": np.float64(0)}, "obs_low and obs_high must be vectors of one length"),
+    ({"obs_low": np.zeros((1, 17)), "obs_high": np.ones((1, 17))}, "obs_low and obs_high must be vectors"),
+    ({"clip_obs": np.float64(0)}, "clip_obs one finite number > 0"),
     ({"obs_mean": np.ones(17, complex)}, "holds complex128 values"),
     ({"obs_mean": None}, "has no obs_mean"),
 ])
@@ -246,8 +249,58 @@ def test_a_tampered_normalisation_is_refused_by_name(tiny_model, tmp_path, chang
         LearnedBudget(_tamper(out, tmp_path, "bad", **{NORM_FILE: changes}))
 
 
+@pytest.mark.parametrize("changes", [
+    {"obs_var": np.r_[0.0, np.ones(16)]},  # a feature constant on the normalisation draws: std sqrt(epsilon)
+    {"epsilon": np.float64(0)},            # no epsilon (all variances > 0)
+    {"clip_obs": np.float64(0.5)},         # any positive clip
+])
+def test_a_normalisation_at_the_edges_of_its_ranges_loads(tiny_model, tmp_path, changes):
+    out, _ = tiny_model
+    with np.load(os.path.join(out, NORM_FILE)) as z:
+        base = {k: z[k] for k in z.files}
+    if "epsilon" in changes:
+        changes = {**changes, "obs_var": np.maximum(base["obs_var"], 1e-3)}
+    agent = LearnedBudget(_tamper(out, tmp_path, "edge", **{NORM_FILE: changes}))
+    var = changes.get("obs_var", base["obs_var"])
+    eps = float(changes.get("epsilon", base["epsilon"]))
+    clip = float(changes.get("clip_obs", base["clip_obs"]))
+    obs = base["obs_mean"] + 3.0
+    want = np.clip(3.0 / np.sqrt(var + eps), -clip, clip).astype(np.float32)
+    np.testing.assert_array_equal(agent.normalize(obs), want)
+
+
+def test_the_policy_acts_with_one_float_and_decides_every_action_repeat_slots(tiny_model):
+    out, _ = tiny_model
+    agent = LearnedBudget(out)
+    assert agent.model.action_space.shape == (1,) and agent.model.action_space.low[0] == -1.0
+    repeat = agent.meta["action_repeat"]
+    assert repeat > 1
+    agent.reset(FlowControlEnv(**{**RandomMix()(np.random.default_rng(0)), **agent.requires}).config)
+    seen = []
+    for _ in range(2 * repeat + 1):
+        seen.append(agent.decides_next)
+        agent.act(np.zeros(17), None)
+    assert seen == ([True] + [False] * (repeat - 1)) * 2 + [True]
+
+
+def test_a_candidate_has_the_meta_of_the_model_written_from_it(tiny_model):
+    """``LearnedBudget.from_policy`` (what ARS evaluates) carries the saved model's own description."""
+    out, _ = tiny_model
+    saved = LearnedBudget(out)
+    cand = LearnedBudget.from_policy(saved.model, saved._norm, saved.meta["agent_env_options"],
+                                     saved.meta["action_repeat"])
+    for key, value in cand.meta.items():
+        assert saved.meta[key] == value, key
+    assert cand.meta["action_n"] == 0 and cand.continuous
+
+
 def test_extra_or_complex_weights_are_refused(tiny_model, tmp_path):
     out, _ = tiny_model
+    with pytest.raises(ValueError, match=r"has arrays \['w5'\] that are no layer \(expected w0, b0, \.\.\., w0, b0\)"):
+        LearnedBudget(_tamper(out, tmp_path, "extra1", **{ARRAYS_FILE: {"w5": np.zeros((1, 1))}}))
+    two = {"w0": np.zeros((3, 17)), "b0": np.zeros(3), "w1": np.zeros((1, 3)), "b1": np.zeros(1), "c": np.zeros(1)}
+    with pytest.raises(ValueError, match=r"has arrays \['c'\] that are no layer \(expected w0, b0, \.\.\., w1, b1\)"):
+        LearnedBudget(_tamper(out, tmp_path, "extra2", **{ARRAYS_FILE: two}))
     with pytest.raises(ValueError, match="that are no layer"):
         LearnedBudget(_tamper(out, tmp_path, "extra", **{ARRAYS_FILE: {"w5": np.zeros((1, 1))}}))
     with pytest.raises(ValueError, match="holds complex128 values"):
