@@ -317,9 +317,8 @@ def test_the_compiled_sampler_draws_a_single_engines_requests_in_any_group(n, ma
     half the chunks run out while placing their requests, and are redone alone; with only what the
     Poisson counts use on average (``counts``) about half the pairs run out while counting, and are
     counted again stream by stream. Every environment still gets the requests of a
-    single engine drawing from the same generator with numpy (kernels.py mutants ``qs[0] < 0`` ->
-    ``qs[1] < 0`` (an odd group's last environment drew nothing) and the redraw's ``U[r0 + h]`` ->
-    ``U[r0 - h]``)."""
+    single engine drawing from the same generator with numpy (kernels.py mutant ``U[r0 + h]`` ->
+    ``U[r0 - h]`` in the stream-by-stream count)."""
     from flowgym.sim import kernels
 
     if not kernels.AVAILABLE:
@@ -332,8 +331,18 @@ def test_the_compiled_sampler_draws_a_single_engines_requests_in_any_group(n, ma
         eng._u_want = eng._u_chunk
     if margin == "counts":  # a Poisson(lambda) draw uses lambda + 1 uniforms on average
         eng._u_want = int(np.sum(np.where(wl.rates > 0, wl.rates + 1, 0))) * 256
+    redone = []
+    alone = eng._generate
+
+    def _generate(i):
+        redone.append(i)
+        alone(i)
+
+    eng._generate = _generate
     logs = _run(eng, n, 800, 6)
     assert bool(eng._fast.all())
+    # reset draws each environment's first chunk alone; later chunks alone only when a group's ran out
+    assert (len(redone) > n) == (margin != "default")
     for i, (got, want) in enumerate(zip(logs, _single_logs(2000, wl, n, 800, 6))):
         k = min(got["arrival"].size, want["arrival"].size)
         assert k > 5000

@@ -105,3 +105,25 @@ def test_sampled_times_follow_the_intensity():
     rng = np.random.default_rng(3)
     t = np.concatenate([Steps([0, 1], [0.2, 0.8], period=2).sample_times(rng, 0.0, 2.0) for _ in range(20_000)])
     assert abs(np.mean(t < 1.0) - 0.2) < 0.015
+
+
+class _RoundingUp:
+    """A generator whose uniform draws on ``[t0, t1)`` all round up to ``t1`` (as ``t0 + (t1 - t0) u``
+    can in floating point, e.g. ``60 + 60 (1 - 2^-53) == 120.0``)."""
+
+    def poisson(self, lam):
+        return 3
+
+    def uniform(self, t0, t1, size):
+        return np.full(size, float(t1))
+
+    def random(self, size):
+        return np.zeros(size)
+
+
+@pytest.mark.parametrize("schedule", [Constant(2.0), Steps([0, 1], [0.2, 0.8], period=2)])
+def test_arrival_times_stay_below_the_end_of_their_window(schedule):
+    # a chunk holds the arrivals of [t0, t1): one at t1 belongs to the next chunk (the engines draw
+    # the next chunk when the clock reaches t1, and the compiled loop relies on it)
+    t = schedule.sample_times(_RoundingUp(), 60.0, 120.0)
+    assert t.size == 3 and np.all(t < 120.0) and np.all(t == np.nextafter(120.0, 0.0))

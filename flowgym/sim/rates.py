@@ -63,11 +63,18 @@ class RateSchedule:
         out: list[np.ndarray] = []
         got = 0
         while got < n:  # rejection sampling from the normalised intensity
-            c = rng.uniform(t0, t1, size=2 * (n - got) + 8)
+            c = _before(rng.uniform(t0, t1, size=2 * (n - got) + 8), t1)
             c = c[rng.random(c.size) * peak < self.rate(c)]
             out.append(c)
             got += c.size
         return np.sort(np.concatenate(out)[:n])
+
+
+def _before(times: np.ndarray, t1: float) -> np.ndarray:
+    """``times`` drawn by ``Generator.uniform(t0, t1)``, kept below ``t1``: the draw is ``t0 + (t1 - t0) u``
+    with ``u < 1``, which rounding can still make ``t1`` (e.g. ``60 + 60 (1 - 2^-53) == 120.0``). A chunk
+    holds the arrivals of ``[t0, t1)``; the next chunk starts at ``t1``."""
+    return np.minimum(times, np.nextafter(t1, -np.inf))
 
 
 class Constant(RateSchedule):
@@ -88,7 +95,7 @@ class Constant(RateSchedule):
 
     def sample_times(self, rng: np.random.Generator, t0: float, t1: float) -> np.ndarray:
         n = int(rng.poisson(self.r * (t1 - t0)))
-        return np.sort(rng.uniform(t0, t1, size=n))
+        return np.sort(_before(rng.uniform(t0, t1, size=n), t1))
 
     def to_spec(self) -> float:
         return self.r
