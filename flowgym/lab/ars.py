@@ -132,14 +132,8 @@ class ARSConfig:
         if self.seed < self.norm_draws:
             raise ValueError(f"seed must be at least norm_draws ({self.norm_draws}): the normalisation draws are "
                              f"seeds seed-1 down to seed-norm_draws, got seed={self.seed}")
-        ranges = {  # [first, last] seeds of each use: the model is selected on seeds it did not train on
-            "training": (self.seed, self.seed + self.iterations * self.draws - 1),
-            "normalisation": (self.seed - self.norm_draws, self.seed - 1),
-            "selection (eval_seed)": (self.eval_seed, self.eval_seed + self.eval_episodes - 1),
-            "report (final_eval_seeds)": (0, self.final_eval_seeds - 1),
-            "tuning (tune_seeds)": (1000, 999 + self.tune_seeds),
-        }
-        used = [(name, lo, hi) for name, (lo, hi) in ranges.items() if hi >= lo]
+        # the model is selected on seeds it did not train on
+        used = [(name, lo, hi) for name, (lo, hi) in self.seed_ranges().items() if hi >= lo]
         for i, (a, alo, ahi) in enumerate(used):
             for b, blo, bhi in used[i + 1:]:
                 if alo <= bhi and blo <= ahi:
@@ -170,6 +164,16 @@ class ARSConfig:
             make_distribution(self.distribution)
         if not self.out:
             raise ValueError("out (the output directory) must be given")
+
+    def seed_ranges(self) -> dict[str, tuple[int, int]]:
+        """The first and last seed of each use (a use with no seed has last < first)."""
+        return {
+            "training": (self.seed, self.seed + self.iterations * self.draws - 1),
+            "normalisation": (self.seed - self.norm_draws, self.seed - 1),
+            "selection (eval_seed)": (self.eval_seed, self.eval_seed + self.eval_episodes - 1),
+            "report (final_eval_seeds)": (0, self.final_eval_seeds - 1),
+            "tuning (tune_seeds)": (1000, 999 + self.tune_seeds),
+        }
 
     def hyperparameters(self) -> dict[str, Any]:
         """The settings as a JSON-ready dict."""
@@ -408,8 +412,8 @@ def train_ars(cfg: ARSConfig | None = None, *, on_iteration: Any = None, **overr
         "action_rule": "mode",
         "layer_sizes": sizes,
         "hyperparameters": cfg.hyperparameters(),
-        "seeds": {"train": [cfg.seed, cfg.seed + cfg.iterations * cfg.draws - 1],
-                  "normalisation": [cfg.seed - cfg.norm_draws, cfg.seed - 1],
+        "seeds": {"train": list(cfg.seed_ranges()["training"]),
+                  "normalisation": list(cfg.seed_ranges()["normalisation"]),
                   "eval_during_training": [cfg.eval_seed + i for i in range(cfg.eval_episodes)],
                   "tune": [1000 + i for i in range(cfg.tune_seeds)],
                   "report": list(range(cfg.final_eval_seeds))},
