@@ -3,7 +3,7 @@
 Every agent has ``reset(config, seed)`` and ``act(observation, view)``, and
 declares the environment options it needs (``env_options()``). Build one by
 name with :func:`make_agent` (``"flow-control"``, ``"rate-switch"``, ``"alpha-greedy"``, ``"mc"``,
-``"mc-sf"``, ``"a-min"``, ``"greedy-lifo"``, ``"fixed"``, ``"random"``, ``"safe-budget"``,
+``"mc-sf"``, ``"a-min"``, ``"greedy-lifo"``, ``"fixed"``, ``"random"``, ``"safe-budget"``, ``"two-anchor"``,
 ``"schedule"``, the production admission controllers ``"sglang-reserve"`` (SGLang's adaptive
 ``new_token_ratio`` reservation) and ``"trt-no-evict"`` (TensorRT-LLM's GUARANTEED_NO_EVICT), and ``"learned"``,
 a policy trained by ``flowgym train`` (no path: the shipped generalist, numpy only; or a
@@ -25,7 +25,7 @@ if __name__ != "flowgym.agents":  # the repository's agents/ folder, imported fr
         "installed under that name: pip install -e .), not as a top-level 'agents' package"
     )
 
-from flowgym.agents.adaptive import SafeBudget, ScheduledBudget
+from flowgym.agents.adaptive import SafeBudget, ScheduledBudget, TwoAnchorBudget
 from flowgym.agents.base import Agent
 from flowgym.agents.flow_control import FixedBudget, FlowControl, RandomBudget, RateSwitch
 from flowgym.agents.greedy import AlphaProtectionGreedy, GreedyLIFO
@@ -46,6 +46,7 @@ __all__ = [
     "AMin",
     "LearnedBudget",
     "SafeBudget",
+    "TwoAnchorBudget",
     "ScheduledBudget",
     "SGLangReservation",
     "GuaranteedNoEvict",
@@ -65,6 +66,7 @@ AGENTS: dict[str, type[Agent]] = {
     "fixed": FixedBudget,
     "random": RandomBudget,
     "safe-budget": SafeBudget,
+    "two-anchor": TwoAnchorBudget,
     "schedule": ScheduledBudget,
     "sglang-reserve": SGLangReservation,
     "trt-no-evict": GuaranteedNoEvict,

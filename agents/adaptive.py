@@ -1,8 +1,10 @@
-"""Two references for adaptive budgets: the safe-budget rule and a known time schedule (phase oracle).
+"""References for adaptive budgets: the safe-budget rule, its two-anchor form, and a known time schedule.
 
 * :class:`SafeBudget` needs no tuning and no knowledge of the workload:
   ``B_t = k * M / E_hat[w]``, the environment's online safe budget
   (:class:`flowgym.sim.estimators.LoadTracker`, through ``action="multiplier"``).
+* :class:`TwoAnchorBudget`: ``B_t = max(k_rate * arrival rate, k_safe * M / E_hat[w])``, the
+  fixed form of the two-anchor action the generalist learns on (``multiplier_of="max"``).
 * :class:`ScheduledBudget` follows a fixed (optionally periodic) schedule of budgets.
   Given a scenario's phase boundaries it is the *phase oracle* of the learned-budget
   tables: it switches exactly when the request mix does, which no causal policy can.
@@ -19,7 +21,7 @@ import numpy as np
 from flowgym.agents.base import Agent
 from flowgym.envs.view import SystemView
 
-__all__ = ["SafeBudget", "ScheduledBudget"]
+__all__ = ["SafeBudget", "TwoAnchorBudget", "ScheduledBudget"]
 
 
 class SafeBudget(Agent):
@@ -34,7 +36,8 @@ class SafeBudget(Agent):
 
     Args:
         k: the multiplier (positive).
-        cap: the largest budget (also the budget before anything is known).
+        cap: the ``max_budget`` it asks the environment for, the clip of ``B_t`` (and the budget before
+            anything is known); a scenario with a larger ``max_budget`` keeps its own.
     """
 
     name = "safe-budget"
@@ -52,6 +55,49 @@ class SafeBudget(Agent):
 
     def label(self) -> str:
         return f"safe-budget k={self.k:g}"
+
+
+class TwoAnchorBudget(Agent):
+    """``B_t = clip(round(max(k_rate * rate, k_safe * M / E_hat[w])), 1, cap)``: the larger of two anchors.
+
+    A multiple of the arrival rate (moving average over 32 slots) reacts at once when the request
+    mix changes; a multiple of the online safe budget keeps the cache busy while a backlog waits
+    after arrivals slowed down, where a multiple of the rate starves it (``docs/training.md``,
+    "Two anchors"). Untuned, ``k_rate=1.4, k_safe=1`` is a strong simple reference on switching
+    loads; under stationary overload it admits too much (the rate anchor exceeds what the cache
+    sustains). It acts through the environment's ``action="log-multiplier"`` with
+    ``multiplier_of="max"``, each multiplier at one end of the range, so it never reads the engine.
+
+    Args:
+        k_rate: the multiplier of the arrival rate (positive).
+        k_safe: the multiplier of the safe budget (positive).
+        cap: the ``max_budget`` it asks the environment for, the clip of ``B_t`` (and the safe budget
+            before anything is known); a scenario with a larger ``max_budget`` keeps its own.
+    """
+
+    name = "two-anchor"
+
+    def __init__(self, k_rate: float = 1.4, k_safe: float = 1.0, cap: int = 256) -> None:
+        for label, k in (("k_rate", k_rate), ("k_safe", k_safe)):
+            if isinstance(k, bool) or not isinstance(k, (int, float)) or not (math.isfinite(k) and k > 0):
+                raise ValueError(f"{label} must be a positive finite number, got {k!r}")
+        if isinstance(cap, bool) or not isinstance(cap, (int, np.integer)) or cap < 1:
+            raise ValueError(f"cap must be a positive integer budget, got {cap!r}")
+        self.k_rate, self.k_safe, self.cap = float(k_rate), float(k_safe), int(cap)
+        lo = min(self.k_rate, self.k_safe)
+        hi = max(self.k_rate, self.k_safe)
+        if hi == lo:
+            hi = 2.0 * lo  # the range needs two ends; both multipliers sit at its low end
+        # a = -1 is the range's low end (exactly), a = 1 its high end (to the last bit of k_min * (hi / lo))
+        self._action = np.array([-1.0 if self.k_rate == lo else 1.0, -1.0 if self.k_safe == lo else 1.0], np.float32)
+        self.requires = {"action": "log-multiplier", "multiplier_of": "max", "multipliers": (lo, hi),
+                         "max_budget": self.cap}
+
+    def act(self, observation: Any, view: SystemView) -> np.ndarray:
+        return self._action.copy()
+
+    def label(self) -> str:
+        return f"two-anchor k_rate={self.k_rate:g} k_safe={self.k_safe:g}"
 
 
 class ScheduledBudget(Agent):

@@ -150,7 +150,8 @@ def _algorithm(meta: dict[str, Any], trust: bool) -> type:
 
 def action_space_of(meta: dict[str, Any]) -> Any:
     """The policy's action space that ``flowgym_agent.json`` records: ``Discrete(action_n)``, or the
-    ``Box(-1, 1, (1,))`` of ``action="log-multiplier"`` (``"action_space": {"kind": "box", ...}``)."""
+    ``Box(-1, 1, (1,))`` of ``action="log-multiplier"`` (``(2,)`` with ``multiplier_of="max"``;
+    ``"action_space": {"kind": "box", ...}``)."""
     from gymnasium import spaces
 
     desc = meta.get("action_space")
@@ -254,11 +255,12 @@ def resave(path: str) -> None:
 
 
 class ArrayPolicy:
-    """A small tanh network in numpy: ``a = tanh(W_n ... tanh(W_1 x + b_1) ... + b_n)``, one action in ``[-1, 1]``.
+    """A small tanh network in numpy: ``a = tanh(W_n ... tanh(W_1 x + b_1) ... + b_n)``, actions in ``[-1, 1]``.
 
     The policy of ``flowgym train --algo ars`` (:mod:`flowgym.lab.ars`), for the continuous
-    ``action="log-multiplier"``. ``layers`` is a list of ``(W, b)`` pairs, ``W`` of shape
-    ``(out, in)``; no layer pairs means a linear policy (one pair). ``predict`` mirrors SB3's so
+    ``action="log-multiplier"`` (one output; two with ``multiplier_of="max"``). ``layers`` is a
+    list of ``(W, b)`` pairs, ``W`` of shape ``(out, in)``; one pair is a linear policy; the last
+    layer's ``out`` is the action's size (1 or 2). ``predict`` mirrors SB3's so
     :func:`policy_action` and :class:`LearnedBudget` treat it like an SB3 model.
     """
 
@@ -276,16 +278,17 @@ class ArrayPolicy:
             if not (np.all(np.isfinite(w)) and np.all(np.isfinite(b))):
                 raise ValueError(f"ArrayPolicy: layer {i} holds a non-finite weight")
             n_in = w.shape[0]
-        if n_in != 1:
-            raise ValueError(f"ArrayPolicy: the last layer has {n_in} outputs; the action is one float")
+        if n_in not in (1, 2):
+            raise ValueError(f"ArrayPolicy: the last layer has {n_in} outputs; the action is one float "
+                             "(or two: multiplier_of='max')")
         self.observation_space = spaces.Box(np.asarray(obs_low, np.float32), np.asarray(obs_high, np.float32),
                                             dtype=np.float32)
-        self.action_space = spaces.Box(-1.0, 1.0, (1,), dtype=np.float32)
+        self.action_space = spaces.Box(-1.0, 1.0, (n_in,), dtype=np.float32)
 
     @classmethod
     def from_vector(cls, theta: np.ndarray, sizes: list[int], obs_low: np.ndarray,
                     obs_high: np.ndarray) -> ArrayPolicy:
-        """The network with layer sizes ``sizes`` (inputs first, 1 last) whose weights, layer by layer
+        """The network with layer sizes ``sizes`` (inputs first, the action's size last) whose weights, layer by layer
         (``W`` row-major, then ``b``), are ``theta``."""
         layers, k = [], 0
         for a, b in zip(sizes[:-1], sizes[1:]):
@@ -303,7 +306,7 @@ class ArrayPolicy:
         return sum(a * b + b for a, b in zip(sizes[:-1], sizes[1:]))
 
     def __call__(self, obs: np.ndarray) -> np.ndarray:
-        """Actions for a batch of normalised observations, shape ``(n, 1)``."""
+        """Actions for a batch of normalised observations, shape ``(n, action size)``."""
         h = np.asarray(obs, dtype=np.float64)
         for w, b in self.layers:
             h = np.tanh(h @ w.T + b)
@@ -492,6 +495,17 @@ class LearnedBudget(Agent):
         if tuple(self.model.observation_space.shape) != self.obs_shape:
             raise ValueError(f"learned agent: model observation shape {self.model.observation_space.shape} "
                              f"differs from {META_FILE}'s {self.obs_shape}")
+        if self.continuous:
+            want = action_space_of(self.meta)
+            if tuple(self.model.action_space.shape) != tuple(want.shape):
+                raise ValueError(f"learned agent: the policy's action has shape {self.model.action_space.shape}; "
+                                 f"{META_FILE} records action_space={self.meta.get('action_space')!r}")
+            of = self.meta["agent_env_options"].get("multiplier_of")
+            dim = 2 if of == "max" else 1  # what the environment the agent asks for takes
+            if tuple(want.shape) != (dim,):
+                raise ValueError(f"learned agent: {META_FILE} in {self.path!r} records action_space="
+                                 f"{self.meta.get('action_space')!r} but agent_env_options multiplier_of={of!r}, "
+                                 f"whose action has {dim} float(s)")
         if self._norm is not None and self._norm[0].shape != self.obs_shape:
             raise ValueError(f"learned agent: normalisation statistics have shape {self._norm[0].shape}, "
                              f"the model's observation {self.obs_shape}")

@@ -10,7 +10,9 @@ model selection), it reports mean time in system of
   seeds by coordinate search (two rounds over each parameter's grid);
 * the phase oracle where the scenario has a known periodic schedule: ``schedule`` with the
   scenario's phase boundaries and one budget per phase, tuned the same way;
-* the untuned safe-budget rule ``k = 2`` (the learned action's structure without learning);
+* the untuned safe-budget rule ``k = 2``, and the untuned two-anchor rule
+  ``max(1.4 x arrival rate, 1.0 x safe budget)`` (the two-anchor action's structure without
+  learning: the strongest simple rule found, ``docs/training.md``);
 
 on report seeds ``0..N-1`` (default 20; tuning used ``1000..``, training ``10000..``, model
 selection ``20000..``). Ratios are ratios of means with a 95% paired bootstrap interval over
@@ -199,6 +201,7 @@ def bench_scenario(name: str, model: str | None, seeds: list[int], tune_seeds: l
         AgentSpec("flow-control", {"b": b}, label="best fixed"),
         AgentSpec("rate-switch", rs, label="rate-switch (tuned)"),
         AgentSpec("safe-budget", {"k": 2.0}, label="safe-budget k=2 (untuned)"),
+        AgentSpec("two-anchor", {"k_rate": 1.4, "k_safe": 1.0}, label="two-anchor (untuned)"),
         # production admission controllers (agents/production.py), at their servers' defaults
         AgentSpec("sglang-reserve", {}, label="sglang-reserve (defaults)"),
         AgentSpec("sglang-reserve", {"schedule_conservativeness": cons}, label="sglang-reserve (tuned)"),
@@ -239,12 +242,12 @@ def _fmt(r: tuple[float, float, float]) -> str:
 
 def markdown(results: list[dict[str, Any]]) -> str:
     lines = ["| scenario | learned TIS | / best fixed (b) | / tuned rate-switch | / phase oracle | / safe-budget k=2 "
-             "| / sglang-reserve (defaults) | / sglang-reserve (tuned c) | / trt-no-evict | goal |",
-             "|---|---:|---:|---:|---:|---:|---:|---:|---:|---|"]
+             "| / two-anchor 1.4/1 | / sglang-reserve (defaults) | / sglang-reserve (tuned c) | / trt-no-evict | goal |",
+             "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---|"]
     other = any("other model" in r["ratios"] for r in results)
     if other:
         lines[0] = lines[0].replace(" goal |", " / other model | goal |")
-        lines[1] = "|---|" + "---:|" * 9 + "---|"
+        lines[1] = "|---|" + "---:|" * 10 + "---|"
     for r in results:
         m, q = r["mean_time_in_system"], r["ratios"]
         name = r["scenario"] + (" (held out)" if r["held_out"] else "") + (" (stationary)" if r["stationary"] else "")
@@ -252,6 +255,7 @@ def markdown(results: list[dict[str, Any]]) -> str:
             f"| {name} | {m['learned']:.2f} | {_fmt(q['best fixed'])} (b={r['fixed_b']}) | "
             f"{_fmt(q['rate-switch (tuned)'])} | {_fmt(q['phase oracle']) if 'phase oracle' in q else '-'} | "
             f"{_fmt(q['safe-budget k=2 (untuned)'])} | "
+            f"{_fmt(q['two-anchor (untuned)']) if 'two-anchor (untuned)' in q else '-'} | "
             f"{_fmt(q['sglang-reserve (defaults)']) if 'sglang-reserve (defaults)' in q else '-'} | "
             f"{_fmt(q['sglang-reserve (tuned)'])} (c={r['sglang_conservativeness']:g}) | "
             f"{_fmt(q['trt-no-evict (defaults)']) if 'trt-no-evict (defaults)' in q else '-'} | "

@@ -1,8 +1,9 @@
 """The shipped generalist learned budget on a workload it never saw, against tuned references.
 
 The generalist (``make_agent("learned")``, no path) was trained by ``flowgym train`` on random
-request mixes; it reads only scale-free load features and chooses a multiple of the arrival
-rate, so it runs on any cache size and request mix in the slot model. A linear policy in numpy:
+request mixes; it reads only scale-free load features and chooses two multipliers, of the arrival
+rate and of the online safe budget ``M / E_hat[w]``, the budget the larger product, so it runs on
+any cache size and request mix in the slot model. A linear policy in numpy:
 no extra is needed::
 
     python examples/generalist.py
@@ -33,6 +34,7 @@ def main() -> None:
     agents = [AgentSpec("learned", {}, label="learned (generalist, zero-shot)"),
               AgentSpec("flow-control", {"b": b}, label=f"best fixed b={b} (tuned)"),
               AgentSpec("safe-budget", {"k": 2.0}, label="safe-budget k=2 (untuned)"),
+              AgentSpec("two-anchor", {}, label="two-anchor 1.4 x rate / 1 x safe (untuned)"),
               AgentSpec("greedy-lifo", {}, label="greedy-LIFO (vLLM-like)"),
               AgentSpec("sglang-reserve", {}, label="sglang-reserve (defaults)"),
               AgentSpec("trt-no-evict", {}, label="trt-no-evict (defaults)")]

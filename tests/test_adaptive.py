@@ -1,4 +1,4 @@
-"""SafeBudget and ScheduledBudget (agents/adaptive.py): what they accept, refuse and ask for, at the
+"""SafeBudget, TwoAnchorBudget and ScheduledBudget (agents/adaptive.py): what they accept, refuse and ask for, at the
 boundaries (docs/testing.md, mutation testing). Their play is pinned in tests/test_generalist.py."""
 
 from __future__ import annotations
@@ -9,7 +9,7 @@ from types import SimpleNamespace
 import numpy as np
 import pytest
 
-from flowgym.agents import SafeBudget, ScheduledBudget
+from flowgym.agents import SafeBudget, ScheduledBudget, TwoAnchorBudget
 
 
 def test_safe_budget_asks_for_its_one_multiplier_and_a_cap_of_256_by_default():
@@ -85,3 +85,53 @@ def test_schedule_period_must_lie_beyond_the_last_time():
     for period in (4, 5, math.inf, math.nan):
         with pytest.raises(ValueError, match=r"period must be a number beyond the last time 5, got"):
             ScheduledBudget(times=[0, 2, 5], budgets=[1, 2, 3], period=period)
+
+
+def test_two_anchor_budget_defaults_and_what_it_asks_for():
+    a = TwoAnchorBudget()
+    assert (a.k_rate, a.k_safe, a.cap) == (1.4, 1.0, 256) and a.label() == "two-anchor k_rate=1.4 k_safe=1"
+    assert a.requires == {"action": "log-multiplier", "multiplier_of": "max", "multipliers": (1.0, 1.4),
+                          "max_budget": 256}
+    np.testing.assert_array_equal(a.act(None, None), [1.0, -1.0])  # k_rate the range's top, k_safe its bottom
+    b = TwoAnchorBudget(k_rate=0.5, k_safe=2, cap=9)
+    assert b.requires["multipliers"] == (0.5, 2.0) and b.requires["max_budget"] == 9
+    np.testing.assert_array_equal(b.act(None, None), [-1.0, 1.0])
+    c = TwoAnchorBudget(k_rate=3, k_safe=3)  # equal: both at the bottom of a range (3, 6)
+    assert c.requires["multipliers"] == (3.0, 6.0)
+    np.testing.assert_array_equal(c.act(None, None), [-1.0, -1.0])
+
+
+@pytest.mark.parametrize("k_rate, k_safe", [(1.4, 1.0), (0.7, 2.0), (1.0, 1.0), (3, 3)])
+def test_two_anchor_budget_is_the_larger_multiple_of_the_rate_and_the_safe_budget(k_rate, k_safe):
+    """Each multiplier sits at one end of the environment's range; the budget is the larger product,
+    and each anchor decides somewhere: the rate under overload (small cache), the safe budget at light load."""
+    from flowgym.lab.evaluation import env_for
+
+    agent = TwoAnchorBudget(k_rate=k_rate, k_safe=k_safe, cap=64)
+    decided = {"rate": 0, "safe": 0}
+    for M in (2000, 60000):  # safe budget ~1 (below the rate of 3 per slot), then ~30 (above it)
+        kw = {"M": M, "horizon": 150, "workload": {"kind": "poisson", "classes": [[20, 30], [20, 60]], "rates": 3.0}}
+        env = env_for(agent, kw, None)
+        obs, _ = env.reset(seed=3)
+        agent.reset(env.config, seed=3)
+        for _ in range(150):
+            rate, safe = env.tracker.arrival_rate(), env.safe_budget()
+            a = agent.act(obs, env.view())
+            want = int(min(max(round(max(k_rate * rate, k_safe * safe)), 1), 64))
+            assert env.check_action(a) == want
+            if abs(k_rate * rate - k_safe * safe) > 1:
+                decided["rate" if k_rate * rate > k_safe * safe else "safe"] += 1
+            obs, _, te, tr, _ = env.step(a)
+            if te or tr:
+                break
+    assert decided["rate"] > 20 and decided["safe"] > 20, decided
+
+
+@pytest.mark.parametrize("bad", [0, -1.0, math.inf, math.nan, True, "1"])
+def test_two_anchor_budget_refuses_a_multiplier_not_positive_and_finite(bad):
+    with pytest.raises(ValueError, match="k_rate must be a positive finite number"):
+        TwoAnchorBudget(k_rate=bad)
+    with pytest.raises(ValueError, match="k_safe must be a positive finite number"):
+        TwoAnchorBudget(k_safe=bad)
+    with pytest.raises(ValueError, match="cap must be a positive integer budget"):
+        TwoAnchorBudget(cap=0)

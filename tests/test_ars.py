@@ -55,8 +55,13 @@ def test_array_policy_refuses_bad_weights_by_name():
         ArrayPolicy([(np.zeros((1, 2)), np.zeros(1))], lo, hi)
     with pytest.raises(ValueError, match="non-finite"):
         ArrayPolicy([(np.full((1, 3), np.nan), np.zeros(1))], lo, hi)
-    with pytest.raises(ValueError, match="2 outputs"):
-        ArrayPolicy([(np.zeros((2, 3)), np.zeros(2))], lo, hi)
+    with pytest.raises(ValueError, match="3 outputs"):
+        ArrayPolicy([(np.zeros((3, 3)), np.zeros(3))], lo, hi)
+    with pytest.raises(ValueError, match="0 outputs"):
+        ArrayPolicy([(np.zeros((0, 3)), np.zeros(0))], lo, hi)
+    two = ArrayPolicy([(np.zeros((2, 3)), np.array([0.5, -0.5]))], lo, hi)  # the two-anchor action
+    assert two.action_space.shape == (2,)
+    np.testing.assert_allclose(two(np.zeros((4, 3))), np.tile(np.tanh([0.5, -0.5]), (4, 1)))
     with pytest.raises(ValueError, match="weights for layer sizes"):
         ArrayPolicy.from_vector(np.zeros(5), [3, 1], lo, hi)
     with pytest.raises(ValueError, match="at least one"):
@@ -77,7 +82,8 @@ def test_ars_writes_a_model_the_learned_agent_loads(tiny_model):
     for f in (ARRAYS_FILE, NORM_FILE, META_FILE, "curves.csv"):
         assert os.path.exists(os.path.join(out, f)), f
     meta = json.load(open(os.path.join(out, META_FILE)))
-    assert meta["algo"] == "ars" and meta["action"] == "log-multiplier" and meta["layer_sizes"] == [17, 1]
+    assert meta["algo"] == "ars" and meta["action"] == "log-multiplier" and meta["layer_sizes"] == [17, 2]
+    assert meta["agent_env_options"]["multiplier_of"] == "max"  # the default: two anchors, two outputs
     assert meta["best_iteration"] == res.best_iteration and res.episodes == meta["episodes"]
     # 2 evaluation episodes before the updates, 2 updates of 2 x 2 candidates x 2 draws, each followed by 2
     assert res.episodes == 2 + 2 * (8 + 2)
@@ -113,7 +119,7 @@ def test_same_config_same_model_whatever_the_workers(tiny_model, tmp_path):
 def test_an_ars_model_loads_and_acts_without_torch(tiny_model):
     out, _ = tiny_model
     code = ("import sys; from flowgym.agents import LearnedBudget; a = LearnedBudget(sys.argv[1]); "
-            "import numpy as np; o = np.zeros(17); print(float(np.ravel(a.act(o, None))[0])); "
+            "import numpy as np; o = np.zeros(17); print(float(np.ravel(a.act(o, None))[1])); "
             "assert 'torch' not in sys.modules and 'stable_baselines3' not in sys.modules")
     r = subprocess.run([sys.executable, "-c", code, out], capture_output=True, text=True, timeout=120)
     assert r.returncode == 0, r.stderr
@@ -269,10 +275,10 @@ def test_a_normalisation_at_the_edges_of_its_ranges_loads(tiny_model, tmp_path, 
     np.testing.assert_array_equal(agent.normalize(obs), want)
 
 
-def test_the_policy_acts_with_one_float_and_decides_every_action_repeat_slots(tiny_model):
+def test_the_policy_acts_with_two_floats_and_decides_every_action_repeat_slots(tiny_model):
     out, _ = tiny_model
     agent = LearnedBudget(out)
-    assert agent.model.action_space.shape == (1,) and agent.model.action_space.low[0] == -1.0
+    assert agent.model.action_space.shape == (2,) and list(agent.model.action_space.low) == [-1.0, -1.0]
     repeat = agent.meta["action_repeat"]
     assert repeat > 1
     agent.reset(FlowControlEnv(**{**RandomMix()(np.random.default_rng(0)), **agent.requires}).config)
@@ -315,3 +321,42 @@ def test_ars_with_a_scenario_searches_on_it(seen):
     with pytest.raises(SystemExit):
         main(["train", "--quiet", "--algo", "ars", "--scenario", "adaptive-high", "--distribution", "random-mix"])
     assert seen["cfg"].distribution == "random-mix" and seen["cfg"].out == "runs/ars-generalist"
+
+
+def test_one_anchor_search_writes_a_one_output_model_that_acts_as_its_candidate(tmp_path):
+    """``multiplier_of="rate"`` (the generalist shipped before): the policy has one output (a multiplier of
+    the rate), the saved model is refused if its weights give another action size, and it reproduces the
+    kept candidate's evaluation. (The default, two anchors, is the tiny_model's.)"""
+    out = str(tmp_path / "rate")
+    res = train_ars(out=out, multiplier_of="rate", **TINY)
+    meta = json.load(open(os.path.join(out, META_FILE)))
+    assert meta["layer_sizes"] == [17, 1] and meta["agent_env_options"]["multiplier_of"] == "rate"
+    assert meta["action_space"] == {"kind": "box", "low": [-1.0], "high": [1.0]}
+    agent = LearnedBudget(out)
+    assert agent.model.action_space.shape == (1,)
+    cfg = ARSConfig(**TINY)
+    tis = []
+    for j in range(cfg.eval_episodes):
+        kw = RandomMix()(np.random.default_rng(cfg.eval_seed + j))
+        tis.append(run_episode(agent, kw, cfg.eval_seed + j, kw.get("horizon")).metrics()["mean_time_in_system"])
+    assert math.exp(np.mean(np.log(tis))) == pytest.approx(res.best_eval, rel=1e-12)
+    two = {ARRAYS_FILE: {"w0": np.zeros((2, 17)), "b0": np.zeros(2)}}
+    with pytest.raises(ValueError, match=r"the policy's action has shape \(2,\); .*action_space="):
+        LearnedBudget(_tamper(out, tmp_path, "two", **two))
+
+
+def test_a_model_whose_action_size_and_anchors_disagree_is_refused_by_name(tiny_model, tmp_path):
+    """A two-float policy recorded with a one-anchor environment (or the reverse) is refused at load,
+    naming the file and the field, not at the first step."""
+    out, _ = tiny_model
+    bad = tmp_path / "anchors"
+    bad.mkdir()
+    for f in (NORM_FILE, ARRAYS_FILE):
+        (bad / f).write_bytes(open(os.path.join(out, f), "rb").read())
+    meta = json.load(open(os.path.join(out, META_FILE)))
+    meta["agent_env_options"]["multiplier_of"] = "rate"
+    with open(bad / META_FILE, "w") as fh:
+        json.dump(meta, fh)
+    with pytest.raises(ValueError, match=r"flowgym_agent.json in .* records action_space=.* but agent_env_options "
+                                         r"multiplier_of='rate', whose action has 1 float"):
+        LearnedBudget(str(bad))

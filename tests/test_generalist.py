@@ -3,6 +3,8 @@ randomised environment, training distribution, the two reference agents and the 
 
 from __future__ import annotations
 
+import dataclasses
+
 import math
 import os
 
@@ -364,7 +366,7 @@ def test_rate_anchor_multiplies_the_arrival_rate():
         assert env.check_action(0) == int(min(max(round(0.5 * rate), 1), 64))
         env.step(t % 2)
     assert 4.0 < env.tracker.arrival_rate() < 8.0  # the moving average settles near the rate, 6 per slot
-    with pytest.raises(ValueError, match="multiplier_of must be 'safe', 'rate', 'both' or 'min', got 'queue'"):
+    with pytest.raises(ValueError, match="multiplier_of must be 'safe', 'rate', 'both', 'min' or 'max', got 'queue'"):
         FlowControlEnv(multiplier_of="queue")
 
 
@@ -390,9 +392,16 @@ def test_shipped_generalist_loads_and_runs_without_training():
 
     agent = make_agent("learned")
     assert agent.path == DEFAULT_MODEL and agent.label() == "learned (generalist)"
-    assert agent.requires["observation"] == "load" and agent.requires["multiplier_of"] == "rate"
+    assert agent.requires["observation"] == "load" and agent.requires["multiplier_of"] == "max"
     assert agent.meta["trained_on"]["kind"] == "random-mix" and agent.meta["algo"] == "ars"
-    assert agent.continuous and agent.meta["layer_sizes"] == [17, 1]  # a linear policy, numpy only
+    assert agent.continuous and agent.meta["layer_sizes"] == [17, 2]  # a linear policy, numpy only
+    from flowgym.lab.ars import ARSConfig
+
+    # flowgym train's defaults are the shipped model's settings (it reproduces it; docs/training.md)
+    hp = agent.meta["hyperparameters"]
+    for key, value in dataclasses.asdict(ARSConfig()).items():
+        if key not in ("out", "workers", "progress", "distribution"):
+            assert hp[key] == (list(value) if isinstance(value, tuple) else value), key
     size = sum(os.path.getsize(os.path.join(DEFAULT_MODEL, f)) for f in os.listdir(DEFAULT_MODEL))
     assert size < 5_000_000
     # scale-free: it runs at any M and request scale, and its decisions are reproducible
@@ -453,6 +462,17 @@ def test_benchmark_uses_the_compare_path_and_its_held_out_scenarios_build():
     assert r == 2.0 and lo == hi == 2.0
     r, lo, hi = mod.ratio_ci(np.array([1.0, 3.0, 2.0, 5.0]), np.array([2.0, 2.0, 2.0, 2.0]))
     assert lo < r < hi
+    # the table has a column per reference, the untuned two-anchor rule among them
+    refs = ["best fixed", "rate-switch (tuned)", "safe-budget k=2 (untuned)", "two-anchor (untuned)",
+            "sglang-reserve (defaults)", "sglang-reserve (tuned)", "trt-no-evict (defaults)"]
+    res = {"scenario": "H9", "held_out": True, "stationary": False, "fixed_b": 8, "sglang_conservativeness": 0.3,
+           "mean_time_in_system": {"learned": 50.0}, "goal": "met",
+           "ratios": {k: (0.5 + 0.1 * i, math.nan, math.nan) for i, k in enumerate(refs)}}
+    header, rule, row = mod.markdown([res]).splitlines()
+    cols = [c.strip() for c in header.strip("|").split("|")]
+    cells = [c.strip() for c in row.strip("|").split("|")]
+    assert len(cols) == len(cells) == rule.count("|") - 1
+    assert cells[cols.index("/ two-anchor 1.4/1")] == "0.800" and cells[cols.index("/ safe-budget k=2")] == "0.700"
 
 
 def test_both_anchors_in_one_action():
@@ -522,6 +542,40 @@ def test_log_multiplier_action_spans_the_multipliers_on_a_log_scale():
     env.step(np.array([-1.0], np.float32))
     assert env.check_action(np.array([-1.0], np.float32)) == int(min(max(round(env.safe_budget()), 1), 7))
     assert env.check_action(np.array([1.0], np.float32)) == 7
+
+
+def test_two_anchor_action_takes_the_larger_multiple_of_the_rate_and_the_safe_budget():
+    env = FlowControlEnv(M=20000, workload=_iid(6.0), horizon=200, action="log-multiplier", multiplier_of="max",
+                         multipliers=(0.5, 1.0, 4.0), max_budget=64)
+    assert env.action_space == gym.spaces.Box(-1.0, 1.0, (2,), np.float32)
+    env.reset(seed=1)
+    for t in range(120):
+        env.step(np.array([0.0, -1.0], np.float32))
+    rate, safe = env.tracker.arrival_rate(), env.safe_budget()
+    assert rate > 3.0 and 0.5 < safe < 64 and abs(rate - safe) > 1.0  # the two anchors differ
+    ks = {-1.0: 0.5, 0.0: math.sqrt(2.0), 1.0: 4.0}
+    for ar, kr in ks.items():
+        for as_, ksafe in ks.items():
+            want = int(min(max(round(max(kr * rate, ksafe * safe)), 1), 64))
+            assert env.check_action(np.array([ar, as_], np.float32)) == want, (ar, as_)
+    # each anchor decides when the other's multiplier is the smallest
+    assert env.check_action(np.array([1.0, -1.0], np.float32)) == round(4 * rate) > round(0.5 * safe)
+    assert env.check_action(np.array([-1.0, 0.0], np.float32)) == round(math.sqrt(2) * safe) > round(0.5 * rate)
+    for bad in (np.array([0.0], np.float32), np.array([0.0, 1.5], np.float32), np.array([np.nan, 0.0]), 0.0):
+        with pytest.raises(ValueError, match="not in the action space Box"):
+            env.check_action(bad)
+    with pytest.raises(ValueError, match="two multipliers per action"):
+        env._act_type.multiplier(np.zeros(2))
+    from gymnasium.utils.env_checker import check_env
+
+    check_env(FlowControlEnv(M=8000, workload=_iid(6.0), horizon=100, action="log-multiplier",
+                             multiplier_of="max"), skip_render_check=True)
+
+
+@pytest.mark.parametrize("action", ["budget", "multiplier"])
+def test_two_anchor_action_needs_the_continuous_action(action):
+    with pytest.raises(ValueError, match=f"multiplier_of='max' .* needs action='log-multiplier', got action='{action}'"):
+        FlowControlEnv(action=action, multiplier_of="max")
 
 
 def test_log_multiplier_falls_back_from_the_batched_vector_env():

@@ -99,7 +99,9 @@ class FlowControlConfig:
     #: starts per arrival; admitting a little faster than requests arrive keeps up with them
     #: without releasing a backlog all at once), ``"both"``: ``Discrete(2 * len(multipliers))``,
     #: the first half multiplies the rate, the second the safe budget, or ``"min"``: the smaller
-    #: of the rate and the safe budget.
+    #: of the rate and the safe budget. With ``action="log-multiplier"`` also ``"max"``: two
+    #: floats, a multiplier of each anchor, ``B_t`` the larger product
+    #: (:class:`~flowgym.envs.spaces.LogMultiplierBudget`).
     multiplier_of: str = "safe"
     #: Cap for observed counts (queue length, per-class queues, arrival rate).
     queue_cap: int = 4096
@@ -200,8 +202,11 @@ class FlowControlConfig:
             or any(b <= a for a, b in zip(ks, ks[1:]))
         ):
             raise ValueError(f"multipliers must be positive finite numbers in ascending order, got {ks!r}")
-        if self.multiplier_of not in ("safe", "rate", "both", "min"):
-            raise ValueError(f"multiplier_of must be 'safe', 'rate', 'both' or 'min', got {self.multiplier_of!r}")
+        if self.multiplier_of not in ("safe", "rate", "both", "min", "max"):
+            raise ValueError(f"multiplier_of must be 'safe', 'rate', 'both', 'min' or 'max', got {self.multiplier_of!r}")
+        if self.multiplier_of == "max" and self.action != "log-multiplier":
+            raise ValueError("multiplier_of='max' multiplies both anchors, one float each: it needs "
+                             f"action='log-multiplier', got action={self.action!r}")
         if self.action != "budget" and self.per_class_budget:
             raise ValueError(f"action={self.action!r} sets one global budget: it cannot be combined with "
                              "per_class_budget=True")
@@ -283,7 +288,9 @@ class FlowControlEnv(gym.Env[Any, Any]):
     the anchor being the online safe budget ``M / E_hat[w]`` or the arrival rate
     (``multiplier_of``). With ``action="log-multiplier"``: ``Box(-1, 1, (1,))``, the
     same with ``k = k_min * (k_max / k_min) ** ((a + 1) / 2)`` between the smallest and
-    largest multiplier (for Gaussian policies). An action outside the space raises
+    largest multiplier (for Gaussian policies); with ``multiplier_of="max"`` too,
+    ``Box(-1, 1, (2,))``: ``k_rate`` and ``k_safe`` on that scale,
+    ``B_t = clip(round(max(k_rate * rate, k_safe * M / E_hat[w])), 1, max_budget)``. An action outside the space raises
     ``ValueError`` naming it and the space.
 
     ## Observation Space

@@ -308,11 +308,19 @@ class LogMultiplierBudget:
     Gaussian policy of a continuous action puts its deterministic action at the mean it
     learned, where the expected index of a spread ``Discrete`` policy sits at the middle of
     the levels whatever the state (``docs/training.md``, gen7).
+
+    With ``of="max"`` the space is ``Box(-1, 1, (2,))``: two multipliers on the same scale,
+    ``k_rate`` of the arrival rate (``a[0]``) and ``k_safe`` of the safe budget (``a[1]``), and
+    ``B_t = clip(round(max(k_rate * rate, k_safe * safe budget)), 1, max_budget)``. The rate
+    anchor reacts at once to a change of mix; the safe budget keeps the cache busy while a
+    backlog waits after the arrivals slowed down (where a multiple of the rate starves it);
+    the policy chooses how much of each (``docs/training.md``, "Two anchors").
     """
 
     def __init__(self, multipliers: Sequence[float], max_budget: int, tracker: LoadTracker, of: str = "rate") -> None:
-        if of not in ("safe", "rate", "min"):
-            raise ValueError(f"multiplier_of must be 'safe', 'rate' or 'min' with action='log-multiplier', got {of!r}")
+        if of not in ("safe", "rate", "min", "max"):
+            raise ValueError(f"multiplier_of must be 'safe', 'rate', 'min' or 'max' with action='log-multiplier', "
+                             f"got {of!r}")
         ks = [float(k) for k in multipliers]
         self.of = of
         self.k_min, self.k_max = min(ks), max(ks)
@@ -320,21 +328,32 @@ class LogMultiplierBudget:
             raise ValueError(f"action='log-multiplier' needs two different multipliers (its range), got {list(multipliers)!r}")
         self.max_budget = int(max_budget)
         self.tracker = tracker
-        self._space = spaces.Box(-1.0, 1.0, shape=(1,), dtype=np.float32)
+        self.dim = 2 if of == "max" else 1
+        self._space = spaces.Box(-1.0, 1.0, shape=(self.dim,), dtype=np.float32)
 
     def space(self) -> spaces.Box:
         return self._space
 
-    def multiplier(self, action: Any) -> float:
-        """The multiplier ``k`` of an action; raises ``ValueError`` naming an action outside ``[-1, 1]``."""
+    def multipliers(self, action: Any) -> np.ndarray:
+        """The multipliers of an action (one per anchor); raises ``ValueError`` naming an action outside the box."""
         numeric = (isinstance(action, (int, float, np.integer, np.floating)) and not isinstance(action, (bool, np.bool_))
                    or isinstance(action, np.ndarray) and (np.issubdtype(action.dtype, np.integer)
                                                           or np.issubdtype(action.dtype, np.floating)))
-        a = np.asarray(action, dtype=np.float64) if numeric else None
-        if a is None or a.size != 1 or not np.isfinite(a).all() or not -1.0 <= float(a.reshape(())) <= 1.0:
+        a = np.asarray(action, dtype=np.float64).reshape(-1) if numeric else None
+        if a is None or a.size != self.dim or not np.isfinite(a).all() or (np.abs(a) > 1.0).any():
             raise _bad_action(action, self._space)
-        return self.k_min * (self.k_max / self.k_min) ** ((float(a.reshape(())) + 1.0) / 2.0)
+        return self.k_min * (self.k_max / self.k_min) ** ((a + 1.0) / 2.0)
+
+    def multiplier(self, action: Any) -> float:
+        """The multiplier ``k`` of a one-float action; raises ``ValueError`` naming an action outside ``[-1, 1]``."""
+        if self.dim != 1:
+            raise ValueError("multiplier_of='max' has two multipliers per action: use multipliers(action)")
+        return float(self.multipliers(action)[0])
 
     def budget(self, action: Any) -> int:
         """The budget the action stands for now."""
-        return _scaled_budget(self.multiplier(action), self.tracker, self.of, self.max_budget)
+        if self.dim == 1:
+            return _scaled_budget(self.multiplier(action), self.tracker, self.of, self.max_budget)
+        k_rate, k_safe = self.multipliers(action)
+        b = float(max(k_rate * self.tracker.arrival_rate(), k_safe * self.tracker.safe_budget()))
+        return int(min(max(round(b), 1), self.max_budget))

@@ -17,9 +17,12 @@ weighs a light draw (10-20 slots) and an overloaded one (hundreds) alike.
 The policy is :class:`flowgym.agents.learned.ArrayPolicy`, a linear map (``hidden=()``) or a
 small tanh network of the 17 load features (normalised by their mean and spread under the
 initial policy on ``norm_draws`` draws, then frozen) to the continuous ``log-multiplier``
-action: ``k`` between the smallest and the largest of ``multipliers`` (0.5-4 by default) on a
-log scale, ``B_t = round(k * arrival rate)``; ``theta = 0`` is ``k = sqrt(0.5 * 4) = 1.41``,
-the constant that PPO's generalists played. Every candidate runs through
+action with two anchors (``multiplier_of="max"``, the default since 2026-11-26): two
+multipliers between the smallest and the largest of ``multipliers`` (0.5-4 by default) on a log
+scale, ``k_rate`` of the arrival rate and ``k_safe`` of the safe budget ``M / E_hat[w]``, and
+``B_t = round(max(k_rate * rate, k_safe * safe budget))``; ``theta = 0`` is
+``k_rate = k_safe = sqrt(0.5 * 4) = 1.41``. ``multiplier_of="rate"`` is the one-anchor action
+of the generalist shipped before (``B_t = round(k * rate)``, one output). Every candidate runs through
 :func:`flowgym.lab.evaluation.run_episode` with
 :meth:`flowgym.agents.LearnedBudget.from_policy`, the same code path as the saved model.
 
@@ -85,8 +88,10 @@ class ARSConfig:
     step_size: float = 0.02
     #: The multiplier range of the ``log-multiplier`` action (its smallest and largest value count).
     multipliers: tuple[float, ...] = (0.5, 0.7, 0.85, 1.0, 1.15, 1.3, 1.5, 1.75, 2.0, 2.5, 3.0, 4.0)
-    #: What the multiplier multiplies (``FlowControlConfig.multiplier_of``).
-    multiplier_of: str = "rate"
+    #: What the multiplier multiplies (``FlowControlConfig.multiplier_of``): ``"max"``, a multiplier of
+    #: the arrival rate and one of the safe budget, the budget the larger product (two outputs); or
+    #: one anchor, ``"rate"``, ``"safe"`` or ``"min"`` (one output).
+    multiplier_of: str = "max"
     #: Largest budget (the cap of ``k * rate``).
     max_budget: int = 256
     #: Slots each decision is held for.
@@ -319,11 +324,11 @@ def train_ars(cfg: ARSConfig | None = None, *, on_iteration: Any = None, **overr
 
     probe = FlowControlEnv(**{**draw(cfg.seed), **env_options})
     obs_low, obs_high = np.asarray(probe.observation_space.low), np.asarray(probe.observation_space.high)
-    sizes = [int(obs_low.shape[0]), *[int(h) for h in cfg.hidden], 1]
+    sizes = [int(obs_low.shape[0]), *[int(h) for h in cfg.hidden], int(probe.action_space.shape[0])]
     n_w = ArrayPolicy.n_weights(sizes)
     rng = np.random.default_rng(cfg.seed)
     theta = np.zeros(n_w)
-    if cfg.hidden:  # a network needs random hidden weights (the output layer starts at zero: k = 1.41)
+    if cfg.hidden:  # a network needs random hidden weights (the output layer starts at zero: every k = 1.41)
         k = 0
         for a, b in zip(sizes[:-2], sizes[1:-1]):
             theta[k:k + a * b] = rng.normal(0.0, 1.0 / math.sqrt(a), a * b)

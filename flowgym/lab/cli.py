@@ -670,7 +670,7 @@ def build_parser() -> argparse.ArgumentParser:
         "pip install 'flowgym[train]')",
         description="With no --scenario, train the generalist (the shipped default learned agent): augmented "
         "random search (--algo ars, flowgym.lab.ars) of a linear policy of the scale-free load features on "
-        "random-mix workloads, its action a multiplier of the arrival rate, every candidate policy of an update "
+        "random-mix workloads, its action two multipliers (of the arrival rate and of the safe budget M/E[w], the budget the larger product), every candidate policy of an update "
         "run on the same draws (common random numbers), the best of the evaluations on 12 fixed draws kept; "
         f"about {GENERALIST_TRAIN_MINUTES} minutes on 2 CPU cores, numpy only. With --scenario (or --algo ppo, "
         "a2c, ...), an SB3 agent (PPO by default) with vectorised environments, VecNormalize (saved with the "
@@ -698,14 +698,15 @@ def build_parser() -> argparse.ArgumentParser:
     t.add_argument("--action", choices=["budget", "multiplier", "log-multiplier"], default=None,
                    help="the policy's action: a budget (or a budget level's index; default with --scenario), the "
                    "index of a multiplier (of the arrival rate on a distribution; --multiplier-of), or "
-                   "log-multiplier: one float in [-1, 1], a multiplier between the smallest and largest of "
-                   "--multipliers on a log scale (a Gaussian policy)")
+                   "log-multiplier: one float in [-1, 1] (two with --multiplier-of max), a multiplier between the "
+                   "smallest and largest of --multipliers on a log scale (a Gaussian policy)")
     t.add_argument("--multipliers", type=_float_list("--multipliers"), default=None,
                    help="the multipliers of --action multiplier, or the range of log-multiplier (default " + ",".join(f"{k:g}" for k in g.multipliers)
                    + ")")
-    t.add_argument("--multiplier-of", choices=["safe", "rate", "both", "min"], default=None,
+    t.add_argument("--multiplier-of", choices=["safe", "rate", "both", "min", "max"], default=None,
                    help="what a multiplier action multiplies: the online safe budget M/E[w], the arrival rate "
-                   "(the generalist's default), both (twice the actions) or the smaller of the two")
+                   "(PPO's generalist), both (twice the actions), the smaller of the two, or max (log-multiplier "
+                   "only: one multiplier per anchor, the budget the larger product; the ARS generalist's default)")
     t.add_argument("--rate", type=float, default=None, help="the scenario's rate argument (default: its own)")
     t.add_argument("--algo", default=None,
                    help="ars: augmented random search of a small numpy policy with common random numbers "

@@ -87,8 +87,9 @@ CURVES_FILE = "curves.csv"
 DEFAULT_TRAIN_MINUTES = 6
 #: Wall minutes of the default ``flowgym train`` (the generalist: ``--algo ars``, 2 processes) on 2 CPU
 #: cores (measured; docs/training.md). PPO's generalist (``--algo ppo``) took 9-15.
-GENERALIST_TRAIN_MINUTES = 20
-#: The generalist's actions: ``B_t = k * (arrival rate)`` for these ``k`` (starts per arrival).
+GENERALIST_TRAIN_MINUTES = 25
+#: PPO's generalist's actions, ``B_t = k * (arrival rate)`` for these ``k`` (starts per arrival); their
+#: smallest and largest are the range of the ARS generalist's two multipliers (``ARSConfig.multipliers``).
 GENERALIST_MULTIPLIERS = (0.5, 0.7, 0.85, 1.0, 1.15, 1.3, 1.5, 1.75, 2.0, 2.5, 3.0, 4.0)
 #: Environment arguments that shape the observation: a learned agent declares them as trained.
 OBSERVATION_OPTIONS = (
@@ -183,13 +184,14 @@ class TrainConfig:
     #: The policy's action: ``"budget"`` (a budget, or the index of one of ``budget_levels``) or
     #: ``"multiplier"`` (the index of a multiplier ``k`` of the online safe budget ``M / E_hat[w]``
     #: or of the arrival rate, ``multiplier_of``; capped at ``max_budget``, default 256) or
-    #: ``"log-multiplier"`` (one float in ``[-1, 1]``, a multiplier between the smallest and the
-    #: largest of ``multipliers`` on a log scale, for a Gaussian policy; ``FlowControlConfig.action``).
+    #: ``"log-multiplier"`` (one float in ``[-1, 1]``, two with ``multiplier_of="max"``, a multiplier between
+    #: the smallest and the largest of ``multipliers`` on a log scale, for a Gaussian policy;
+    #: ``FlowControlConfig.action``).
     action: str = "budget"
     #: The multipliers of ``action="multiplier"``.
     multipliers: tuple[float, ...] = (0.25, 0.5, 0.75, 1.0, 1.25, 1.5, 2.0, 3.0, 4.0, 6.0, 8.0)
-    #: What they multiply: ``"safe"`` (``M / E_hat[w]``) or ``"rate"`` (the arrival rate); see
-    #: ``FlowControlConfig.multiplier_of``.
+    #: What they multiply: ``"safe"`` (``M / E_hat[w]``), ``"rate"`` (the arrival rate), or another
+    #: choice of ``FlowControlConfig.multiplier_of`` (``"max"``: both, with ``action="log-multiplier"``).
     multiplier_of: str = "safe"
     #: Overrides of the scenario's environment arguments for training and for the agent
     #: (e.g. ``{"reward_weights": {...}}``); the workload is always the scenario's.

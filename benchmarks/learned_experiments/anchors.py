@@ -1,0 +1,199 @@
+"""Why the rate-anchored generalist loses on short phases, and the fixed rules that led to two anchors.
+
+Part 1 (``trace``): queue length, evictions and cache use every 50 slots of one episode of a
+scenario, for the fixed rules ``ceil(c x arrival rate)`` (the one-anchor generalist played
+``c ~ 1.4``), the untuned two-anchor rule and the shipped generalist; on
+H4-short-phases the queue of short requests left from a chat phase waits for hundreds of slots
+with the cache 20-40% full, because the arrival rate (the anchor) fell when the long phase began.
+
+Part 2 (``screen``): untuned fixed rules on every ``adaptive-*`` and held-out scenario of
+``benchmarks/bench_learned.py``, on screening seeds 7000-7003 (not the report seeds 0-19 nor the
+tuning seeds 1000-1001), each mean time in system over the tuned rate-switch's (whose parameters
+come from the benchmark's tuning, passed as ``--rate-switch FILE``: the JSON that
+``bench_learned.py --out`` writes). The rules read the environment's online estimates (arrival
+rate and safe budget ``M / E_hat[w]``) through ``action="log-multiplier"``'s anchors, as the
+learned policy does::
+
+Part 3 (``plays``): what a two-anchor model plays on one episode of each scenario named: the 5%,
+50% and 95% quantiles of ``k_rate`` and ``k_safe`` at its decision points, and how often the rate
+anchor gives the budget::
+
+    python benchmarks/learned_experiments/anchors.py trace H4-short-phases --seed 7000
+    python benchmarks/learned_experiments/anchors.py screen --rate-switch results/bench_learned.json
+    python benchmarks/learned_experiments/anchors.py plays H4-short-phases adaptive-high --seed 7000
+
+(``screen`` about a minute on 2 cores, after ``python benchmarks/bench_learned.py --out
+results/bench_learned`` has tuned the rate-switch, about 18 minutes; ``trace`` and ``plays``
+seconds). The results are in docs/training.md, "Two anchors".
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import multiprocessing as mp
+import os
+import sys
+from typing import Any
+
+import numpy as np
+
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+from bench_learned import held_out  # noqa: E402
+
+from flowgym.agents import make_agent  # noqa: E402
+from flowgym.agents.base import Agent  # noqa: E402
+from flowgym.lab.evaluation import run_episode  # noqa: E402
+from flowgym.lab.scenarios import ADAPTIVE_SCENARIOS, get_scenario  # noqa: E402
+
+#: Screening seeds (used by no report, tuning, training or selection).
+SEEDS = [7000, 7001, 7002, 7003]
+
+
+class RateMultiple(Agent):
+    """``B_t = ceil(c x arrival rate)`` (the dict observation's moving average), capped at 256."""
+
+    name = "rate-multiple"
+
+    def __init__(self, c: float) -> None:
+        self.c = float(c)
+        self.requires = {"observation": "dict", "eviction": "lifo", "max_budget": 256}
+
+    def act(self, observation: Any, view: Any) -> int:
+        return int(min(256, max(1, math.ceil(self.c * float(observation["arrival_rate"][0])))))
+
+    def label(self) -> str:
+        return f"{self.c:g} x rate"
+
+
+def scenario(name: str) -> tuple[dict[str, Any], int | None]:
+    """A scenario's environment arguments and the horizon the benchmark reports it at."""
+    ho = held_out()
+    if name in ho:
+        return ho[name], ho[name]["horizon"]
+    sc = get_scenario(name)
+    kw = sc.env_kwargs()
+    return kw, (None if sc.finite else kw.get("horizon"))
+
+
+RULES: dict[str, Any] = {
+    "1.4 x rate": lambda: RateMultiple(1.4),
+    "2 x rate": lambda: RateMultiple(2.0),
+    "safe-budget k=1": lambda: make_agent("safe-budget", k=1.0),
+    "safe-budget k=2": lambda: make_agent("safe-budget", k=2.0),
+    "max(1.4 rate, 1 safe)": lambda: make_agent("two-anchor", k_rate=1.4, k_safe=1.0),
+    "max(1.4 rate, 1.4 safe)": lambda: make_agent("two-anchor", k_rate=1.4, k_safe=1.4),
+    "max(1.2 rate, 1 safe)": lambda: make_agent("two-anchor", k_rate=1.2, k_safe=1.0),
+    "max(1 rate, 1 safe)": lambda: make_agent("two-anchor", k_rate=1.0, k_safe=1.0),
+}
+
+
+def _job(task: tuple[str, str, int, dict[str, Any] | None]) -> tuple[str, str, float]:
+    name, rule, seed, rs = task
+    kw, H = scenario(name)
+    agent = make_agent("rate-switch", **rs) if rule == "rate-switch (tuned)" else RULES[rule]()
+    return name, rule, run_episode(agent, kw, seed, H).metrics(H)["mean_time_in_system"]
+
+
+def screen(rate_switch: dict[str, dict[str, Any]], workers: int = 2) -> dict[str, dict[str, float]]:
+    """Mean time in system of each rule (and the tuned rate-switch) per scenario over :data:`SEEDS`."""
+    names = [*ADAPTIVE_SCENARIOS, *held_out()]
+    rules = ["rate-switch (tuned)", *RULES]
+
+    def seeds(n: str) -> list[int]:  # a finite trace (the Azure replay) is one episode whatever the seed
+        return SEEDS[:1] if n in ADAPTIVE_SCENARIOS and get_scenario(n).finite else SEEDS
+
+    tasks = [(n, r, s, rate_switch.get(n)) for n in names for r in rules for s in seeds(n)
+             if r != "rate-switch (tuned)" or n in rate_switch]
+    with mp.get_context("spawn").Pool(workers) as pool:
+        out = pool.map(_job, tasks, chunksize=1)
+    acc: dict[str, dict[str, list[float]]] = {}
+    for n, r, v in out:
+        acc.setdefault(n, {}).setdefault(r, []).append(v)
+    return {n: {r: float(np.mean(v)) for r, v in d.items()} for n, d in acc.items()}
+
+
+def trace(name: str, seed: int) -> str:
+    """Queue, evictions and cache use every 50 slots under two rate multiples (the one-anchor generalist
+    played ``k ~ 1.4``), the untuned two-anchor rule and the shipped generalist."""
+    kw, H = scenario(name)
+    agents = [RateMultiple(1.4), RateMultiple(2.0), make_agent("two-anchor"), make_agent("learned")]
+    eps = [run_episode(a, kw, seed, H) for a in agents]
+    lines = ["| slots | " + " | ".join(f"{a.label()}: queue, evicted, cache" for a in agents) + " |",
+             "|---|" + "---|" * len(agents)]
+    n = min(ep.series["queue_len"].size for ep in eps)
+    for t0 in range(0, n, 50):
+        sl = slice(t0, t0 + 50)
+        cells = [f"{ep.series['queue_len'][sl].mean():.0f}, {int(ep.series['evicted'][sl].sum())}, "
+                 f"{ep.series['usage'][sl].mean() / ep.config.M:.2f}" for ep in eps]
+        lines.append(f"| {t0}-{t0 + 49} | " + " | ".join(cells) + " |")
+    tis = ", ".join(f"{a.label()} {ep.metrics(H)['mean_time_in_system']:.1f}" for a, ep in zip(agents, eps))
+    return "\n".join(lines) + f"\n\nmean time in system: {tis}"
+
+
+def plays(names: list[str], seed: int, model: str | None = None) -> list[str]:
+    """Quantiles of a two-anchor model's multipliers at its decision points, and the rate anchor's share."""
+    from flowgym.lab.evaluation import env_for
+
+    agent = make_agent("learned", **({} if model is None else {"path": model}))
+    if agent.requires.get("multiplier_of") != "max":
+        raise ValueError(f"{agent.label()} is not a two-anchor model (multiplier_of={agent.requires.get('multiplier_of')!r})")
+    lo, hi = min(agent.requires["multipliers"]), max(agent.requires["multipliers"])
+    out = []
+    for name in names:
+        kw, H = scenario(name)
+        env = env_for(agent, kw, H)
+        obs, _ = env.reset(seed=seed)
+        agent.reset(env.config, seed=seed)
+        ks, rate_decides, done = [], [], False
+        while not done:
+            decides = agent.decides_next
+            a = agent.act(obs, env.view())
+            if decides:  # the environment's mapping of the action (flowgym.envs.spaces.LogMultiplierBudget)
+                k = lo * (hi / lo) ** ((np.asarray(a, dtype=np.float64) + 1.0) / 2.0)
+                ks.append(k)
+                rate_decides.append(k[0] * env.tracker.arrival_rate() >= k[1] * env.safe_budget())
+            obs, _, te, tr, _ = env.step(a)
+            done = te or tr
+        K = np.array(ks)
+        q = lambda v: "-".join(f"{x:.2f}" for x in np.quantile(v, [0.05, 0.5, 0.95]))  # noqa: E731
+        out.append(f"{name}: k_rate {q(K[:, 0])}, k_safe {q(K[:, 1])}, rate anchor decides "
+                   f"{100 * np.mean(rate_decides):.0f}% of {len(K)} decisions")
+    return out
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    sub = ap.add_subparsers(dest="cmd", required=True)
+    t = sub.add_parser("trace")
+    t.add_argument("scenario")
+    t.add_argument("--seed", type=int, default=SEEDS[0])
+    pl = sub.add_parser("plays")
+    pl.add_argument("scenarios", nargs="+")
+    pl.add_argument("--seed", type=int, default=SEEDS[0])
+    pl.add_argument("--model", default=None, help="model directory (default: the shipped generalist)")
+    s = sub.add_parser("screen")
+    s.add_argument("--rate-switch", required=True, help="bench_learned.py's JSON (the tuned rate-switch parameters)")
+    s.add_argument("--workers", type=int, default=2)
+    args = ap.parse_args(argv)
+    if args.cmd == "trace":
+        print(trace(args.scenario, args.seed))
+        return 0
+    if args.cmd == "plays":
+        print("\n".join(plays(args.scenarios, args.seed, args.model)))
+        return 0
+    with open(args.rate_switch) as fh:
+        rs = {r["scenario"]: r["rate_switch"] for r in json.load(fh)}
+    res = screen(rs, args.workers)
+    rules = list(RULES)
+    print("| scenario | tuned rate-switch TIS | " + " | ".join(rules) + " |")
+    print("|---|---:|" + "---:|" * len(rules))
+    for n, d in res.items():
+        base = d.get("rate-switch (tuned)", math.nan)
+        print(f"| {n} | {base:.1f} | " + " | ".join(f"{d[r] / base:.2f}" for r in rules) + " |")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
