@@ -93,16 +93,21 @@ def test_ars_writes_a_model_the_learned_agent_loads(tiny_model):
         assert z["obs_mean"].shape == (17,) and np.all(z["obs_var"] >= 0)
 
 
-def test_the_saved_model_acts_as_the_candidate_that_was_evaluated(tiny_model):
-    """The kept policy's evaluation during training is reproduced by the saved model through run_episode."""
-    out, res = tiny_model
-    agent = LearnedBudget(out)
+def _selection_score(agent):
+    """The geometric mean time in system of ``agent`` on the selection draws of :data:`TINY`'s search."""
     cfg = ARSConfig(**TINY)
     tis = []
     for j in range(cfg.eval_episodes):
         kw = RandomMix()(np.random.default_rng(cfg.eval_seed + j))
         tis.append(run_episode(agent, kw, cfg.eval_seed + j, kw.get("horizon")).metrics()["mean_time_in_system"])
-    assert math.exp(np.mean(np.log(tis))) == pytest.approx(res.best_eval, rel=1e-12)
+    return math.exp(np.mean(np.log(tis)))
+
+
+def test_the_saved_model_acts_as_the_candidate_that_was_evaluated(tiny_model):
+    """The kept policy's evaluation during training is reproduced by the saved model through run_episode."""
+    out, res = tiny_model
+    agent = LearnedBudget(out)
+    assert _selection_score(agent) == pytest.approx(res.best_eval, rel=1e-12)
 
 
 def test_same_config_same_model_whatever_the_workers(tiny_model, tmp_path):
@@ -334,12 +339,7 @@ def test_one_anchor_search_writes_a_one_output_model_that_acts_as_its_candidate(
     assert meta["action_space"] == {"kind": "box", "low": [-1.0], "high": [1.0]}
     agent = LearnedBudget(out)
     assert agent.model.action_space.shape == (1,)
-    cfg = ARSConfig(**TINY)
-    tis = []
-    for j in range(cfg.eval_episodes):
-        kw = RandomMix()(np.random.default_rng(cfg.eval_seed + j))
-        tis.append(run_episode(agent, kw, cfg.eval_seed + j, kw.get("horizon")).metrics()["mean_time_in_system"])
-    assert math.exp(np.mean(np.log(tis))) == pytest.approx(res.best_eval, rel=1e-12)
+    assert _selection_score(agent) == pytest.approx(res.best_eval, rel=1e-12)
     two = {ARRAYS_FILE: {"w0": np.zeros((2, 17)), "b0": np.zeros(2)}}
     with pytest.raises(ValueError, match=r"the policy's action has shape \(2,\); .*action_space="):
         LearnedBudget(_tamper(out, tmp_path, "two", **two))

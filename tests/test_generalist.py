@@ -519,13 +519,19 @@ def test_generalist_training_same_seed_same_model(tmp_path):
     assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
 
 
-def test_log_multiplier_action_spans_the_multipliers_on_a_log_scale():
-    env = FlowControlEnv(M=8000, workload=_iid(6.0), horizon=200, action="log-multiplier", multiplier_of="rate",
+def _warm_log_multiplier_env(M, of, action):
+    """A ``log-multiplier`` environment (range 0.5-4, cap 64) after 120 slots of ``action``, 6 arrivals per slot."""
+    env = FlowControlEnv(M=M, workload=_iid(6.0), horizon=200, action="log-multiplier", multiplier_of=of,
                          multipliers=(0.5, 1.0, 4.0), max_budget=64)
-    assert env.action_space == gym.spaces.Box(-1.0, 1.0, (1,), np.float32)
+    assert env.action_space == gym.spaces.Box(-1.0, 1.0, (len(action),), np.float32)
     env.reset(seed=1)
     for t in range(120):
-        env.step(np.array([0.0], np.float32))
+        env.step(np.array(action, np.float32))
+    return env
+
+
+def test_log_multiplier_action_spans_the_multipliers_on_a_log_scale():
+    env = _warm_log_multiplier_env(8000, "rate", [0.0])
     rate = env.tracker.arrival_rate()
     assert rate > 3.0
     # a = -1 is the smallest multiplier, a = 1 the largest, a = 0 their geometric mean (sqrt(0.5 * 4))
@@ -545,12 +551,7 @@ def test_log_multiplier_action_spans_the_multipliers_on_a_log_scale():
 
 
 def test_two_anchor_action_takes_the_larger_multiple_of_the_rate_and_the_safe_budget():
-    env = FlowControlEnv(M=20000, workload=_iid(6.0), horizon=200, action="log-multiplier", multiplier_of="max",
-                         multipliers=(0.5, 1.0, 4.0), max_budget=64)
-    assert env.action_space == gym.spaces.Box(-1.0, 1.0, (2,), np.float32)
-    env.reset(seed=1)
-    for t in range(120):
-        env.step(np.array([0.0, -1.0], np.float32))
+    env = _warm_log_multiplier_env(20000, "max", [0.0, -1.0])
     rate, safe = env.tracker.arrival_rate(), env.safe_budget()
     assert rate > 3.0 and 0.5 < safe < 64 and abs(rate - safe) > 1.0  # the two anchors differ
     ks = {-1.0: 0.5, 0.0: math.sqrt(2.0), 1.0: 4.0}
