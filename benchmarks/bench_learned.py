@@ -22,7 +22,7 @@ best fixed budget on stationary ones. The agents are built by
 :func:`flowgym.lab.evaluation.build_agent` from :class:`~flowgym.lab.scenarios.AgentSpec`,
 as ``flowgym compare`` builds them.
 
-Not a timed test; run by hand (about 25 minutes on 2 cores for the defaults)::
+Not a timed test; run by hand (about 30 minutes on 2 cores for the defaults)::
 
     python benchmarks/bench_learned.py --out results/bench_learned
     python benchmarks/bench_learned.py --scenarios H1-codechat,adaptive-mix --seeds 5 --model runs/ppo-generalist
@@ -96,6 +96,20 @@ def held_out() -> dict[str, dict[str, Any]]:
     P = [[25, 40], [25, 80], [25, 120]]
     out["S1-stationary"] = {"M": M, "workload": {"kind": "iid", "rate": _rate(0.9, M, P),
                                                  "lengths": {"kind": "empirical", "pairs": P, "weights": [1, 1, 1]}}}
+    # H6-H8: defined on 2026-11-26 after the two-anchor generalist was shipped, and used for no choice
+    # since (a blind check of that structure, which H1-H5 informed; docs/training.md, "Two anchors")
+    M = 32768
+    R, C = [[400, 20], [800, 40], [1200, 30]], [[30, 60], [30, 120], [60, 90]]
+    out["H6-rag-burst"] = {"M": M, "workload": {"kind": "mix", "streams": [
+        _stream(R, _rate(0.75, M, R), 0, 400, 1600), _stream(C, _rate(0.9, M, C), 400, 1600, 1600)]}}
+    M = 24000
+    B, S = [[40, 80], [40, 160]], [[15, 10], [15, 20], [15, 30]]
+    out["H7-burst-on-base"] = {"M": M, "workload": {"kind": "mix", "streams": [
+        _stream(B, _rate(0.5, M, B), 0, 900, 900), _stream(S, _rate(0.6, M, S), 0, 250, 900)]}}
+    M = 16492
+    L, S = [[20, 150], [20, 250]], [[20, 20], [20, 40]]
+    out["H8-overload-then-light"] = {"M": M, "workload": {"kind": "mix", "streams": [
+        _stream(L, _rate(1.05, M, L), 0, 1000, 2000), _stream(S, _rate(0.6, M, S), 1000, 2000, 2000)]}}
     for v in out.values():
         v.update({"output_length_known": False, "horizon": 4000})
     return out
