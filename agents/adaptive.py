@@ -24,6 +24,20 @@ from flowgym.envs.view import SystemView
 __all__ = ["SafeBudget", "TwoAnchorBudget", "ScheduledBudget"]
 
 
+def _multiplier(label: str, k: Any) -> float:
+    """``k`` as a float; raises ``ValueError`` naming ``label`` unless it is a positive finite number."""
+    if isinstance(k, bool) or not isinstance(k, (int, float)) or not (math.isfinite(k) and k > 0):
+        raise ValueError(f"{label} must be a positive finite number, got {k!r}")
+    return float(k)
+
+
+def _cap(cap: Any) -> int:
+    """``cap`` as an int; raises ``ValueError`` unless it is a positive integer budget."""
+    if isinstance(cap, bool) or not isinstance(cap, (int, np.integer)) or cap < 1:
+        raise ValueError(f"cap must be a positive integer budget, got {cap!r}")
+    return int(cap)
+
+
 class SafeBudget(Agent):
     """``B_t = clip(round(k * M / E_hat[w]), 1, cap)``: a multiple of the online safe budget.
 
@@ -43,11 +57,7 @@ class SafeBudget(Agent):
     name = "safe-budget"
 
     def __init__(self, k: float = 2.0, cap: int = 256) -> None:
-        if isinstance(k, bool) or not isinstance(k, (int, float)) or not (math.isfinite(k) and k > 0):
-            raise ValueError(f"k must be a positive finite number, got {k!r}")
-        if isinstance(cap, bool) or not isinstance(cap, (int, np.integer)) or cap < 1:
-            raise ValueError(f"cap must be a positive integer budget, got {cap!r}")
-        self.k, self.cap = float(k), int(cap)
+        self.k, self.cap = _multiplier("k", k), _cap(cap)
         self.requires = {"action": "multiplier", "multipliers": (self.k,), "max_budget": self.cap}
 
     def act(self, observation: Any, view: SystemView) -> int:
@@ -78,12 +88,7 @@ class TwoAnchorBudget(Agent):
     name = "two-anchor"
 
     def __init__(self, k_rate: float = 1.4, k_safe: float = 1.0, cap: int = 256) -> None:
-        for label, k in (("k_rate", k_rate), ("k_safe", k_safe)):
-            if isinstance(k, bool) or not isinstance(k, (int, float)) or not (math.isfinite(k) and k > 0):
-                raise ValueError(f"{label} must be a positive finite number, got {k!r}")
-        if isinstance(cap, bool) or not isinstance(cap, (int, np.integer)) or cap < 1:
-            raise ValueError(f"cap must be a positive integer budget, got {cap!r}")
-        self.k_rate, self.k_safe, self.cap = float(k_rate), float(k_safe), int(cap)
+        self.k_rate, self.k_safe, self.cap = _multiplier("k_rate", k_rate), _multiplier("k_safe", k_safe), _cap(cap)
         lo = min(self.k_rate, self.k_safe)
         hi = max(self.k_rate, self.k_safe)
         if hi == lo:

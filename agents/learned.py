@@ -13,6 +13,7 @@ import numpy as np
 
 from flowgym.agents.base import Agent
 from flowgym.envs.flow_control import FlowControlConfig
+from flowgym.envs.spaces import log_multiplier_size
 from flowgym.envs.view import SystemView
 
 __all__ = [
@@ -501,7 +502,7 @@ class LearnedBudget(Agent):
                 raise ValueError(f"learned agent: the policy's action has shape {self.model.action_space.shape}; "
                                  f"{META_FILE} records action_space={self.meta.get('action_space')!r}")
             of = self.meta["agent_env_options"].get("multiplier_of")
-            dim = 2 if of == "max" else 1  # what the environment the agent asks for takes
+            dim = log_multiplier_size(of)  # what the environment the agent asks for takes
             if tuple(want.shape) != (dim,):
                 raise ValueError(f"learned agent: {META_FILE} in {self.path!r} records action_space="
                                  f"{self.meta.get('action_space')!r} but agent_env_options multiplier_of={of!r}, "

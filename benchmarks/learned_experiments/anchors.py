@@ -134,24 +134,26 @@ def trace(name: str, seed: int) -> str:
 
 def plays(names: list[str], seed: int, model: str | None = None) -> list[str]:
     """Quantiles of a two-anchor model's multipliers at its decision points, and the rate anchor's share."""
+    from flowgym.envs.spaces import LogMultiplierBudget
     from flowgym.lab.evaluation import env_for
 
     agent = make_agent("learned", **({} if model is None else {"path": model}))
     if agent.requires.get("multiplier_of") != "max":
         raise ValueError(f"{agent.label()} is not a two-anchor model (multiplier_of={agent.requires.get('multiplier_of')!r})")
-    lo, hi = min(agent.requires["multipliers"]), max(agent.requires["multipliers"])
     out = []
     for name in names:
         kw, H = scenario(name)
         env = env_for(agent, kw, H)
         obs, _ = env.reset(seed=seed)
         agent.reset(env.config, seed=seed)
+        # the environment's mapping of an action to its two multipliers
+        mapping = LogMultiplierBudget(agent.requires["multipliers"], env.config.max_budget, env.tracker, of="max")
         ks, rate_decides, done = [], [], False
         while not done:
             decides = agent.decides_next
             a = agent.act(obs, env.view())
-            if decides:  # the environment's mapping of the action (flowgym.envs.spaces.LogMultiplierBudget)
-                k = lo * (hi / lo) ** ((np.asarray(a, dtype=np.float64) + 1.0) / 2.0)
+            if decides:
+                k = mapping.multipliers(a)
                 ks.append(k)
                 rate_decides.append(k[0] * env.tracker.arrival_rate() >= k[1] * env.safe_budget())
             obs, _, te, tr, _ = env.step(a)

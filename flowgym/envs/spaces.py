@@ -27,6 +27,7 @@ __all__ = [
     "PerClassBudget",
     "MultiplierBudget",
     "LogMultiplierBudget",
+    "log_multiplier_size",
 ]
 
 
@@ -286,14 +287,23 @@ class MultiplierBudget:
         return _scaled_budget(self.multipliers[a % n], self.tracker, of, self.max_budget)
 
 
-def _scaled_budget(k: float, tracker: LoadTracker, of: str, max_budget: int) -> int:
+def _scaled_budget(k: Any, tracker: LoadTracker, of: str, max_budget: int) -> int:
     """``clip(round(k * anchor), 1, max_budget)``, the anchor the tracker's safe budget
-    (``of="safe"``), arrival rate (``"rate"``) or the smaller of the two (``"min"``)."""
+    (``of="safe"``), arrival rate (``"rate"``) or the smaller of the two (``"min"``); with
+    ``of="max"``, ``k = (k_rate, k_safe)`` and the larger of ``k_rate * rate`` and ``k_safe * safe``."""
+    if of == "max":
+        b = float(max(k[0] * tracker.arrival_rate(), k[1] * tracker.safe_budget()))
+        return int(min(max(round(b), 1), max_budget))
     if of == "min":
         anchor = min(tracker.safe_budget(), tracker.arrival_rate())
     else:
         anchor = tracker.safe_budget() if of == "safe" else tracker.arrival_rate()
     return int(min(max(round(k * anchor), 1), max_budget))
+
+
+def log_multiplier_size(of: str) -> int:
+    """How many floats the ``log-multiplier`` action of anchor ``of`` has: 2 for ``"max"``, else 1."""
+    return 2 if of == "max" else 1
 
 
 class LogMultiplierBudget:
@@ -328,7 +338,7 @@ class LogMultiplierBudget:
             raise ValueError(f"action='log-multiplier' needs two different multipliers (its range), got {list(multipliers)!r}")
         self.max_budget = int(max_budget)
         self.tracker = tracker
-        self.dim = 2 if of == "max" else 1
+        self.dim = log_multiplier_size(of)
         self._space = spaces.Box(-1.0, 1.0, shape=(self.dim,), dtype=np.float32)
 
     def space(self) -> spaces.Box:
@@ -352,8 +362,5 @@ class LogMultiplierBudget:
 
     def budget(self, action: Any) -> int:
         """The budget the action stands for now."""
-        if self.dim == 1:
-            return _scaled_budget(self.multiplier(action), self.tracker, self.of, self.max_budget)
-        k_rate, k_safe = self.multipliers(action)
-        b = float(max(k_rate * self.tracker.arrival_rate(), k_safe * self.tracker.safe_budget()))
-        return int(min(max(round(b), 1), self.max_budget))
+        k = self.multipliers(action)
+        return _scaled_budget(k if self.dim == 2 else float(k[0]), self.tracker, self.of, self.max_budget)

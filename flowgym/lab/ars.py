@@ -394,6 +394,7 @@ def train_ars(cfg: ARSConfig | None = None, *, on_iteration: Any = None, **overr
     wall = time.perf_counter() - t0
 
     policy = ArrayPolicy.from_vector(best[2], sizes, obs_low, obs_high)
+    seed_ranges = cfg.seed_ranges()
     np.savez(os.path.join(cfg.out, ARRAYS_FILE), **policy.arrays())
     np.savez(os.path.join(cfg.out, NORM_FILE), obs_low=obs_low, obs_high=obs_high, obs_mean=mean, obs_var=var,
              epsilon=np.float64(eps), clip_obs=np.float64(clip))
@@ -417,8 +418,8 @@ def train_ars(cfg: ARSConfig | None = None, *, on_iteration: Any = None, **overr
         "action_rule": "mode",
         "layer_sizes": sizes,
         "hyperparameters": cfg.hyperparameters(),
-        "seeds": {"train": list(cfg.seed_ranges()["training"]),
-                  "normalisation": list(cfg.seed_ranges()["normalisation"]),
+        "seeds": {"train": list(seed_ranges["training"]),
+                  "normalisation": list(seed_ranges["normalisation"]),
                   "eval_during_training": [cfg.eval_seed + i for i in range(cfg.eval_episodes)],
                   "tune": [1000 + i for i in range(cfg.tune_seeds)],
                   "report": list(range(cfg.final_eval_seeds))},
