@@ -423,8 +423,9 @@ class LearnedBudget(Agent):
     ``policy.npz``: it loads and runs with numpy alone (no torch, no SB3).
 
     With no path it loads the shipped generalist (:data:`DEFAULT_MODEL`: trained by
-    ``flowgym train`` with no scenario on randomised workloads; scale-free, so it runs on
-    any slot-model scenario with unknown lengths). By name: ``make_agent("learned")``,
+    ``flowgym train`` with no scenario on randomised workloads, pieces of the Azure traces in
+    continuous time among them; scale-free, so it runs on any scenario with unknown lengths, in
+    slots or in continuous time). By name: ``make_agent("learned")``,
     ``make_agent("learned", path="runs/ppo-generalist")``, or
     ``flowgym compare --add-agents "learned"``.
 

@@ -11,12 +11,17 @@ about a minute per model on one core::
     python benchmarks/select_generalist.py examples/ppo_generalist shipped
     python benchmarks/select_generalist.py shipped runs/ars-generalist --draws 48
 
-``shipped`` is the default learned agent (``learned`` with no path).
+``shipped`` is the default learned agent (``learned`` with no path). ``--distribution`` overrides
+fields of ``RandomMix``: ``'{"trace_p": 0, "phase_scale": "uniform"}'`` gives the draws of the
+distribution before 2026-11-26 (no Azure trace pieces, uniform phase lengths), on which the
+selections in docs/training.md before ars6 were made. Trace pieces (continuous time, seconds)
+are also reported on their own.
 """
 
 from __future__ import annotations
 
 import argparse
+import json
 import sys
 from collections.abc import Sequence
 
@@ -30,12 +35,13 @@ FIRST_SEED = 30_000
 LIGHT = 50.0
 
 
-def time_in_system(model: str, seeds: Sequence[int]) -> np.ndarray:
-    """The model's mean time in system on the draw of each seed."""
+def time_in_system(model: str, seeds: Sequence[int], dist: RandomMix | None = None) -> np.ndarray:
+    """The model's mean time in system on the draw of each seed (of ``dist``, default ``RandomMix()``)."""
     agent = LearnedBudget(None if model == "shipped" else model)
+    dist = dist or RandomMix()
     out = []
     for seed in seeds:
-        kw = RandomMix()(np.random.default_rng(seed))
+        kw = dist(np.random.default_rng(seed))
         out.append(run_episode(agent, kw, seed, kw.get("horizon")).metrics()["mean_time_in_system"])
     return np.asarray(out, dtype=np.float64)
 
@@ -44,22 +50,35 @@ def main(argv: Sequence[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("models", nargs="+", help="model directories, or 'shipped'; ratios are to the first")
     ap.add_argument("--draws", type=int, default=48, help="draws (seeds 30000..; default 48)")
+    ap.add_argument("--distribution", default="{}",
+                    help='JSON overrides of RandomMix fields, e.g. \'{"trace_p": 0, "phase_scale": "uniform"}\'')
     args = ap.parse_args(argv)
     if args.draws < 2:
         ap.error("--draws must be at least 2")
+    try:
+        over = json.loads(args.distribution)
+        if not isinstance(over, dict):
+            raise ValueError(f"expected a JSON object of RandomMix fields, got {args.distribution!r}")
+        dist = RandomMix.from_spec(over)
+    except ValueError as e:  # json.JSONDecodeError is a ValueError
+        ap.error(f"--distribution: {e}")
     seeds = list(range(FIRST_SEED, FIRST_SEED + args.draws))
-    logs = {m: np.log(time_in_system(m, seeds)) for m in args.models}
+    piece = np.array([dist(np.random.default_rng(s))["workload"]["kind"] == "azure" for s in seeds])
+    logs = {m: np.log(time_in_system(m, seeds, dist)) for m in args.models}
     base = logs[args.models[0]]
-    light = base < np.log(LIGHT)
+    light = (base < np.log(LIGHT)) & ~piece
     rng = np.random.default_rng(0)
     idx = rng.integers(0, len(seeds), size=(4000, len(seeds)))
-    print(f"{args.draws} draws of RandomMix() (seeds {seeds[0]}-{seeds[-1]}); {int(light.sum())} light "
-          f"(time in system of {args.models[0]} below {LIGHT:g})")
+    shown = ", ".join(f"{k}={v!r}" for k, v in over.items())
+    print(f"{args.draws} draws of RandomMix({shown}) (seeds {seeds[0]}-{seeds[-1]}); "
+          f"{int(light.sum())} light (time in system of {args.models[0]} below {LIGHT:g} slots), "
+          f"{int(piece.sum())} Azure trace pieces (seconds), the other {int((~light & ~piece).sum())} heavy")
     for m, v in logs.items():
         d = v - base
         lo, hi = np.exp(np.quantile(d[idx].mean(axis=1), [0.025, 0.975]))
-        split = (f", light {np.exp(d[light].mean()):.3f}, heavy {np.exp(d[~light].mean()):.3f}"
-                 if light.any() and (~light).any() else "")
+        heavy = ~light & ~piece
+        split = "".join(f", {name} {np.exp(d[sel].mean()):.3f}" for name, sel in
+                        (("light", light), ("heavy", heavy), ("pieces", piece)) if sel.any())
         print(f"{m}: geometric mean {np.exp(v.mean()):.2f}; / {args.models[0]} {np.exp(d.mean()):.3f} "
               f"[{lo:.3f}, {hi:.3f}]{split}")
     return 0

@@ -225,6 +225,14 @@ def test_selection_benchmark_compares_models_on_new_draws(tiny_model, capsys):
     assert lines[1].startswith("shipped: geometric mean") and "/ shipped 1.000 [1.000, 1.000]" in lines[1]
     want = np.exp(np.mean(np.log(mod.time_in_system(out, [30000, 30001]))))
     assert lines[2].startswith(f"{out}: geometric mean {want:.2f};")
+    # the distribution before 2026-11-26 (no trace pieces, uniform phases), on which earlier models were selected
+    old = '{"trace_p": 0, "phase_scale": "uniform"}'
+    assert mod.main(["shipped", "--draws", "2", "--distribution", old]) == 0
+    first = capsys.readouterr().out.splitlines()[0]
+    assert first.startswith("2 draws of RandomMix(trace_p=0, phase_scale='uniform') (seeds 30000-30001)")
+    with pytest.raises(SystemExit):
+        mod.main(["shipped", "--draws", "2", "--distribution", '{"colour": 1}'])
+    assert "--distribution: random-mix has no field(s) ['colour']" in capsys.readouterr().err
 
 
 def _tamper(out, tmp_path, name, **arrays):

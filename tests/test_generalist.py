@@ -4,7 +4,7 @@ randomised environment, training distribution, the two reference agents and the 
 from __future__ import annotations
 
 import dataclasses
-
+import json
 import math
 import os
 
@@ -161,7 +161,7 @@ def test_bad_load_settings_are_named(kwargs, match):
 
 
 def test_random_mix_is_deterministic_and_valid():
-    dist = RandomMix()
+    dist = RandomMix(trace_p=0.0)  # the synthetic draws (trace pieces: the next test)
     a = [dist(np.random.default_rng(s)) for s in range(40)]
     b = [dist(np.random.default_rng(s)) for s in range(40)]
     assert a == b
@@ -172,11 +172,80 @@ def test_random_mix_is_deterministic_and_valid():
     for d in a:  # every draw builds, and its load is inside the ranges asked for
         env = FlowControlEnv(**d, observation="load", action="multiplier", max_budget=256)
         rho = env.workload.peak_load(d["M"], d["horizon"])
-        assert rho is not None and 0.0 < rho <= max(dist.rho_range[1], dist.overload_rho_range[1]) + 1e-9
+        n = len(d["workload"].get("streams", [d["workload"]]))  # the streams that are off add their background
+        top = max(dist.rho_range[1], dist.overload_rho_range[1]) * (1 + (n - 1) * dist.background_range[1])
+        assert rho is not None and 0.0 < rho <= top + 1e-9
+
+
+def test_random_mix_trace_pieces():
+    """A draw is a piece of an Azure trace in continuous time with probability ``trace_p``; the
+    coin is tossed last, so every other draw is the one ``trace_p=0`` gives."""
+    plain, dist = RandomMix(trace_p=0.0), RandomMix()
+    pieces = 0
+    for s in range(60):
+        a, b = plain(np.random.default_rng(s)), dist(np.random.default_rng(s))
+        if b["workload"]["kind"] != "azure":
+            assert a == b
+            continue
+        pieces += 1
+        wl = b["workload"]
+        assert wl["trace"] in ("conv", "code") and b["time_model"] == dist.trace_time_model
+        assert dist.trace_window[0] <= wl["window"][0] < wl["window"][1] == dist.trace_window[1]
+        assert dist.trace_rate_range[0] <= wl["rate_multiplier"] <= dist.trace_rate_range[1]
+        assert dist.azure_M_range[0] <= b["M"] <= dist.azure_M_range[1]
+    assert 3 <= pieces <= 20  # trace_p = 0.15 of 60 draws
+    only = RandomMix(trace_p=1.0, trace_window=(1000.0, 1100.0), trace_rate_range=(0.5, 0.5))
+    d = only(np.random.default_rng(1))
+    assert d["workload"]["window"][1] == 1100.0 and d["workload"]["rate_multiplier"] == pytest.approx(0.5)
+    assert 1000.0 <= d["workload"]["window"][0] <= 1090.0  # a piece starts in the window's first 90%
+    env = FlowControlEnv(**d, observation="load", action="log-multiplier", multiplier_of="max", max_budget=256)
+    env.reset(seed=0)
+    for _ in range(20):
+        _, r, *_ = env.step(np.zeros(2, np.float32))
+    _, _, _, _, info = env.step(np.zeros(2, np.float32))
+    assert info["time"] > 0 and "duration" in info and r <= 0  # continuous time: seconds
+    assert make_distribution(only.to_spec()) == only
+    with pytest.raises(ValueError, match="random-mix: trace_window must be \\[start, end\\]"):
+        RandomMix(trace_window=(1800.0, 0.0))
+    with pytest.raises(ValueError, match="random-mix: trace_time_model: unknown latency preset 'h100'"):
+        RandomMix(trace_time_model="h100")
+    with pytest.raises(ValueError, match="random-mix: trace_p must be a probability"):
+        RandomMix(trace_p=-0.1)
+    with pytest.raises(ValueError, match="random-mix: trace_window must span at least 100 s"):
+        RandomMix(trace_window=(0.0, 50.0))
+    with pytest.raises(ValueError, match="random-mix: trace_window must end within both Azure traces \\(by 34"):
+        RandomMix(trace_window=(0.0, 7200.0))
+    RandomMix(trace_window=(0.0, 7200.0), trace_p=0.0)  # no pieces drawn: no trace to fit
+    with pytest.raises(ValueError, match="random-mix: trace_time_model must be a latency preset name .*'slot'"):
+        RandomMix(trace_time_model="slot")
+    with pytest.raises(ValueError, match="random-mix: reward='slowdown' needs trace_p=0"):
+        RandomMix(reward="slowdown")
+
+
+def test_random_mix_phase_lengths_are_log_uniform_unless_asked_for_uniform():
+    def phases(dist):
+        out = []
+        for s in range(300):
+            wl = dist(np.random.default_rng(s))["workload"]
+            if wl["kind"] == "mix":
+                for st in wl["streams"]:  # a stream's phase: from its rise to its fall
+                    r = st["rate"]
+                    on = [t for t, q in zip(r["times"], r["rates"]) if q == max(r["rates"])][0]
+                    off = [t for t in r["times"] + [r["period"]] if t > on][0]
+                    out.append(off - on)
+        return np.array(out)
+
+    lo, hi = RandomMix().phase_range
+    log, uni = phases(RandomMix(trace_p=0.0)), phases(RandomMix(trace_p=0.0, phase_scale="uniform"))
+    assert log.min() >= lo and log.max() <= hi and uni.min() >= lo and uni.max() <= hi
+    mid = (lo * hi) ** 0.5  # half of a log-uniform draw lies below the geometric midpoint
+    assert 0.4 < np.mean(log < mid) < 0.6 and np.mean(uni < mid) < 0.25
+    with pytest.raises(ValueError, match="random-mix: phase_scale must be 'log' or 'uniform', got 'linear'"):
+        RandomMix(phase_scale="linear")
 
 
 def test_slowdown_reward_scales_each_draw_by_its_output_tokens_per_slot():
-    plain, slow = RandomMix(), RandomMix(reward="slowdown")
+    plain, slow = RandomMix(trace_p=0.0), RandomMix(trace_p=0.0, reward="slowdown")
     seen_mix = seen_azure = False
     for s in range(30):
         a, b = plain(np.random.default_rng(s)), slow(np.random.default_rng(s))
@@ -402,6 +471,7 @@ def test_shipped_generalist_loads_and_runs_without_training():
     for key, value in dataclasses.asdict(ARSConfig()).items():
         if key not in ("out", "workers", "progress", "distribution"):
             assert hp[key] == (list(value) if isinstance(value, tuple) else value), key
+    assert agent.meta["trained_on"] == make_distribution("random-mix").to_spec()  # today's default distribution
     size = sum(os.path.getsize(os.path.join(DEFAULT_MODEL, f)) for f in os.listdir(DEFAULT_MODEL))
     assert size < 5_000_000
     # scale-free: it runs at any M and request scale, and its decisions are reproducible
@@ -427,7 +497,14 @@ def test_train_cli_ppo_generalist_and_scenario_defaults(monkeypatch):
     with pytest.raises(SystemExit):  # PPO's generalist (the shipped one is --algo ars's: tests/test_ars.py)
         main(["train", "--quiet", "--algo", "ppo"])
     cfg = seen["cfg"]
-    assert cfg.distribution == "random-mix" and cfg.action == "multiplier" and cfg.multiplier_of == "rate"
+    assert cfg.distribution == train_mod.PPO_GENERALIST_DISTRIBUTION and cfg.action == "multiplier"
+    assert cfg.multiplier_of == "rate"
+    # the distribution the PPO generalist was trained on (its meta predates phase_scale and trace pieces)
+    meta = json.load(open(os.path.join(os.path.dirname(__file__), "..", "examples", "ppo_generalist",
+                                       "flowgym_agent.json")))
+    now = make_distribution(cfg.distribution).to_spec()
+    assert {k: now[k] for k in meta["trained_on"]} == meta["trained_on"]
+    assert now["phase_scale"] == "uniform" and now["trace_p"] == 0.0
     assert cfg.out == "runs/ppo-generalist" and cfg.total_timesteps == 1_000_000 and cfg.seed == 10_000
     with pytest.raises(SystemExit):
         main(["train", "--quiet", "--scenario", "adaptive-switch"])

@@ -411,7 +411,8 @@ def _trained_on(cfg: Any) -> str:
     """What a training configuration trains on, for the first line of ``flowgym train``."""
     if cfg.distribution is None:
         return str(cfg.scenario)
-    name = cfg.distribution if isinstance(cfg.distribution, str) else "given"
+    d = cfg.distribution
+    name = d if isinstance(d, str) else str(d.get("kind", "given")) if isinstance(d, dict) else "given"
     return f"the {name} distribution (reported on {cfg.scenario})"
 
 

@@ -28,6 +28,10 @@ from flowgym.sim.workloads import EmpiricalLengths, make_workload
 __all__ = ["RandomMix", "DISTRIBUTIONS", "make_distribution"]
 
 
+#: Shortest ``trace_window`` (seconds of the original trace).
+MIN_TRACE_WINDOW = 100.0
+
+
 def _loguniform(rng: np.random.Generator, lo: float, hi: float) -> float:
     return float(math.exp(rng.uniform(math.log(lo), math.log(hi))))
 
@@ -40,7 +44,9 @@ class RandomMix:
 
     * ``M`` log-uniform in ``M_range`` (``azure_M_range`` when a stream uses Azure lengths);
     * with probability ``stationary_p`` one stream at a constant rate, else 2 or 3 streams
-      that take turns: stream ``k`` is on for a phase of ``phase_range`` slots, then the next,
+      that take turns: stream ``k`` is on for a phase of ``phase_range`` slots (log-uniform, so
+      phases of a few hundred slots are as common as phases of a few thousand; uniform with
+      ``phase_scale="uniform"``, the distribution before 2026-11-26), then the next,
       repeating (with probability ``background_p`` a stream keeps a background rate of
       ``background_range`` times its own while off);
     * a stream's lengths: with probability ``azure_p`` the Azure ``conv`` or ``code`` trace's
@@ -48,7 +54,18 @@ class RandomMix:
       ``prompt_range`` and ``o`` in ``output_range``;
     * a stream's load while on: ``rho`` uniform in ``rho_range`` (``overload_rho_range`` with
       probability ``overload_p`` for a stationary draw: the paper's overloaded regime), its rate
-      ``rho * M / E[w]``.
+      ``rho * M / E[w]``;
+    * with probability ``trace_p`` the draw is instead a **piece of an Azure trace** (``conv`` or
+      ``code``, real timestamps and lengths): from a start time uniform in the first 90% of
+      ``trace_window`` (seconds of the original trace, at least 100 s wide and within both traces;
+      the default, the first half hour, is the part the
+      ``adaptive-azure-conv`` scenario tunes on, so its report half hour stays held out) to the
+      window's end, inter-arrival times divided by a ``rate_multiplier`` log-uniform in
+      ``trace_rate_range``, ``M`` log-uniform in ``azure_M_range``, in continuous time with the
+      batch latency model ``trace_time_model`` (a step is one iteration, time in seconds; the
+      ``"slowdown"`` reward, which scales slot-time draws, needs ``trace_p=0``). The
+      coin for it is tossed after the rest of the draw, so a draw that is not a piece is the
+      same whatever ``trace_p`` is.
     """
 
     M_range: tuple[float, float] = (6000.0, 40000.0)
@@ -56,6 +73,7 @@ class RandomMix:
     stationary_p: float = 0.3
     overload_p: float = 0.4
     phase_range: tuple[int, int] = (200, 3000)
+    phase_scale: str = "log"
     background_p: float = 0.3
     background_range: tuple[float, float] = (0.05, 0.3)
     azure_p: float = 0.1
@@ -63,6 +81,10 @@ class RandomMix:
     output_range: tuple[float, float] = (6.0, 220.0)
     rho_range: tuple[float, float] = (0.3, 1.15)
     overload_rho_range: tuple[float, float] = (1.0, 1.5)
+    trace_p: float = 0.15
+    trace_window: tuple[float, float] = (0.0, 1800.0)
+    trace_rate_range: tuple[float, float] = (0.1, 1.0)
+    trace_time_model: str = "llama2-70b-tp2-a100"
     horizon: int = 4000
     #: ``"time"``: the environment's reward (requests in system per slot, over ``reward_scale``
     #: 100), so a draw's return is its time in system times its arrival rate and high-rate draws
@@ -84,10 +106,39 @@ class RandomMix:
             elif f.name.endswith("_p"):
                 if isinstance(v, bool) or not isinstance(v, (int, float)) or not 0 <= v <= 1:
                     raise ValueError(f"random-mix: {f.name} must be a probability in [0, 1], got {v!r}")
+        w = self.trace_window
+        if (not isinstance(w, (tuple, list)) or len(w) != 2
+                or not all(isinstance(x, (int, float)) and not isinstance(x, bool) and math.isfinite(x) for x in w)
+                or not 0 <= w[0] < w[1]):
+            raise ValueError(f"random-mix: trace_window must be [start, end] seconds with 0 <= start < end, got {w!r}")
+        if w[1] - w[0] < MIN_TRACE_WINDOW:
+            raise ValueError(f"random-mix: trace_window must span at least {MIN_TRACE_WINDOW:g} s (a piece starts in "
+                             f"its first 90%), got {w!r}")
+        if self.trace_p > 0:
+            from flowgym.sim.datasets import AZURE_KINDS, azure_columns
+
+            span = min(float(azure_columns(k)[0][-1]) for k in AZURE_KINDS)
+            if w[1] > span:
+                raise ValueError(f"random-mix: trace_window must end within both Azure traces (by {span:.0f} s), "
+                                 f"got {w!r}")
+        if not isinstance(self.trace_time_model, str) or self.trace_time_model == "slot":
+            raise ValueError("random-mix: trace_time_model must be a latency preset name (a trace's arrivals are "
+                             f"in seconds), got {self.trace_time_model!r}")
+        from flowgym.sim.latency import make_latency_model
+
+        try:
+            make_latency_model(self.trace_time_model)
+        except ValueError as e:
+            raise ValueError(f"random-mix: trace_time_model: {e}") from None
         if isinstance(self.horizon, bool) or not isinstance(self.horizon, int) or self.horizon < 1:
             raise ValueError(f"random-mix: horizon must be a positive integer, got {self.horizon!r}")
+        if self.phase_scale not in ("log", "uniform"):
+            raise ValueError(f"random-mix: phase_scale must be 'log' or 'uniform', got {self.phase_scale!r}")
         if self.reward not in ("time", "slowdown"):
             raise ValueError(f"random-mix: reward must be 'time' or 'slowdown', got {self.reward!r}")
+        if self.reward == "slowdown" and self.trace_p > 0:
+            raise ValueError("random-mix: reward='slowdown' needs trace_p=0 (it scales slot-time draws; a trace "
+                             f"piece's reward is in seconds per iteration), got trace_p={self.trace_p!r}")
 
     @classmethod
     def from_spec(cls, spec: Mapping[str, Any]) -> RandomMix:
@@ -124,7 +175,9 @@ class RandomMix:
         n = 1 if stationary else int(rng.choice([2, 2, 3]))
         azure = [rng.random() < self.azure_p for _ in range(n)]
         M = int(_loguniform(rng, *(self.azure_M_range if any(azure) else self.M_range)))
-        durations = [int(rng.integers(self.phase_range[0], self.phase_range[1] + 1)) for _ in range(n)]
+        lo, hi = self.phase_range
+        durations = ([int(rng.integers(lo, hi + 1)) for _ in range(n)] if self.phase_scale == "uniform"
+                     else [min(int(hi), max(int(lo), int(round(_loguniform(rng, lo, hi))))) for _ in range(n)])
         period = float(sum(durations))
         streams: list[dict[str, Any]] = []
         start = 0.0
@@ -154,7 +207,20 @@ class RandomMix:
         drawn = {"M": M, "workload": workload, "horizon": self.horizon, "output_length_known": False}
         if self.reward == "slowdown":
             drawn["reward_scale"] = max(out_per_slot, 1e-6)
+        if self.trace_p > 0 and rng.random() < self.trace_p:
+            return self._trace_piece(rng)
         return drawn
+
+    def _trace_piece(self, rng: np.random.Generator) -> dict[str, Any]:
+        """A piece of an Azure trace in continuous time (see the class docstring)."""
+        trace = str(rng.choice(["conv", "code"]))
+        M = int(_loguniform(rng, *self.azure_M_range))
+        lo, hi = (float(x) for x in self.trace_window)
+        start = float(rng.uniform(lo, lo + 0.9 * (hi - lo)))
+        rm = _loguniform(rng, *self.trace_rate_range)
+        workload = {"kind": "azure", "trace": trace, "rate_multiplier": rm, "window": [start, hi]}
+        return {"M": M, "workload": workload, "horizon": self.horizon, "output_length_known": False,
+                "time_model": self.trace_time_model}
 
 
 def _mean_output(lengths: Mapping[str, Any]) -> float:

@@ -91,6 +91,9 @@ GENERALIST_TRAIN_MINUTES = 25
 #: PPO's generalist's actions, ``B_t = k * (arrival rate)`` for these ``k`` (starts per arrival); their
 #: smallest and largest are the range of the ARS generalist's two multipliers (``ARSConfig.multipliers``).
 GENERALIST_MULTIPLIERS = (0.5, 0.7, 0.85, 1.0, 1.15, 1.3, 1.5, 1.75, 2.0, 2.5, 3.0, 4.0)
+#: The PPO generalist's training distribution (``examples/ppo_generalist``): ``RandomMix`` as it was before
+#: 2026-11-26, so ``flowgym train --algo ppo`` still reproduces that model.
+PPO_GENERALIST_DISTRIBUTION = {"kind": "random-mix", "phase_scale": "uniform", "trace_p": 0.0}
 #: Environment arguments that shape the observation: a learned agent declares them as trained.
 OBSERVATION_OPTIONS = (
     "output_length_known",
@@ -324,13 +327,14 @@ class TrainConfig:
     def generalist(cls, **overrides: Any) -> TrainConfig:
         """The recipe of the shipped generalist (``flowgym train`` with no scenario; docs/training.md).
 
-        PPO on :class:`~flowgym.lab.distributions.RandomMix` draws, scale-free observation,
+        PPO on :class:`~flowgym.lab.distributions.RandomMix` draws (as they were when it was trained:
+        uniform phase lengths, no Azure trace pieces; :data:`PPO_GENERALIST_DISTRIBUTION`), scale-free observation,
         the action a multiplier of the arrival rate (:data:`GENERALIST_MULTIPLIERS`), discount
         0.995, 1M decisions, evaluated every 100k on 12 fixed draws (geometric mean of the time
         in system), reported zero-shot on ``adaptive-mix``.
         """
         base: dict[str, Any] = dict(
-            distribution="random-mix", observation="load", action="multiplier", multiplier_of="rate",
+            distribution=dict(PPO_GENERALIST_DISTRIBUTION), observation="load", action="multiplier", multiplier_of="rate",
             multipliers=GENERALIST_MULTIPLIERS, gamma=0.995, total_timesteps=1_000_000, eval_freq=100_000,
             eval_episodes=12, checkpoint_freq=0, scenario="adaptive-mix", out="runs/ppo-generalist",
         )
