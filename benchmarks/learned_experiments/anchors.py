@@ -20,7 +20,12 @@ anchor gives the budget::
 
     python benchmarks/learned_experiments/anchors.py trace H4-short-phases --seed 7000
     python benchmarks/learned_experiments/anchors.py screen --rate-switch results/bench_learned.json
+    python benchmarks/learned_experiments/anchors.py screen --rules gated --rate-switch results/bench_learned.json
     python benchmarks/learned_experiments/anchors.py plays H4-short-phases adaptive-high --seed 7000
+    python benchmarks/learned_experiments/anchors.py regret --model runs/ars4
+
+Part 4 (``regret``): a model's time in system on draws of the training distribution over the best
+of six fixed two-anchor pairs chosen per draw with hindsight (where it could still gain).
 
 (``screen`` about a minute on 2 cores, after ``python benchmarks/bench_learned.py --out
 results/bench_learned`` has tuned the rate-switch, about 18 minutes; ``trace`` and ``plays``
@@ -89,17 +94,57 @@ RULES: dict[str, Any] = {
 }
 
 
+class GatedAnchors(Agent):
+    """Two anchors whose multipliers switch on a load feature: ``under`` = ``(k_rate, k_safe)`` while
+    ``rho`` (arrival rate x E_hat[w] / M at one time constant) is below ``threshold``, else ``over``.
+
+    The rule a policy would need if overload (where both multipliers should be ~1) could be told
+    from a switching load by ``rho``; it cannot (docs/training.md, "Short phases and trace pieces").
+    """
+
+    name = "gated-anchors"
+    LO, HI = 0.5, 4.0
+
+    def __init__(self, tau: int, threshold: float, under: tuple[float, float], over: tuple[float, float]) -> None:
+        from flowgym.sim.estimators import LOAD_FEATURES
+
+        self.feature = LOAD_FEATURES.index(f"rho_{tau}")
+        self.threshold = float(threshold)
+        to_a = lambda k: 2.0 * math.log(k / self.LO) / math.log(self.HI / self.LO) - 1.0  # noqa: E731
+        self.under = np.array([to_a(k) for k in under], np.float32)
+        self.over = np.array([to_a(k) for k in over], np.float32)
+        self.requires = {"observation": "load", "action": "log-multiplier", "multiplier_of": "max",
+                         "multipliers": (self.LO, self.HI), "max_budget": 256}
+
+    def act(self, observation: Any, view: Any) -> np.ndarray:
+        return (self.under if float(observation[self.feature]) < self.threshold else self.over).copy()
+
+
+#: ``screen --rules gated``: two-anchor multipliers switched on the estimated load ``rho``.
+GATED: dict[str, Any] = {
+    "max(1.4 rate, 1 safe)": lambda: make_agent("two-anchor", k_rate=1.4, k_safe=1.0),
+    "max(1.4 rate, 1.4 safe)": lambda: make_agent("two-anchor", k_rate=1.4, k_safe=1.4),
+    "rho_128 < 0.95 ? (1.4, 1.4) : (1, 1)": lambda: GatedAnchors(128, 0.95, (1.4, 1.4), (1.0, 1.0)),
+    "rho_128 < 0.95 ? (1.4, 1.4) : (0.5, 1)": lambda: GatedAnchors(128, 0.95, (1.4, 1.4), (0.5, 1.0)),
+    "rho_512 < 0.95 ? (1.4, 1.4) : (1, 1)": lambda: GatedAnchors(512, 0.95, (1.4, 1.4), (1.0, 1.0)),
+    "rho_32 < 0.95 ? (1.4, 1.4) : (1, 1)": lambda: GatedAnchors(32, 0.95, (1.4, 1.4), (1.0, 1.0)),
+    "rho_128 < 0.9 ? (1.4, 1.6) : (1, 1)": lambda: GatedAnchors(128, 0.9, (1.4, 1.6), (1.0, 1.0)),
+    "rho_128 < 1 ? (1.4, 1.4) : (0.5, 1)": lambda: GatedAnchors(128, 1.0, (1.4, 1.4), (0.5, 1.0)),
+}
+
+
 def _job(task: tuple[str, str, int, dict[str, Any] | None]) -> tuple[str, str, float]:
     name, rule, seed, rs = task
     kw, H = scenario(name)
-    agent = make_agent("rate-switch", **rs) if rule == "rate-switch (tuned)" else RULES[rule]()
+    agent = make_agent("rate-switch", **rs) if rule == "rate-switch (tuned)" else {**RULES, **GATED}[rule]()
     return name, rule, run_episode(agent, kw, seed, H).metrics(H)["mean_time_in_system"]
 
 
-def screen(rate_switch: dict[str, dict[str, Any]], workers: int = 2) -> dict[str, dict[str, float]]:
+def screen(rate_switch: dict[str, dict[str, Any]], workers: int = 2,
+           rules_set: dict[str, Any] | None = None) -> dict[str, dict[str, float]]:
     """Mean time in system of each rule (and the tuned rate-switch) per scenario over :data:`SEEDS`."""
     names = [*ADAPTIVE_SCENARIOS, *held_out()]
-    rules = ["rate-switch (tuned)", *RULES]
+    rules = ["rate-switch (tuned)", *(RULES if rules_set is None else rules_set)]
 
     def seeds(n: str) -> list[int]:  # a finite trace (the Azure replay) is one episode whatever the seed
         return SEEDS[:1] if n in ADAPTIVE_SCENARIOS and get_scenario(n).finite else SEEDS
@@ -165,6 +210,34 @@ def plays(names: list[str], seed: int, model: str | None = None) -> list[str]:
     return out
 
 
+#: ``regret``: fixed two-anchor pairs ``(k_rate, k_safe)``, the best of which per draw is the reference.
+PAIRS = [(1.4, 1.0), (1.4, 1.4), (1.0, 1.0), (2.0, 1.0), (1.0, 2.0), (0.7, 0.8)]
+
+
+def _regret_job(task: tuple[int, str | None, dict[str, Any]]) -> tuple[int, str, float, dict[str, float]]:
+    from flowgym.lab.distributions import RandomMix
+
+    seed, model, over = task
+    kw = RandomMix.from_spec(over)(np.random.default_rng(seed))
+    H = kw["horizon"]
+    learned = run_episode(make_agent("learned", **({} if model is None else {"path": model})), kw, seed, H)
+    pairs = {f"({a:g}, {b:g})": run_episode(make_agent("two-anchor", k_rate=a, k_safe=b), kw, seed, H)
+             .metrics()["mean_time_in_system"] for a, b in PAIRS}
+    wl = kw["workload"]
+    kind = wl["kind"] if wl["kind"] != "mix" else f"{len(wl['streams'])} streams, cycle {wl['streams'][0]['rate']['period']:.0f}"
+    return seed, kind, learned.metrics()["mean_time_in_system"], pairs
+
+
+def regret(seeds: list[int], model: str | None, over: dict[str, Any], workers: int = 2) -> list[str]:
+    """The model's time in system over the best fixed two-anchor pair's, per draw (largest first)."""
+    with mp.get_context("spawn").Pool(workers) as pool:
+        out = pool.map(_regret_job, [(s, model, over) for s in seeds], chunksize=1)
+    rows = sorted(((tl / min(p.values()), s, kind, tl, min(p, key=p.get)) for s, kind, tl, p in out), reverse=True)
+    lines = [f"seed {s} ({kind}): {tl:.1f}, {r:.3f} x the best pair {best}" for r, s, kind, tl, best in rows[:10]]
+    lines.append(f"geometric mean over {len(rows)} draws: {math.exp(np.mean([math.log(r[0]) for r in rows])):.3f}")
+    return lines
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     sub = ap.add_subparsers(dest="cmd", required=True)
@@ -175,20 +248,31 @@ def main(argv: list[str] | None = None) -> int:
     pl.add_argument("scenarios", nargs="+")
     pl.add_argument("--seed", type=int, default=SEEDS[0])
     pl.add_argument("--model", default=None, help="model directory (default: the shipped generalist)")
+    rg = sub.add_parser("regret")
+    rg.add_argument("--draws", type=int, default=48, help="RandomMix draws, seeds 30000.. (the selection draws)")
+    rg.add_argument("--model", default=None, help="model directory (default: the shipped generalist)")
+    rg.add_argument("--distribution", default='{"trace_p": 0, "phase_scale": "uniform"}',
+                    help="JSON overrides of RandomMix (default: the distribution before 2026-11-26)")
     s = sub.add_parser("screen")
     s.add_argument("--rate-switch", required=True, help="bench_learned.py's JSON (the tuned rate-switch parameters)")
     s.add_argument("--workers", type=int, default=2)
+    s.add_argument("--rules", choices=["anchors", "gated"], default="anchors",
+                   help="the fixed anchors (default) or the two anchors gated on the estimated load")
     args = ap.parse_args(argv)
     if args.cmd == "trace":
         print(trace(args.scenario, args.seed))
+        return 0
+    if args.cmd == "regret":
+        print("\n".join(regret(list(range(30000, 30000 + args.draws)), args.model, json.loads(args.distribution))))
         return 0
     if args.cmd == "plays":
         print("\n".join(plays(args.scenarios, args.seed, args.model)))
         return 0
     with open(args.rate_switch) as fh:
         rs = {r["scenario"]: r["rate_switch"] for r in json.load(fh)}
-    res = screen(rs, args.workers)
-    rules = list(RULES)
+    chosen = RULES if args.rules == "anchors" else GATED
+    res = screen(rs, args.workers, chosen)
+    rules = list(chosen)
     print("| scenario | tuned rate-switch TIS | " + " | ".join(rules) + " |")
     print("|---|---:|" + "---:|" * len(rules))
     for n, d in res.items():
