@@ -206,14 +206,19 @@ def test_random_mix_trace_pieces():
     _, _, _, _, info = env.step(np.zeros(2, np.float32))
     assert info["time"] > 0 and "duration" in info and r <= 0  # continuous time: seconds
     assert make_distribution(only.to_spec()) == only
-    with pytest.raises(ValueError, match="random-mix: trace_window must be \\[start, end\\]"):
-        RandomMix(trace_window=(1800.0, 0.0))
+    for bad in ((1800.0, 0.0), ("0", 1800.0), (False, 1800.0), (0.0, math.inf), (0.0,)):
+        with pytest.raises(ValueError, match="random-mix: trace_window must be \\[start, end\\]"):
+            RandomMix(trace_window=bad)
     with pytest.raises(ValueError, match="random-mix: trace_time_model: unknown latency preset 'h100'"):
         RandomMix(trace_time_model="h100")
     with pytest.raises(ValueError, match="random-mix: trace_p must be a probability"):
         RandomMix(trace_p=-0.1)
     with pytest.raises(ValueError, match="random-mix: trace_window must span at least 100 s"):
-        RandomMix(trace_window=(0.0, 50.0))
+        RandomMix(trace_window=(1000.0, 1050.0))
+    from flowgym.sim.datasets import azure_columns
+
+    span = min(float(azure_columns(k)[0][-1]) for k in ("conv", "code"))
+    RandomMix(trace_window=(span - 100.0, span))  # ending at the shorter trace's last arrival is allowed
     with pytest.raises(ValueError, match="random-mix: trace_window must end within both Azure traces \\(by 34"):
         RandomMix(trace_window=(0.0, 3500.0))  # past the code trace (3,436 s), within conv (3,502 s)
     RandomMix(trace_window=(0.0, 7200.0), trace_p=0.0)  # no pieces drawn: no trace to fit
@@ -297,6 +302,10 @@ def test_random_mix_spec_round_trip_and_errors():
         RandomMix(rho_range=(1.0, 0.5))
     with pytest.raises(ValueError, match="stationary_p must be a probability"):
         RandomMix(stationary_p=1.5)
+    assert RandomMix(horizon=1).horizon == 1
+    for bad in (0, True, 2.0):
+        with pytest.raises(ValueError, match="random-mix: horizon must be a positive integer"):
+            RandomMix(horizon=bad)
     with pytest.raises(ValueError, match="unknown training distribution 'nope'"):
         make_distribution("nope")
 
