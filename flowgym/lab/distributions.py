@@ -16,6 +16,7 @@ same workloads.
 from __future__ import annotations
 
 import dataclasses
+import functools
 import math
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
@@ -30,6 +31,14 @@ __all__ = ["RandomMix", "DISTRIBUTIONS", "make_distribution"]
 
 #: Shortest ``trace_window`` (seconds of the original trace).
 MIN_TRACE_WINDOW = 100.0
+
+
+@functools.lru_cache(maxsize=1)
+def _shortest_trace_span() -> float:
+    """Seconds from the first to the last request of the shorter Azure trace (read once)."""
+    from flowgym.sim.datasets import AZURE_KINDS, azure_columns
+
+    return min(float(azure_columns(k)[0][-1]) for k in AZURE_KINDS)
 
 
 def _loguniform(rng: np.random.Generator, lo: float, hi: float) -> float:
@@ -115,9 +124,7 @@ class RandomMix:
             raise ValueError(f"random-mix: trace_window must span at least {MIN_TRACE_WINDOW:g} s (a piece starts in "
                              f"its first 90%), got {w!r}")
         if self.trace_p > 0:
-            from flowgym.sim.datasets import AZURE_KINDS, azure_columns
-
-            span = min(float(azure_columns(k)[0][-1]) for k in AZURE_KINDS)
+            span = _shortest_trace_span()
             if w[1] > span:
                 raise ValueError(f"random-mix: trace_window must end within both Azure traces (by {span:.0f} s), "
                                  f"got {w!r}")
