@@ -4,7 +4,8 @@
   ``B_t = k * M / E_hat[w]``, the environment's online safe budget
   (:class:`flowgym.sim.estimators.LoadTracker`, through ``action="multiplier"``).
 * :class:`TwoAnchorBudget`: ``B_t = max(k_rate * arrival rate, k_safe * M / E_hat[w])``, the
-  fixed form of the two-anchor action the generalist learns on (``multiplier_of="max"``).
+  fixed form of the two-anchor action the generalist learns on (``multiplier_of="max"``; with
+  ``head=True`` the rate anchor is the queue head's, ``"max-head"``, the shipped generalist's action).
 * :class:`ScheduledBudget` follows a fixed (optionally periodic) schedule of budgets.
   Given a scenario's phase boundaries it is the *phase oracle* of the learned-budget
   tables: it switches exactly when the request mix does, which no causal policy can.
@@ -83,26 +84,32 @@ class TwoAnchorBudget(Agent):
         k_safe: the multiplier of the safe budget (positive).
         cap: the ``max_budget`` it asks the environment for, the clip of ``B_t`` (and the safe budget
             before anything is known); a scenario with a larger ``max_budget`` keeps its own.
+        head: the rate anchor is the larger of the arrival rate now and when the request at the queue
+            head arrived (``multiplier_of="max-head"``), so a backlog left from a busier phase is
+            admitted at the rate it came.
     """
 
     name = "two-anchor"
 
-    def __init__(self, k_rate: float = 1.4, k_safe: float = 1.0, cap: int = 256) -> None:
+    def __init__(self, k_rate: float = 1.4, k_safe: float = 1.0, cap: int = 256, head: bool = False) -> None:
         self.k_rate, self.k_safe, self.cap = _multiplier("k_rate", k_rate), _multiplier("k_safe", k_safe), _cap(cap)
+        if not isinstance(head, (bool, np.bool_)):
+            raise ValueError(f"head must be True or False, got {head!r}")
+        self.head = bool(head)
         lo = min(self.k_rate, self.k_safe)
         hi = max(self.k_rate, self.k_safe)
         if hi == lo:
             hi = 2.0 * lo  # the range needs two ends; both multipliers sit at its low end
         # a = -1 is the range's low end (exactly), a = 1 its high end (to the last bit of k_min * (hi / lo))
         self._action = np.array([-1.0 if self.k_rate == lo else 1.0, -1.0 if self.k_safe == lo else 1.0], np.float32)
-        self.requires = {"action": "log-multiplier", "multiplier_of": "max", "multipliers": (lo, hi),
-                         "max_budget": self.cap}
+        self.requires = {"action": "log-multiplier", "multiplier_of": "max-head" if self.head else "max",
+                         "multipliers": (lo, hi), "max_budget": self.cap}
 
     def act(self, observation: Any, view: SystemView) -> np.ndarray:
         return self._action.copy()
 
     def label(self) -> str:
-        return f"two-anchor k_rate={self.k_rate:g} k_safe={self.k_safe:g}"
+        return f"two-anchor k_rate={self.k_rate:g} k_safe={self.k_safe:g}" + (" head" if self.head else "")
 
 
 class ScheduledBudget(Agent):

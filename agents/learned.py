@@ -151,7 +151,7 @@ def _algorithm(meta: dict[str, Any], trust: bool) -> type:
 
 def action_space_of(meta: dict[str, Any]) -> Any:
     """The policy's action space that ``flowgym_agent.json`` records: ``Discrete(action_n)``, or the
-    ``Box(-1, 1, (1,))`` of ``action="log-multiplier"`` (``(2,)`` with ``multiplier_of="max"``;
+    ``Box(-1, 1, (1,))`` of ``action="log-multiplier"`` (``(2,)`` with ``multiplier_of="max"`` or ``"max-head"``;
     ``"action_space": {"kind": "box", ...}``)."""
     from gymnasium import spaces
 
@@ -259,7 +259,7 @@ class ArrayPolicy:
     """A small tanh network in numpy: ``a = tanh(W_n ... tanh(W_1 x + b_1) ... + b_n)``, actions in ``[-1, 1]``.
 
     The policy of ``flowgym train --algo ars`` (:mod:`flowgym.lab.ars`), for the continuous
-    ``action="log-multiplier"`` (one output; two with ``multiplier_of="max"``). ``layers`` is a
+    ``action="log-multiplier"`` (one output; two with ``multiplier_of="max"`` or ``"max-head"``). ``layers`` is a
     list of ``(W, b)`` pairs, ``W`` of shape ``(out, in)``; one pair is a linear policy; the last
     layer's ``out`` is the action's size (1 or 2). ``predict`` mirrors SB3's so
     :func:`policy_action` and :class:`LearnedBudget` treat it like an SB3 model.

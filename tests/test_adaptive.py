@@ -135,3 +135,37 @@ def test_two_anchor_budget_refuses_a_multiplier_not_positive_and_finite(bad):
         TwoAnchorBudget(k_safe=bad)
     with pytest.raises(ValueError, match="cap must be a positive integer budget"):
         TwoAnchorBudget(cap=0)
+
+
+def test_two_anchor_head_asks_for_the_head_rate_anchor_and_refuses_a_non_bool():
+    a = TwoAnchorBudget(head=True)
+    assert a.requires["multiplier_of"] == "max-head" and a.label() == "two-anchor k_rate=1.4 k_safe=1 head"
+    for bad in ("yes", 1, None):
+        with pytest.raises(ValueError, match="head must be True or False"):
+            TwoAnchorBudget(head=bad)
+
+
+def test_two_anchor_head_budget_uses_the_larger_of_the_rate_now_and_at_the_head():
+    """``multiplier_of="max-head"``: ``B = max(k_rate * max(rate, head_rate), k_safe * safe)``; after a busy
+    phase ends with a backlog, the head's rate decides (larger than the rate now)."""
+    from flowgym.lab.evaluation import env_for
+
+    agent = TwoAnchorBudget(k_rate=1.4, k_safe=1.0, cap=256, head=True)
+    wl = {"kind": "mix", "streams": [
+        {"kind": "iid", "rate": {"kind": "steps", "times": [0, 200], "rates": [30.0, 1.0]},
+         "lengths": {"kind": "empirical", "pairs": [[10, 20]], "weights": [1.0]}}]}
+    env = env_for(agent, {"M": 8000, "horizon": 400, "workload": wl}, None)
+    obs, _ = env.reset(seed=1)
+    agent.reset(env.config, seed=1)
+    head_decides = 0
+    for _ in range(400):
+        tr = env.tracker
+        rate, head, safe = tr.arrival_rate(), tr.head_rate(), env.safe_budget()
+        a = agent.act(obs, env.view())
+        assert env.check_action(a) == int(min(max(round(max(1.4 * max(rate, head), safe)), 1), 256))
+        if 1.4 * head > max(1.4 * rate, safe) + 1:
+            head_decides += 1
+        obs, _, te, trunc, _ = env.step(a)
+        if te or trunc:
+            break
+    assert head_decides > 20

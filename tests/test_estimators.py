@@ -290,3 +290,40 @@ def test_expected_output_is_at_least_one_token():
     tr.update(eng, 1)
     assert tr.mean_length == 20.0
     assert tr.work == 20.5
+
+
+def test_head_rate_is_the_rate_when_the_queue_head_arrived():
+    """``head_rate``: ``rate_32`` stored at each decision point ``t``; with a queue, the one at the slot
+    the oldest lane head arrived; with an empty queue, the rate now."""
+    from flowgym.sim.estimators import RATE_MEMORY
+
+    eng = _Eng(prompts=[10] * 8, last_arrivals=8)
+    tr = LoadTracker(1000)
+    tr.reset(eng)
+    assert tr.head_rate() == tr.arrival_rate() == 8.0  # empty queue: the rate now
+    history = {0: 8.0}
+    for t in range(1, 40):
+        eng.t, eng.last_arrivals = t, 0
+        tr.update(eng, 0)
+        history[t] = tr.arrival_rate()
+    assert tr.head_rate() == tr.arrival_rate()
+    # two lanes: heads arrived at slots 5 and 3; the oldest (3) is what the budget admits next
+    eng.arrival = np.array([5, 3, 9], np.int64)
+    eng.lanes, eng.n_queued = [_Lane([0, 2]), _Lane([1])], 3
+    eng.t = 40
+    tr.update(eng, 0)
+    assert tr.head_rate() == pytest.approx(history[3]) and history[3] > tr.arrival_rate() * 1.2
+    # a head older than the memory reads the oldest rate kept; one from before tracking, the rate now
+    eng.arrival = np.array([0, 0, 0], np.int64)
+    for t in range(41, RATE_MEMORY + 45):
+        eng.t = t
+        tr.update(eng, 0)
+    oldest = eng.t - RATE_MEMORY + 1
+    assert tr._rt[oldest % RATE_MEMORY] == oldest and tr.head_rate() == tr._rh[oldest % RATE_MEMORY]
+    tr2 = LoadTracker(1000)
+    eng2 = _Eng(prompts=[10, 10], last_arrivals=2, t=50, n_queued=1, arrival=np.array([20, 50], np.int64),
+                lanes=[_Lane([0])])
+    tr2.reset(eng2)
+    assert tr2.head_rate() == tr2.arrival_rate() == 2.0
+    tr2.reset_state()
+    assert tr2.head_rate() == 0.0 and (tr2._rt == -1).all()

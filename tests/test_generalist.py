@@ -445,8 +445,30 @@ def test_rate_anchor_multiplies_the_arrival_rate():
         assert env.check_action(0) == int(min(max(round(0.5 * rate), 1), 64))
         env.step(t % 2)
     assert 4.0 < env.tracker.arrival_rate() < 8.0  # the moving average settles near the rate, 6 per slot
-    with pytest.raises(ValueError, match="multiplier_of must be 'safe', 'rate', 'both', 'min' or 'max', got 'queue'"):
+    with pytest.raises(ValueError, match="multiplier_of must be 'safe', 'rate', 'both', 'min', 'max' or 'max-head', "
+                       "got 'queue'"):
         FlowControlEnv(multiplier_of="queue")
+    with pytest.raises(ValueError, match="multiplier_of='max-head' multiplies both anchors.*action='multiplier'"):
+        FlowControlEnv(multiplier_of="max-head", action="multiplier")
+
+
+def test_head_rate_anchor_is_the_same_in_streaming_record_mode():
+    """Streaming renumbers request rows; the head's arrival slot (what the head rate reads) is kept."""
+    kw = {"M": 3000, "workload": _iid(6.0), "horizon": 3000, "observation": "load", "action": "log-multiplier",
+          "multiplier_of": "max-head", "multipliers": (0.5, 4.0), "max_budget": 256}
+    runs = []
+    for rec in ("full", "stream"):
+        env = FlowControlEnv(**kw, record=rec)
+        env.reset(seed=4)
+        budgets, heads = [], []
+        for t in range(2999):
+            a = np.array([np.sin(t / 50.0), -0.5], np.float32)
+            budgets.append(env.check_action(a))
+            heads.append((env.tracker.head_rate(), env.tracker.arrival_rate()))
+            env.step(a)
+        runs.append((budgets, heads))
+    assert runs[0] == runs[1]
+    assert sum(abs(h - r) > 0.2 for h, r in runs[0][1]) > 100  # a queue forms: its head came at another rate
 
 
 def test_load_observation_is_the_same_in_streaming_record_mode():
@@ -656,14 +678,16 @@ def test_two_anchor_action_takes_the_larger_multiple_of_the_rate_and_the_safe_bu
         env._act_type.multiplier(np.zeros(2))
     from gymnasium.utils.env_checker import check_env
 
-    check_env(FlowControlEnv(M=8000, workload=_iid(6.0), horizon=100, action="log-multiplier",
-                             multiplier_of="max"), skip_render_check=True)
+    for of in ("max", "max-head"):
+        check_env(FlowControlEnv(M=8000, workload=_iid(6.0), horizon=100, action="log-multiplier",
+                                 multiplier_of=of), skip_render_check=True)
 
 
+@pytest.mark.parametrize("of", ["max", "max-head"])
 @pytest.mark.parametrize("action", ["budget", "multiplier"])
-def test_two_anchor_action_needs_the_continuous_action(action):
-    with pytest.raises(ValueError, match=f"multiplier_of='max' .* needs action='log-multiplier', got action='{action}'"):
-        FlowControlEnv(action=action, multiplier_of="max")
+def test_two_anchor_action_needs_the_continuous_action(action, of):
+    with pytest.raises(ValueError, match=f"multiplier_of='{of}' .* needs action='log-multiplier', got action='{action}'"):
+        FlowControlEnv(action=action, multiplier_of=of)
 
 
 def test_log_multiplier_falls_back_from_the_batched_vector_env():

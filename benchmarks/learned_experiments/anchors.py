@@ -21,6 +21,7 @@ anchor gives the budget::
     python benchmarks/learned_experiments/anchors.py trace H4-short-phases --seed 7000
     python benchmarks/learned_experiments/anchors.py screen --rate-switch results/bench_learned.json
     python benchmarks/learned_experiments/anchors.py screen --rules gated --rate-switch results/bench_learned.json
+    python benchmarks/learned_experiments/anchors.py screen --rules head --rate-switch results/bench_learned.json
     python benchmarks/learned_experiments/anchors.py plays H4-short-phases adaptive-high --seed 7000
     python benchmarks/learned_experiments/anchors.py regret --model runs/ars4
 
@@ -133,10 +134,22 @@ GATED: dict[str, Any] = {
 }
 
 
+#: ``screen --rules head``: two anchors whose rate anchor is the larger of the rate now and when the queue
+#: head arrived (``multiplier_of="max-head"``; docs/training.md, "Head-era rate").
+HEAD: dict[str, Any] = {
+    "max(1.4 rate, 1 safe)": lambda: make_agent("two-anchor", k_rate=1.4, k_safe=1.0),
+    "max(1.4 head rate, 1 safe)": lambda: make_agent("two-anchor", k_rate=1.4, k_safe=1.0, head=True),
+    "max(1.2 head rate, 1 safe)": lambda: make_agent("two-anchor", k_rate=1.2, k_safe=1.0, head=True),
+    "max(1.4 head rate, 0.8 safe)": lambda: make_agent("two-anchor", k_rate=1.4, k_safe=0.8, head=True),
+    "max(1 head rate, 1 safe)": lambda: make_agent("two-anchor", k_rate=1.0, k_safe=1.0, head=True),
+    "max(1.7 head rate, 0.8 safe)": lambda: make_agent("two-anchor", k_rate=1.7, k_safe=0.8, head=True),
+}
+
+
 def _job(task: tuple[str, str, int, dict[str, Any] | None]) -> tuple[str, str, float]:
     name, rule, seed, rs = task
     kw, H = scenario(name)
-    agent = make_agent("rate-switch", **rs) if rule == "rate-switch (tuned)" else {**RULES, **GATED}[rule]()
+    agent = make_agent("rate-switch", **rs) if rule == "rate-switch (tuned)" else {**RULES, **GATED, **HEAD}[rule]()
     return name, rule, run_episode(agent, kw, seed, H).metrics(H)["mean_time_in_system"]
 
 
@@ -214,24 +227,26 @@ def plays(names: list[str], seed: int, model: str | None = None) -> list[str]:
 PAIRS = [(1.4, 1.0), (1.4, 1.4), (1.0, 1.0), (2.0, 1.0), (1.0, 2.0), (0.7, 0.8)]
 
 
-def _regret_job(task: tuple[int, str | None, dict[str, Any]]) -> tuple[int, str, float, dict[str, float]]:
+def _regret_job(task: tuple[int, str | None, dict[str, Any], bool]) -> tuple[int, str, float, dict[str, float]]:
     from flowgym.lab.distributions import RandomMix
 
-    seed, model, over = task
+    seed, model, over, head = task
     kw = RandomMix.from_spec(over)(np.random.default_rng(seed))
     H = kw["horizon"]
     learned = run_episode(make_agent("learned", **({} if model is None else {"path": model})), kw, seed, H)
-    pairs = {f"({a:g}, {b:g})": run_episode(make_agent("two-anchor", k_rate=a, k_safe=b), kw, seed, H)
+    pairs = {f"({a:g}, {b:g})": run_episode(make_agent("two-anchor", k_rate=a, k_safe=b, head=head), kw, seed, H)
              .metrics()["mean_time_in_system"] for a, b in PAIRS}
     wl = kw["workload"]
     kind = wl["kind"] if wl["kind"] != "mix" else f"{len(wl['streams'])} streams, cycle {wl['streams'][0]['rate']['period']:.0f}"
     return seed, kind, learned.metrics()["mean_time_in_system"], pairs
 
 
-def regret(seeds: list[int], model: str | None, over: dict[str, Any], workers: int = 2) -> list[str]:
-    """The model's time in system over the best fixed two-anchor pair's, per draw (largest first)."""
+def regret(seeds: list[int], model: str | None, over: dict[str, Any], workers: int = 2,
+           head: bool = False) -> list[str]:
+    """The model's time in system over the best fixed two-anchor pair's, per draw (largest first);
+    ``head``: the pairs' rate anchor is the queue head's (``two-anchor`` with ``head=True``)."""
     with mp.get_context("spawn").Pool(workers) as pool:
-        out = pool.map(_regret_job, [(s, model, over) for s in seeds], chunksize=1)
+        out = pool.map(_regret_job, [(s, model, over, head) for s in seeds], chunksize=1)
     rows = sorted(((tl / min(p.values()), s, kind, tl, min(p, key=p.get)) for s, kind, tl, p in out), reverse=True)
     lines = [f"seed {s} ({kind}): {tl:.1f}, {r:.3f} x the best pair {best}" for r, s, kind, tl, best in rows[:10]]
     lines.append(f"geometric mean over {len(rows)} draws: {math.exp(np.mean([math.log(r[0]) for r in rows])):.3f}")
@@ -253,24 +268,27 @@ def main(argv: list[str] | None = None) -> int:
     rg.add_argument("--model", default=None, help="model directory (default: the shipped generalist)")
     rg.add_argument("--distribution", default='{"trace_p": 0, "phase_scale": "uniform"}',
                     help="JSON overrides of RandomMix (default: the distribution before 2026-11-26)")
+    rg.add_argument("--head", action="store_true", help="the fixed pairs with the head-era rate anchor (max-head)")
     s = sub.add_parser("screen")
     s.add_argument("--rate-switch", required=True, help="bench_learned.py's JSON (the tuned rate-switch parameters)")
     s.add_argument("--workers", type=int, default=2)
-    s.add_argument("--rules", choices=["anchors", "gated"], default="anchors",
-                   help="the fixed anchors (default) or the two anchors gated on the estimated load")
+    s.add_argument("--rules", choices=["anchors", "gated", "head"], default="anchors",
+                   help="the fixed anchors (default), the two anchors gated on the estimated load, or with the "
+                   "rate anchor at the queue head's arrival rate")
     args = ap.parse_args(argv)
     if args.cmd == "trace":
         print(trace(args.scenario, args.seed))
         return 0
     if args.cmd == "regret":
-        print("\n".join(regret(list(range(30000, 30000 + args.draws)), args.model, json.loads(args.distribution))))
+        print("\n".join(regret(list(range(30000, 30000 + args.draws)), args.model, json.loads(args.distribution),
+                               head=args.head)))
         return 0
     if args.cmd == "plays":
         print("\n".join(plays(args.scenarios, args.seed, args.model)))
         return 0
     with open(args.rate_switch) as fh:
         rs = {r["scenario"]: r["rate_switch"] for r in json.load(fh)}
-    chosen = RULES if args.rules == "anchors" else GATED
+    chosen = {"anchors": RULES, "gated": GATED, "head": HEAD}[args.rules]
     res = screen(rs, args.workers, chosen)
     rules = list(chosen)
     print("| scenario | tuned rate-switch TIS | " + " | ".join(rules) + " |")

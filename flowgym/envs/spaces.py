@@ -290,9 +290,13 @@ class MultiplierBudget:
 def _scaled_budget(k: Any, tracker: LoadTracker, of: str, max_budget: int) -> int:
     """``clip(round(k * anchor), 1, max_budget)``, the anchor the tracker's safe budget
     (``of="safe"``), arrival rate (``"rate"``) or the smaller of the two (``"min"``); with
-    ``of="max"``, ``k = (k_rate, k_safe)`` and the larger of ``k_rate * rate`` and ``k_safe * safe``."""
-    if of == "max":
-        b = float(max(k[0] * tracker.arrival_rate(), k[1] * tracker.safe_budget()))
+    ``of="max"``, ``k = (k_rate, k_safe)`` and the larger of ``k_rate * rate`` and ``k_safe * safe``;
+    ``of="max-head"`` the same with ``rate`` the larger of the rate now and when the queue head arrived."""
+    if of in ("max", "max-head"):
+        r = tracker.arrival_rate()
+        if of == "max-head":
+            r = max(r, tracker.head_rate())
+        b = float(max(k[0] * r, k[1] * tracker.safe_budget()))
         return int(min(max(round(b), 1), max_budget))
     if of == "min":
         anchor = min(tracker.safe_budget(), tracker.arrival_rate())
@@ -302,8 +306,9 @@ def _scaled_budget(k: Any, tracker: LoadTracker, of: str, max_budget: int) -> in
 
 
 def log_multiplier_size(of: str) -> int:
-    """How many floats the ``log-multiplier`` action of anchor ``of`` has: 2 for ``"max"``, else 1."""
-    return 2 if of == "max" else 1
+    """How many floats the ``log-multiplier`` action of anchor ``of`` has: 2 for ``"max"`` and
+    ``"max-head"``, else 1."""
+    return 2 if of in ("max", "max-head") else 1
 
 
 class LogMultiplierBudget:
@@ -324,12 +329,16 @@ class LogMultiplierBudget:
     ``B_t = clip(round(max(k_rate * rate, k_safe * safe budget)), 1, max_budget)``. The rate
     anchor reacts at once to a change of mix; the safe budget keeps the cache busy while a
     backlog waits after the arrivals slowed down (where a multiple of the rate starves it);
-    the policy chooses how much of each (``docs/training.md``, "Two anchors").
+    the policy chooses how much of each (``docs/training.md``, "Two anchors"). With
+    ``of="max-head"`` the rate anchor is the larger of the arrival rate now and when the request
+    at the queue head arrived (:meth:`~flowgym.sim.estimators.LoadTracker.head_rate`): a backlog
+    left from a busier phase is admitted at the rate it came ("Head-era rate" there).
     """
 
     def __init__(self, multipliers: Sequence[float], max_budget: int, tracker: LoadTracker, of: str = "rate") -> None:
-        if of not in ("safe", "rate", "min", "max"):
-            raise ValueError(f"multiplier_of must be 'safe', 'rate', 'min' or 'max' with action='log-multiplier', "
+        if of not in ("safe", "rate", "min", "max", "max-head"):
+            raise ValueError(f"multiplier_of must be 'safe', 'rate', 'min', 'max' or 'max-head' with "
+                             f"action='log-multiplier', "
                              f"got {of!r}")
         ks = [float(k) for k in multipliers]
         self.of = of
@@ -357,7 +366,7 @@ class LogMultiplierBudget:
     def multiplier(self, action: Any) -> float:
         """The multiplier ``k`` of a one-float action; raises ``ValueError`` naming an action outside ``[-1, 1]``."""
         if self.dim != 1:
-            raise ValueError("multiplier_of='max' has two multipliers per action: use multipliers(action)")
+            raise ValueError(f"multiplier_of={self.of!r} has two multipliers per action: use multipliers(action)")
         return float(self.multipliers(action)[0])
 
     def budget(self, action: Any) -> int:

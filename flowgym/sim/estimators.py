@@ -33,10 +33,14 @@ from typing import Any
 
 import numpy as np
 
-__all__ = ["LoadTracker", "RATE_TIME_CONSTANTS", "LOAD_FEATURES"]
+__all__ = ["LoadTracker", "RATE_TIME_CONSTANTS", "LOAD_FEATURES", "RATE_MEMORY"]
 
 #: Time constants (decision points) of the arrival-rate moving averages.
 RATE_TIME_CONSTANTS = (8.0, 32.0, 128.0, 512.0)
+
+#: Decision points of arrival-rate history kept for :meth:`LoadTracker.head_rate` (a ring buffer): a
+#: queue head that arrived longer ago reads the oldest rate kept.
+RATE_MEMORY = 4096
 
 #: Names of :meth:`LoadTracker.features`, in order (each scale-free: no ``M`` or rate units).
 LOAD_FEATURES = (
@@ -72,11 +76,15 @@ class LoadTracker:
         self._d = 1.0 / float(length_window)
         self._a = 1.0 / np.asarray(RATE_TIME_CONSTANTS)
         self.rates = np.zeros(len(RATE_TIME_CONSTANTS))
+        self._rh = np.zeros(RATE_MEMORY)  # rate_32 at decision point t, at index t % RATE_MEMORY
+        self._rt = np.full(RATE_MEMORY, -1, np.int64)  # the t stored there (-1: none)
         self.reset_state()
 
     def reset_state(self) -> None:
         """Forget everything (the state of an empty system)."""
         self.rates[:] = 0.0
+        self._rt[:] = -1
+        self._head_rate = 0.0
         self._started = False
         self._A = self._A2 = self._N = 0.0  # moving sums of l+o, (l+o)^2 / n, completions
         self._Af = self._Nf = 0.0  # the same, faster (time constant 16)
@@ -119,6 +127,10 @@ class LoadTracker:
             self._lA *= 1 - d
             self._lN *= 1 - d
         self._held, self._nact = eng.held, eng.n_active
+        t = int(eng.t)
+        i = t % RATE_MEMORY
+        self._rh[i], self._rt[i] = self.rates[1], t
+        self._head_rate = self._rate_at_head(eng, t)
         w = eng.wasted_tokens
         self._waste += (w - self._w0 - self._waste) / 32.0
         self._w0 = w
@@ -150,6 +162,27 @@ class LoadTracker:
     def arrival_rate(self) -> float:
         """Arrivals per decision point, moving average with time constant 32."""
         return float(self.rates[1])
+
+    def _rate_at_head(self, eng: Any, t: int) -> float:
+        """``rate_32`` at the decision point the queue head arrived (the oldest kept if earlier; the
+        rate now if the queue is empty or the head came before tracking started)."""
+        if not eng.n_queued:
+            return float(self.rates[1])
+        a = min(int(eng.arrival[int(ln.buf[ln.head])]) for ln in eng.lanes if len(ln))
+        a = max(a, t - RATE_MEMORY + 1)
+        j = a % RATE_MEMORY
+        return float(self._rh[j]) if self._rt[j] == a else float(self.rates[1])
+
+    def head_rate(self) -> float:
+        """The arrival rate (time constant 32) when the request now at the queue head arrived.
+
+        The queue is served in order, so its head is what the next budget admits: after the
+        arrivals slow down, a backlog of requests that came at a high rate (a short-request phase)
+        still waits, and admitting it at the rate it came keeps the cache busy; a budget anchored
+        on the rate *now* starves it (``docs/training.md``, "Two anchors"). The arrival rate now
+        if the queue is empty.
+        """
+        return self._head_rate
 
     def safe_budget(self) -> float:
         """``M / E_hat[w]`` clipped to ``[0.5, cap]`` (the cap while ``E[w]`` is unknown)."""
