@@ -83,7 +83,7 @@ def test_ars_writes_a_model_the_learned_agent_loads(tiny_model):
         assert os.path.exists(os.path.join(out, f)), f
     meta = json.load(open(os.path.join(out, META_FILE)))
     assert meta["algo"] == "ars" and meta["action"] == "log-multiplier" and meta["layer_sizes"] == [17, 2]
-    assert meta["agent_env_options"]["multiplier_of"] == "max"  # the default: two anchors, two outputs
+    assert meta["agent_env_options"]["multiplier_of"] == "max-head"  # the default: two anchors, two outputs
     assert meta["best_iteration"] == res.best_iteration and res.episodes == meta["episodes"]
     # 2 evaluation episodes before the updates, 2 updates of 2 x 2 candidates x 2 draws, each followed by 2
     assert res.episodes == 2 + 2 * (8 + 2)

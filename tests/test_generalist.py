@@ -493,7 +493,7 @@ def test_shipped_generalist_loads_and_runs_without_training():
 
     agent = make_agent("learned")
     assert agent.path == DEFAULT_MODEL and agent.label() == "learned (generalist)"
-    assert agent.requires["observation"] == "load" and agent.requires["multiplier_of"] == "max"
+    assert agent.requires["observation"] == "load" and agent.requires["multiplier_of"] == "max-head"
     assert agent.meta["trained_on"]["kind"] == "random-mix" and agent.meta["algo"] == "ars"
     assert agent.continuous and agent.meta["layer_sizes"] == [17, 2]  # a linear policy, numpy only
     from flowgym.lab.ars import ARSConfig

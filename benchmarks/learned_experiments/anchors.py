@@ -22,8 +22,10 @@ anchor gives the budget::
     python benchmarks/learned_experiments/anchors.py screen --rate-switch results/bench_learned.json
     python benchmarks/learned_experiments/anchors.py screen --rules gated --rate-switch results/bench_learned.json
     python benchmarks/learned_experiments/anchors.py screen --rules head --rate-switch results/bench_learned.json
+    python benchmarks/learned_experiments/anchors.py screen --models runs/ars7,runs/ars8 --rate-switch results/bench_learned.json
     python benchmarks/learned_experiments/anchors.py plays H4-short-phases adaptive-high --seed 7000
     python benchmarks/learned_experiments/anchors.py regret --model runs/ars4
+    python benchmarks/learned_experiments/anchors.py phases H4-short-phases 1000 300 --rate-switch results/bench_learned.json --models runs/ars8
 
 Part 4 (``regret``): a model's time in system on draws of the training distribution over the best
 of six fixed two-anchor pairs chosen per draw with hindsight (where it could still gain).
@@ -149,7 +151,12 @@ HEAD: dict[str, Any] = {
 def _job(task: tuple[str, str, int, dict[str, Any] | None]) -> tuple[str, str, float]:
     name, rule, seed, rs = task
     kw, H = scenario(name)
-    agent = make_agent("rate-switch", **rs) if rule == "rate-switch (tuned)" else {**RULES, **GATED, **HEAD}[rule]()
+    if rule == "rate-switch (tuned)":
+        agent = make_agent("rate-switch", **rs)
+    elif rule.startswith("model "):
+        agent = make_agent("learned", path=rule[len("model "):])
+    else:
+        agent = {**RULES, **GATED, **HEAD}[rule]()
     return name, rule, run_episode(agent, kw, seed, H).metrics(H)["mean_time_in_system"]
 
 
@@ -172,11 +179,12 @@ def screen(rate_switch: dict[str, dict[str, Any]], workers: int = 2,
     return {n: {r: float(np.mean(v)) for r, v in d.items()} for n, d in acc.items()}
 
 
-def trace(name: str, seed: int) -> str:
+def trace(name: str, seed: int, model: str | None = None) -> str:
     """Queue, evictions and cache use every 50 slots under two rate multiples (the one-anchor generalist
     played ``k ~ 1.4``), the untuned two-anchor rule and the shipped generalist."""
     kw, H = scenario(name)
-    agents = [RateMultiple(1.4), RateMultiple(2.0), make_agent("two-anchor"), make_agent("learned")]
+    agents = [RateMultiple(1.4), RateMultiple(2.0), make_agent("two-anchor"),
+              make_agent("learned", **({} if model is None else {"path": model}))]
     eps = [run_episode(a, kw, seed, H) for a in agents]
     lines = ["| slots | " + " | ".join(f"{a.label()}: queue, evicted, cache" for a in agents) + " |",
              "|---|" + "---|" * len(agents)]
@@ -196,8 +204,9 @@ def plays(names: list[str], seed: int, model: str | None = None) -> list[str]:
     from flowgym.lab.evaluation import env_for
 
     agent = make_agent("learned", **({} if model is None else {"path": model}))
-    if agent.requires.get("multiplier_of") != "max":
-        raise ValueError(f"{agent.label()} is not a two-anchor model (multiplier_of={agent.requires.get('multiplier_of')!r})")
+    of = agent.requires.get("multiplier_of")
+    if of not in ("max", "max-head"):
+        raise ValueError(f"{agent.label()} is not a two-anchor model (multiplier_of={of!r})")
     out = []
     for name in names:
         kw, H = scenario(name)
@@ -205,7 +214,7 @@ def plays(names: list[str], seed: int, model: str | None = None) -> list[str]:
         obs, _ = env.reset(seed=seed)
         agent.reset(env.config, seed=seed)
         # the environment's mapping of an action to its two multipliers
-        mapping = LogMultiplierBudget(agent.requires["multipliers"], env.config.max_budget, env.tracker, of="max")
+        mapping = LogMultiplierBudget(agent.requires["multipliers"], env.config.max_budget, env.tracker, of=of)
         ks, rate_decides, done = [], [], False
         while not done:
             decides = agent.decides_next
@@ -213,13 +222,40 @@ def plays(names: list[str], seed: int, model: str | None = None) -> list[str]:
             if decides:
                 k = mapping.multipliers(a)
                 ks.append(k)
-                rate_decides.append(k[0] * env.tracker.arrival_rate() >= k[1] * env.safe_budget())
+                rate = env.tracker.arrival_rate()
+                if of == "max-head":
+                    rate = max(rate, env.tracker.head_rate())
+                rate_decides.append(k[0] * rate >= k[1] * env.safe_budget())
             obs, _, te, tr, _ = env.step(a)
             done = te or tr
         K = np.array(ks)
         q = lambda v: "-".join(f"{x:.2f}" for x in np.quantile(v, [0.05, 0.5, 0.95]))  # noqa: E731
         out.append(f"{name}: k_rate {q(K[:, 0])}, k_safe {q(K[:, 1])}, rate anchor decides "
                    f"{100 * np.mean(rate_decides):.0f}% of {len(K)} decisions")
+    return out
+
+
+def phases(name: str, cycle: float, on: float, rs: dict[str, Any], models: list[str]) -> list[str]:
+    """Summed time in system (slots, mean over :data:`SEEDS`) of the requests arriving in each phase of a
+    two-phase cycle (phase A: ``arrival % cycle < on``), for the tuned rate-switch, the fixed head-era
+    two-anchor rule and each model: which phase's requests carry a loss."""
+    kw, H = scenario(name)
+    agents = {"rate-switch (tuned)": lambda: make_agent("rate-switch", **rs),
+              "max(1.4 head rate, 1 safe)": lambda: make_agent("two-anchor", head=True),
+              **{m: (lambda m=m: make_agent("learned", path=m)) for m in models}}
+    out = []
+    for label, build in agents.items():
+        a_sum, b_sum, tis = [], [], []
+        for seed in SEEDS:
+            ep = run_episode(build(), kw, seed, H)
+            arr, fin = np.asarray(ep.log["arrival"]), np.asarray(ep.log["finish"])
+            t = np.where(fin >= 0, fin, H) - arr  # unfinished requests count until the horizon
+            in_a = (arr % cycle) < on
+            a_sum.append(float(t[in_a].sum()))
+            b_sum.append(float(t[~in_a].sum()))
+            tis.append(ep.metrics(H)["mean_time_in_system"])
+        out.append(f"{label}: time in system {np.mean(tis):.1f}; summed over phase A's arrivals "
+                   f"{np.mean(a_sum) / 1e3:.0f}k, phase B's {np.mean(b_sum) / 1e3:.0f}k")
     return out
 
 
@@ -259,10 +295,17 @@ def main(argv: list[str] | None = None) -> int:
     t = sub.add_parser("trace")
     t.add_argument("scenario")
     t.add_argument("--seed", type=int, default=SEEDS[0])
+    t.add_argument("--model", default=None, help="model directory (default: the shipped generalist)")
     pl = sub.add_parser("plays")
     pl.add_argument("scenarios", nargs="+")
     pl.add_argument("--seed", type=int, default=SEEDS[0])
     pl.add_argument("--model", default=None, help="model directory (default: the shipped generalist)")
+    ph = sub.add_parser("phases")
+    ph.add_argument("scenario")
+    ph.add_argument("cycle", type=float, help="the cycle's length (slots)")
+    ph.add_argument("on", type=float, help="phase A's length (slots from each cycle's start)")
+    ph.add_argument("--rate-switch", required=True, help="bench_learned.py's JSON (the tuned rate-switch parameters)")
+    ph.add_argument("--models", default="", help="comma-separated model directories")
     rg = sub.add_parser("regret")
     rg.add_argument("--draws", type=int, default=48, help="RandomMix draws, seeds 30000.. (the selection draws)")
     rg.add_argument("--model", default=None, help="model directory (default: the shipped generalist)")
@@ -275,13 +318,20 @@ def main(argv: list[str] | None = None) -> int:
     s.add_argument("--rules", choices=["anchors", "gated", "head"], default="anchors",
                    help="the fixed anchors (default), the two anchors gated on the estimated load, or with the "
                    "rate anchor at the queue head's arrival rate")
+    s.add_argument("--models", default=None,
+                   help="comma-separated model directories to screen instead of fixed rules (e.g. runs/ars7,runs/ars8)")
     args = ap.parse_args(argv)
     if args.cmd == "trace":
-        print(trace(args.scenario, args.seed))
+        print(trace(args.scenario, args.seed, args.model))
         return 0
     if args.cmd == "regret":
         print("\n".join(regret(list(range(30000, 30000 + args.draws)), args.model, json.loads(args.distribution),
                                head=args.head)))
+        return 0
+    if args.cmd == "phases":
+        with open(args.rate_switch) as fh:
+            rs1 = {r["scenario"]: r["rate_switch"] for r in json.load(fh)}[args.scenario]
+        print("\n".join(phases(args.scenario, args.cycle, args.on, rs1, [m for m in args.models.split(",") if m])))
         return 0
     if args.cmd == "plays":
         print("\n".join(plays(args.scenarios, args.seed, args.model)))
@@ -289,6 +339,8 @@ def main(argv: list[str] | None = None) -> int:
     with open(args.rate_switch) as fh:
         rs = {r["scenario"]: r["rate_switch"] for r in json.load(fh)}
     chosen = {"anchors": RULES, "gated": GATED, "head": HEAD}[args.rules]
+    if args.models:
+        chosen = {f"model {m}": None for m in args.models.split(",")}
     res = screen(rs, args.workers, chosen)
     rules = list(chosen)
     print("| scenario | tuned rate-switch TIS | " + " | ".join(rules) + " |")
@@ -296,6 +348,8 @@ def main(argv: list[str] | None = None) -> int:
     for n, d in res.items():
         base = d.get("rate-switch (tuned)", math.nan)
         print(f"| {n} | {base:.1f} | " + " | ".join(f"{d[r] / base:.2f}" for r in rules) + " |")
+    geo = {r: math.exp(np.mean([math.log(d[r] / d["rate-switch (tuned)"]) for d in res.values()])) for r in rules}
+    print(f"| geometric mean over {len(res)} | - | " + " | ".join(f"{geo[r]:.3f}" for r in rules) + " |")
     return 0
 
 

@@ -17,10 +17,12 @@ weighs a light draw (10-20 slots) and an overloaded one (hundreds) alike.
 The policy is :class:`flowgym.agents.learned.ArrayPolicy`, a linear map (``hidden=()``) or a
 small tanh network of the 17 load features (normalised by their mean and spread under the
 initial policy on ``norm_draws`` draws, then frozen) to the continuous ``log-multiplier``
-action with two anchors (``multiplier_of="max"``, the default since 2026-11-26): two
+action with two anchors (``multiplier_of="max-head"``, the default since 2026-11-26): two
 multipliers between the smallest and the largest of ``multipliers`` (0.5-4 by default) on a log
 scale, ``k_rate`` of the arrival rate and ``k_safe`` of the safe budget ``M / E_hat[w]``, and
-``B_t = round(max(k_rate * rate, k_safe * safe budget))``; ``theta = 0`` is
+``B_t = round(max(k_rate * rate, k_safe * safe budget))``, with ``rate`` the larger of the
+arrival rate now and when the request at the queue head arrived (``"max"``: the rate now, the
+action of the generalists shipped before it); ``theta = 0`` is
 ``k_rate = k_safe = sqrt(0.5 * 4) = 1.41``. ``multiplier_of="rate"`` is the one-anchor action
 of the generalist shipped before (``B_t = round(k * rate)``, one output). Every candidate runs through
 :func:`flowgym.lab.evaluation.run_episode` with
@@ -88,10 +90,11 @@ class ARSConfig:
     step_size: float = 0.02
     #: The multiplier range of the ``log-multiplier`` action (its smallest and largest value count).
     multipliers: tuple[float, ...] = (0.5, 0.7, 0.85, 1.0, 1.15, 1.3, 1.5, 1.75, 2.0, 2.5, 3.0, 4.0)
-    #: What the multiplier multiplies (``FlowControlConfig.multiplier_of``): ``"max"``, a multiplier of
-    #: the arrival rate and one of the safe budget, the budget the larger product (two outputs); or
-    #: one anchor, ``"rate"``, ``"safe"`` or ``"min"`` (one output).
-    multiplier_of: str = "max"
+    #: What the multiplier multiplies (``FlowControlConfig.multiplier_of``): ``"max-head"``, a multiplier
+    #: of the arrival rate (the larger of the rate now and when the queue head arrived) and one of the
+    #: safe budget, the budget the larger product (two outputs); ``"max"``, the same with the rate now;
+    #: or one anchor, ``"rate"``, ``"safe"`` or ``"min"`` (one output).
+    multiplier_of: str = "max-head"
     #: Largest budget (the cap of ``k * rate``).
     max_budget: int = 256
     #: Slots each decision is held for.

@@ -187,8 +187,8 @@ class TrainConfig:
     #: The policy's action: ``"budget"`` (a budget, or the index of one of ``budget_levels``) or
     #: ``"multiplier"`` (the index of a multiplier ``k`` of the online safe budget ``M / E_hat[w]``
     #: or of the arrival rate, ``multiplier_of``; capped at ``max_budget``, default 256) or
-    #: ``"log-multiplier"`` (one float in ``[-1, 1]``, two with ``multiplier_of="max"``, a multiplier between
-    #: the smallest and the largest of ``multipliers`` on a log scale, for a Gaussian policy;
+    #: ``"log-multiplier"`` (one float in ``[-1, 1]``, two with ``multiplier_of="max"`` or ``"max-head"``, a
+    #: multiplier between the smallest and the largest of ``multipliers`` on a log scale, for a Gaussian policy;
     #: ``FlowControlConfig.action``).
     action: str = "budget"
     #: The multipliers of ``action="multiplier"``.
