@@ -281,7 +281,7 @@ class ArrayPolicy:
             n_in = w.shape[0]
         if n_in not in (1, 2):
             raise ValueError(f"ArrayPolicy: the last layer has {n_in} outputs; the action is one float "
-                             "(or two: multiplier_of='max')")
+                             "(or two: multiplier_of='max' or 'max-head')")
         self.observation_space = spaces.Box(np.asarray(obs_low, np.float32), np.asarray(obs_high, np.float32),
                                             dtype=np.float32)
         self.action_space = spaces.Box(-1.0, 1.0, (n_in,), dtype=np.float32)

@@ -307,9 +307,9 @@ def test_head_rate_is_the_rate_when_the_queue_head_arrived():
         tr.update(eng, 0)
         history[t] = tr.arrival_rate()
     assert tr.head_rate() == tr.arrival_rate()
-    # two lanes: heads arrived at slots 5 and 3; the oldest (3) is what the budget admits next
+    # three lanes, one empty: heads arrived at slots 5 and 3; the oldest (3) is what the budget admits next
     eng.arrival = np.array([5, 3, 9], np.int64)
-    eng.lanes, eng.n_queued = [_Lane([0, 2]), _Lane([1])], 3
+    eng.lanes, eng.n_queued = [_Lane([]), _Lane([0, 2]), _Lane([1])], 3  # an empty lane is skipped
     eng.t = 40
     tr.update(eng, 0)
     assert tr.head_rate() == pytest.approx(history[3]) and history[3] > tr.arrival_rate() * 1.2

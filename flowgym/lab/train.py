@@ -194,7 +194,8 @@ class TrainConfig:
     #: The multipliers of ``action="multiplier"``.
     multipliers: tuple[float, ...] = (0.25, 0.5, 0.75, 1.0, 1.25, 1.5, 2.0, 3.0, 4.0, 6.0, 8.0)
     #: What they multiply: ``"safe"`` (``M / E_hat[w]``), ``"rate"`` (the arrival rate), or another
-    #: choice of ``FlowControlConfig.multiplier_of`` (``"max"``: both, with ``action="log-multiplier"``).
+    #: choice of ``FlowControlConfig.multiplier_of`` (``"max"`` or ``"max-head"``: both, with
+    #: ``action="log-multiplier"``).
     multiplier_of: str = "safe"
     #: Overrides of the scenario's environment arguments for training and for the agent
     #: (e.g. ``{"reward_weights": {...}}``); the workload is always the scenario's.
