@@ -161,6 +161,7 @@ def test_two_anchor_head_budget_uses_the_larger_of_the_rate_now_and_at_the_head(
     for _ in range(400):
         tr = env.tracker
         rate, head, safe = tr.arrival_rate(), tr.head_rate(), env.safe_budget()
+        assert env._act_type.rate_anchor() == max(rate, head)
         a = agent.act(obs, env.view())
         assert env.check_action(a) == int(min(max(round(max(1.4 * max(rate, head), safe)), 1), 256))
         if 1.4 * head > max(1.4 * rate, safe) + 1:

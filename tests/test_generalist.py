@@ -676,6 +676,10 @@ def test_two_anchor_action_takes_the_larger_multiple_of_the_rate_and_the_safe_bu
             env.check_action(bad)
     with pytest.raises(ValueError, match="two multipliers per action"):
         env._act_type.multiplier(np.zeros(2))
+    one = FlowControlEnv(M=8000, workload=_iid(6.0), horizon=50, action="log-multiplier", multiplier_of="rate",
+                         multipliers=(0.5, 4.0))
+    with pytest.raises(ValueError, match="multiplier_of='rate' has no rate anchor of its own"):
+        one._act_type.rate_anchor()
     from gymnasium.utils.env_checker import check_env
 
     for of in ("max", "max-head"):

@@ -200,12 +200,12 @@ def trace(name: str, seed: int, model: str | None = None) -> str:
 
 def plays(names: list[str], seed: int, model: str | None = None) -> list[str]:
     """Quantiles of a two-anchor model's multipliers at its decision points, and the rate anchor's share."""
-    from flowgym.envs.spaces import LogMultiplierBudget
+    from flowgym.envs.spaces import TWO_ANCHORS, LogMultiplierBudget
     from flowgym.lab.evaluation import env_for
 
     agent = make_agent("learned", **({} if model is None else {"path": model}))
     of = agent.requires.get("multiplier_of")
-    if of not in ("max", "max-head"):
+    if of not in TWO_ANCHORS:
         raise ValueError(f"{agent.label()} is not a two-anchor model (multiplier_of={of!r})")
     out = []
     for name in names:
@@ -222,10 +222,7 @@ def plays(names: list[str], seed: int, model: str | None = None) -> list[str]:
             if decides:
                 k = mapping.multipliers(a)
                 ks.append(k)
-                rate = env.tracker.arrival_rate()
-                if of == "max-head":
-                    rate = max(rate, env.tracker.head_rate())
-                rate_decides.append(k[0] * rate >= k[1] * env.safe_budget())
+                rate_decides.append(k[0] * mapping.rate_anchor() >= k[1] * env.safe_budget())
             obs, _, te, tr, _ = env.step(a)
             done = te or tr
         K = np.array(ks)

@@ -25,6 +25,7 @@ from flowgym.envs.spaces import (
     LogMultiplierBudget,
     MultiplierBudget,
     PerClassBudget,
+    TWO_ANCHORS,
 )
 from flowgym.sim.estimators import LoadTracker
 from flowgym.envs.view import SystemView
@@ -206,7 +207,7 @@ class FlowControlConfig:
         if self.multiplier_of not in ("safe", "rate", "both", "min", "max", "max-head"):
             raise ValueError("multiplier_of must be 'safe', 'rate', 'both', 'min', 'max' or 'max-head', "
                              f"got {self.multiplier_of!r}")
-        if self.multiplier_of in ("max", "max-head") and self.action != "log-multiplier":
+        if self.multiplier_of in TWO_ANCHORS and self.action != "log-multiplier":
             raise ValueError(f"multiplier_of={self.multiplier_of!r} multiplies both anchors, one float each: it needs "
                              f"action='log-multiplier', got action={self.action!r}")
         if self.action != "budget" and self.per_class_budget:

@@ -28,6 +28,7 @@ __all__ = [
     "MultiplierBudget",
     "LogMultiplierBudget",
     "log_multiplier_size",
+    "TWO_ANCHORS",
 ]
 
 
@@ -287,16 +288,24 @@ class MultiplierBudget:
         return _scaled_budget(self.multipliers[a % n], self.tracker, of, self.max_budget)
 
 
+#: The ``multiplier_of`` values with two anchors (two multipliers per ``log-multiplier`` action).
+TWO_ANCHORS = ("max", "max-head")
+
+
+def _rate_anchor(tracker: LoadTracker, of: str) -> float:
+    """The two-anchor rate anchor: the arrival rate, or with ``of="max-head"`` the larger of the rate now
+    and when the queue head arrived."""
+    r = tracker.arrival_rate()
+    return max(r, tracker.head_rate()) if of == "max-head" else r
+
+
 def _scaled_budget(k: Any, tracker: LoadTracker, of: str, max_budget: int) -> int:
     """``clip(round(k * anchor), 1, max_budget)``, the anchor the tracker's safe budget
     (``of="safe"``), arrival rate (``"rate"``) or the smaller of the two (``"min"``); with
     ``of="max"``, ``k = (k_rate, k_safe)`` and the larger of ``k_rate * rate`` and ``k_safe * safe``;
     ``of="max-head"`` the same with ``rate`` the larger of the rate now and when the queue head arrived."""
-    if of in ("max", "max-head"):
-        r = tracker.arrival_rate()
-        if of == "max-head":
-            r = max(r, tracker.head_rate())
-        b = float(max(k[0] * r, k[1] * tracker.safe_budget()))
+    if of in TWO_ANCHORS:
+        b = float(max(k[0] * _rate_anchor(tracker, of), k[1] * tracker.safe_budget()))
         return int(min(max(round(b), 1), max_budget))
     if of == "min":
         anchor = min(tracker.safe_budget(), tracker.arrival_rate())
@@ -308,7 +317,7 @@ def _scaled_budget(k: Any, tracker: LoadTracker, of: str, max_budget: int) -> in
 def log_multiplier_size(of: str) -> int:
     """How many floats the ``log-multiplier`` action of anchor ``of`` has: 2 for ``"max"`` and
     ``"max-head"``, else 1."""
-    return 2 if of in ("max", "max-head") else 1
+    return 2 if of in TWO_ANCHORS else 1
 
 
 class LogMultiplierBudget:
@@ -362,6 +371,13 @@ class LogMultiplierBudget:
         if a is None or a.size != self.dim or not np.isfinite(a).all() or (np.abs(a) > 1.0).any():
             raise _bad_action(action, self._space)
         return self.k_min * (self.k_max / self.k_min) ** ((a + 1.0) / 2.0)
+
+    def rate_anchor(self) -> float:
+        """The rate anchor now of a two-anchor action (``of="max"`` or ``"max-head"``), what ``k_rate`` multiplies."""
+        if self.dim != 2:
+            raise ValueError(f"multiplier_of={self.of!r} has no rate anchor of its own: rate_anchor() is for 'max' "
+                             "and 'max-head'")
+        return _rate_anchor(self.tracker, self.of)
 
     def multiplier(self, action: Any) -> float:
         """The multiplier ``k`` of a one-float action; raises ``ValueError`` naming an action outside ``[-1, 1]``."""

@@ -168,8 +168,7 @@ class LoadTracker:
         rate now if the queue is empty or the head came before tracking started)."""
         if not eng.n_queued:
             return float(self.rates[1])
-        a = min(int(eng.arrival[int(ln.buf[ln.head])]) for ln in eng.lanes if len(ln))
-        a = max(a, t - RATE_MEMORY + 1)
+        a = max(_head_arrival(eng), t - RATE_MEMORY + 1)
         j = a % RATE_MEMORY
         return float(self._rh[j]) if self._rt[j] == a else float(self.rates[1])
 
@@ -197,10 +196,7 @@ class LoadTracker:
         s = self.mean_length or 1.0
         sf = self._Af / self._Nf if self._Nf > 1e-6 else s
         q = eng.n_queued
-        age = 0
-        if q:
-            heads = [int(ln.buf[ln.head]) for ln in eng.lanes if len(ln)]
-            age = eng.t - min(int(eng.arrival[h]) for h in heads)
+        age = eng.t - _head_arrival(eng) if q else 0
         v = out if out is not None else np.empty(len(LOAD_FEATURES), np.float32)
         v[0] = eng.held / M
         v[1] = min((eng.held + eng.n_active * 0.5 * s) / M, 4.0)
@@ -215,3 +211,9 @@ class LoadTracker:
         v[15] = min(100.0 * self._waste / M, 10.0)
         v[16] = math.log1p(eng.n_active / bs / max(s, 1.0))
         return v
+
+
+def _head_arrival(eng: Any) -> int:
+    """Arrival slot of the request at the queue head: the oldest of the non-empty lanes' heads
+    (the engine must have a queued request)."""
+    return min(int(eng.arrival[int(ln.buf[ln.head])]) for ln in eng.lanes if len(ln))
