@@ -353,6 +353,29 @@ def test_one_anchor_search_writes_a_one_output_model_that_acts_as_its_candidate(
         LearnedBudget(_tamper(out, tmp_path, "two", **two))
 
 
+def test_a_load_v2_search_writes_a_20_feature_model_that_acts_as_its_candidate(tmp_path):
+    """``observation="load-v2"``: the policy reads 20 features, the model records the observation (so
+    the learned agent builds that environment), and it reproduces the kept candidate's evaluation;
+    a 17-feature environment is refused by the model."""
+    out = str(tmp_path / "v2")
+    res = train_ars(out=out, observation="load-v2", **TINY)
+    meta = json.load(open(os.path.join(out, META_FILE)))
+    assert meta["layer_sizes"] == [20, 2] and meta["observation"] == "load-v2"
+    assert meta["agent_env_options"]["observation"] == "load-v2"
+    assert meta["hyperparameters"]["observation"] == "load-v2"
+    agent = LearnedBudget(out)
+    assert agent.obs_shape == (20,)
+    assert _selection_score(agent) == pytest.approx(res.best_eval, rel=1e-12)
+    with pytest.raises(ValueError, match="observation"):
+        ARSConfig(observation="flat").validate()
+
+
+def test_train_cli_passes_the_load_v2_observation_to_ars(seen):
+    with pytest.raises(SystemExit):
+        main(["train", "--quiet", "--observation", "load-v2"])
+    assert seen["cfg"] == ARSConfig(workers=2, progress=False, observation="load-v2")
+
+
 def test_a_model_whose_action_size_and_anchors_disagree_is_refused_by_name(tiny_model, tmp_path):
     """A two-float policy recorded with a one-anchor environment (or the reverse) is refused at load,
     naming the file and the field, not at the first step."""

@@ -14,7 +14,7 @@ import math
 import numpy as np
 import pytest
 
-from flowgym.sim.estimators import LOAD_FEATURES, RATE_TIME_CONSTANTS, LoadTracker
+from flowgym.sim.estimators import LOAD_FEATURES, LOAD_FEATURES_V2, RATE_TIME_CONSTANTS, LoadTracker
 
 
 class _Lane:
@@ -237,6 +237,24 @@ def test_features_by_hand():
     assert set(want) == set(LOAD_FEATURES)
     for name in LOAD_FEATURES:
         assert f[name] == pytest.approx(want[name], rel=1e-5, abs=1e-7), name
+
+    # version 2: the same 17, then the head-era rate (the head came before the ring buffer holds
+    # anything this old, so it is the rate now), the completion rate (the fast count of
+    # completions / 16) and the queue's mean prompt against the arriving prompts' (150 / 3 over l)
+    eng.queued_prompt_tokens = 150
+    v2 = tr.features(eng, version=2)
+    assert v2.shape == (len(LOAD_FEATURES_V2),) == (20,) and LOAD_FEATURES_V2[:17] == LOAD_FEATURES
+    np.testing.assert_array_equal(v2[:17], tr.features(eng))
+    g = dict(zip(LOAD_FEATURES_V2, v2.astype(float)))
+    assert g["head_rate"] == pytest.approx(math.log1p(rates[1] / bs), rel=1e-6)
+    assert g["completion_rate"] == pytest.approx(math.log1p((2 * 15 / 16 + 1) / 16 / bs), rel=1e-6)
+    assert g["queue_prompt"] == pytest.approx(math.log(50 / l), rel=1e-6)
+    eng.queued_prompt_tokens = 1  # a mean queued prompt below one token (1/3) counts as one
+    assert tr.features(eng, version=2)[19] == pytest.approx(math.log(1 / l), rel=1e-6)
+    eng.n_queued = 0  # an empty queue: 0
+    assert tr.features(eng, version=2)[19] == 0.0
+    with pytest.raises(ValueError, match="version must be 1 or 2, got 3"):
+        tr.features(eng, version=3)
 
 
 def test_features_caps_and_floors():

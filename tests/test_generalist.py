@@ -38,14 +38,15 @@ def _trace(outputs):
 # --------------------------------------------------------------------------- tracker
 
 
-def test_load_features_never_read_an_unfinished_output_length():
+@pytest.mark.parametrize("observation", ["load", "load-v2"])
+def test_load_features_never_read_an_unfinished_output_length(observation):
     # the same arrivals and prompts; request 0's output differs (30 vs 90). Until it completes in
     # the shorter run (slot 30: admitted at 0, f = 0 + 30) the observations must be identical.
     outs_a = [30] + [12] * 79
     outs_b = [90] + [12] * 79
     obs = []
     for outs in (outs_a, outs_b):
-        env = FlowControlEnv(M=4000, workload=_trace(outs), horizon=60, observation="load", max_budget=8)
+        env = FlowControlEnv(M=4000, workload=_trace(outs), horizon=60, observation=observation, max_budget=8)
         o, _ = env.reset(seed=0)
         seq = [o]
         for _ in range(59):
@@ -104,6 +105,42 @@ def test_load_observation_space_and_checker():
         o, *_ = env.step(i % 11)
 
 
+def test_load_v2_observation_is_the_17_features_and_three_more():
+    """``observation="load-v2"``: a ``Box(-16, 16, (20,))`` whose first 17 entries are the ``"load"``
+    observation of the same run, then the head-era rate, the completion rate and the queue's prompt
+    length, each from the tracker's own estimates."""
+    from gymnasium.utils.env_checker import check_env
+
+    from flowgym.sim.estimators import LOAD_FEATURES_V2
+
+    kw = dict(M=8000, workload=_iid(9.0), horizon=400, action="log-multiplier", multiplier_of="max-head",
+              multipliers=(0.5, 4.0), max_budget=128)
+    v1 = FlowControlEnv(observation="load", **kw)
+    v2 = FlowControlEnv(observation="load-v2", **kw)
+    assert v2.observation_space.shape == (len(LOAD_FEATURES_V2),) == (20,)
+    check_env(FlowControlEnv(observation="load-v2", **kw), skip_render_check=True)
+    o1, _ = v1.reset(seed=4)
+    o2, _ = v2.reset(seed=4)
+    queued = 0
+    for t in range(399):
+        np.testing.assert_array_equal(o1, o2[:17])
+        tr, eng = v2.tracker, v2.engine
+        bs = tr.safe_budget()
+        assert o2[17] == pytest.approx(np.log1p(tr.head_rate() / bs), rel=1e-5)
+        if eng.n_queued:
+            queued += 1
+            want = np.log(max(eng.queued_prompt_tokens / eng.n_queued, 1.0) / max(tr._lA / tr._lN, 1.0))
+            assert o2[19] == pytest.approx(want, rel=1e-5, abs=1e-6)
+        else:
+            assert o2[19] == 0.0
+        a = np.array([np.sin(t / 7.0), -0.5], np.float32)
+        o1, *_ = v1.step(a)
+        o2, *_ = v2.step(a)
+    assert queued > 50  # the queue was not empty for most of the run, so its feature was exercised
+    with pytest.raises(ValueError, match="'load' or 'load-v2', got 'load3'"):
+        FlowControlEnv(observation="load3", **kw)
+
+
 def test_multiplier_action_is_k_times_the_safe_budget():
     ks = (0.5, 1.0, 3.0)
     env = FlowControlEnv(M=8000, workload=_iid(6.0), horizon=300, observation="load", action="multiplier",
@@ -144,7 +181,7 @@ def test_multiplier_step_admits_at_most_the_budget():
         ({"action": "log-multiplier", "multipliers": (1.0,)}, "needs two of them, got \\(1.0,\\)"),
         ({"action": "log-multiplier", "per_class_budget": True, "output_length_known": True},
          "action='log-multiplier' sets one global budget"),
-        ({"observation": "scale-free"}, "observation must be 'dict', 'flat' or 'load'"),
+        ({"observation": "scale-free"}, "observation must be 'dict', 'flat', 'load' or 'load-v2'"),
         ({"multipliers": (2.0, 1.0)}, "multipliers must be positive finite numbers in ascending order"),
         ({"multipliers": ()}, "multipliers must be"),
         ({"multipliers": (0.0, 1.0)}, "multipliers must be"),
@@ -499,7 +536,7 @@ def test_shipped_generalist_loads_and_runs_without_training():
     from flowgym.lab.ars import ARSConfig
 
     # flowgym train's defaults are the shipped model's settings (it reproduces it; docs/training.md)
-    hp = agent.meta["hyperparameters"]
+    hp = {"observation": "load", **agent.meta["hyperparameters"]}  # a model from before the field: "load"
     for key, value in dataclasses.asdict(ARSConfig()).items():
         if key not in ("out", "workers", "progress", "distribution"):
             assert hp[key] == (list(value) if isinstance(value, tuple) else value), key

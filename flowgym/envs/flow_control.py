@@ -21,6 +21,7 @@ from flowgym.envs.spaces import (
     Features,
     FlatObservation,
     GlobalBudget,
+    LOAD_OBSERVATIONS,
     LoadObservation,
     LogMultiplierBudget,
     MultiplierBudget,
@@ -82,9 +83,10 @@ class FlowControlConfig:
     queue_order: str = "fifo"
     #: Initial output estimate of every request (``estimate`` order and eviction).
     estimate_floor: int = 1
-    #: ``"dict"`` (a ``Dict`` of ``Box``es), ``"flat"`` (one ``Box``, for ``MlpPolicy``) or
+    #: ``"dict"`` (a ``Dict`` of ``Box``es), ``"flat"`` (one ``Box``, for ``MlpPolicy``),
     #: ``"load"`` (one ``Box`` of the 17 scale-free load features of
-    #: :mod:`flowgym.sim.estimators`: the same meaning at any ``M``, rate or length scale).
+    #: :mod:`flowgym.sim.estimators`: the same meaning at any ``M``, rate or length scale) or
+    #: ``"load-v2"`` (those 17 and 3 more: :data:`~flowgym.sim.estimators.LOAD_FEATURES_V2`).
     observation: str = "dict"
     #: ``"budget"`` (the action is ``B_t``) or ``"multiplier"`` (the action is the index ``a`` of
     #: ``multipliers``; ``B_t = clip(round(multipliers[a] * M / E_hat[w]), 1, max_budget)`` with the
@@ -191,8 +193,8 @@ class FlowControlConfig:
         if self.queue_order == "sjf" and not self.output_length_known:
             raise ValueError("queue_order='sjf' reads output lengths: it needs output_length_known=True")
         pos_int("estimate_floor", self.estimate_floor)
-        if self.observation not in ("dict", "flat", "load"):
-            raise ValueError(f"observation must be 'dict', 'flat' or 'load', got {self.observation!r}")
+        if self.observation not in ("dict", "flat", "load", "load-v2"):
+            raise ValueError(f"observation must be 'dict', 'flat', 'load' or 'load-v2', got {self.observation!r}")
         if self.action not in ("budget", "multiplier", "log-multiplier"):
             raise ValueError(f"action must be 'budget', 'multiplier' or 'log-multiplier', got {self.action!r}")
         ks = self.multipliers
@@ -317,6 +319,13 @@ class FlowControlEnv(gym.Env[Any, Any]):
 
     Counts are clipped to their caps. With ``output_length_known=False`` nothing
     in the observation depends on output lengths (it is never revealed).
+
+    With ``observation="load"`` the observation is instead one float32 ``Box(-16, 16, (17,))``
+    of scale-free load estimates (:data:`~flowgym.sim.estimators.LOAD_FEATURES`: KV usage,
+    backlog, arrival rates at four time constants against the online safe budget, ...; the
+    generalist reads it), and with ``observation="load-v2"`` a ``Box(-16, 16, (20,))``: those and
+    :data:`~flowgym.sim.estimators.LOAD_FEATURES_V2`'s three more. Output lengths enter them only
+    once a request has completed.
 
     ## Rewards
 
@@ -511,12 +520,12 @@ class FlowControlEnv(gym.Env[Any, Any]):
         )
         #: Online load estimates (safe budget, scale-free features); only kept when used.
         self.tracker: LoadTracker | None = None
-        if cfg.observation == "load" or cfg.action != "budget":
+        if cfg.observation in LOAD_OBSERVATIONS or cfg.action != "budget":
             self.tracker = LoadTracker(cfg.M, cap=float(cfg.max_budget))
         self._obs_type: Any
-        if cfg.observation == "load":
+        if cfg.observation in LOAD_OBSERVATIONS:
             assert self.tracker is not None
-            self._obs_type = LoadObservation(self.tracker)
+            self._obs_type = LoadObservation(self.tracker, LOAD_OBSERVATIONS[cfg.observation])
         elif cfg.observation == "dict":
             self._obs_type = DictObservation(self.features)
         else:
@@ -671,12 +680,12 @@ class FlowControlEnv(gym.Env[Any, Any]):
         return self._act_type.budget(action)
 
     def _observe(self) -> Any:
-        if self.tracker is not None and self.config.observation == "load":
+        if self.tracker is not None and self.config.observation in LOAD_OBSERVATIONS:
             return self._obs_type.observe(self.engine)
         return self._obs_type.observe(self.features.compute(self.engine, self._rate))
 
     def safe_budget(self) -> float | None:
-        """The online safe budget ``M / E_hat[w]`` (``None`` unless ``observation="load"`` or the action is a multiplier)."""
+        """The online safe budget ``M / E_hat[w]`` (``None`` unless a load observation or a multiplier action)."""
         return None if self.tracker is None else self.tracker.safe_budget()
 
     def render(self) -> str | np.ndarray | None:

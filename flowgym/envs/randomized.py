@@ -43,8 +43,8 @@ class RandomizedFlowControlEnv(gym.Env[Any, Any]):
     def __init__(self, sampler: Callable[[np.random.Generator], Mapping[str, Any]], **fixed: Any) -> None:
         if not callable(sampler):
             raise ValueError(f"sampler must be a callable rng -> FlowControl-v0 arguments, got {sampler!r}")
-        if fixed.get("observation", "dict") != "load":
-            raise ValueError("RandomizedFlowControlEnv needs observation='load' (the flat and dict observations "
+        if fixed.get("observation", "dict") not in ("load", "load-v2"):
+            raise ValueError("RandomizedFlowControlEnv needs observation='load' or 'load-v2' (the flat and dict observations "
                              "have M in their bounds, so their spaces change from draw to draw)")
         self.sampler = sampler
         self.fixed = dict(fixed)

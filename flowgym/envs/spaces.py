@@ -16,7 +16,7 @@ import numpy as np
 from gymnasium import spaces
 
 from flowgym.sim.engine import Engine
-from flowgym.sim.estimators import LOAD_FEATURES, LoadTracker
+from flowgym.sim.estimators import LOAD_FEATURES, LOAD_FEATURES_V2, LoadTracker
 
 __all__ = [
     "Features",
@@ -177,25 +177,36 @@ class FlatObservation:
         return vec
 
 
+#: The load observations and the :meth:`~flowgym.sim.estimators.LoadTracker.features` version of each.
+LOAD_OBSERVATIONS = {"load": 1, "load-v2": 2}
+
+
 class LoadObservation:
     """The scale-free load features of :class:`~flowgym.sim.estimators.LoadTracker` in one float32 ``Box``.
 
-    :data:`~flowgym.sim.estimators.LOAD_FEATURES` in order, each clipped to ``[-16, 16]``.
-    None of them has a unit of tokens, requests or slots, so one policy can read systems
-    of any ``M``, request rate and length scale (the generalist model is trained on it).
+    ``version=1`` (``observation="load"``): :data:`~flowgym.sim.estimators.LOAD_FEATURES` in order;
+    ``version=2`` (``observation="load-v2"``): :data:`~flowgym.sim.estimators.LOAD_FEATURES_V2`, the
+    same 17 and three more (the head-era rate, the completion rate, the queue's prompt length
+    against the arrivals'). Each clipped to ``[-16, 16]``. None of them has a unit of tokens,
+    requests or slots, so one policy can read systems of any ``M``, request rate and length scale
+    (the generalist model is trained on it).
     """
 
     BOUND = 16.0
 
-    def __init__(self, tracker: LoadTracker) -> None:
+    def __init__(self, tracker: LoadTracker, version: int = 1) -> None:
+        if version not in (1, 2):
+            raise ValueError(f"LoadObservation: version must be 1 or 2, got {version!r}")
         self.tracker = tracker
+        self.version = version
+        self.names = LOAD_FEATURES_V2 if version == 2 else LOAD_FEATURES
 
     def space(self) -> spaces.Box:
-        n = len(LOAD_FEATURES)
+        n = len(self.names)
         return spaces.Box(-self.BOUND, self.BOUND, shape=(n,), dtype=np.float32)
 
     def observe(self, eng: Engine) -> np.ndarray:
-        v = self.tracker.features(eng, out=np.empty(len(LOAD_FEATURES), np.float32))
+        v = self.tracker.features(eng, out=np.empty(len(self.names), np.float32), version=self.version)
         np.clip(v, -self.BOUND, self.BOUND, out=v)
         return v
 

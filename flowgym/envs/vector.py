@@ -53,7 +53,7 @@ def batched_unsupported(config: FlowControlConfig, render_mode: str | None = Non
         return f"render_mode={render_mode!r} (the batched environment does not render)"
     if config.time_model != "slot":
         return f"time_model={config.time_model!r} (the batched engine runs unit slots only)"
-    if config.observation == "load" or config.action != "budget":
+    if config.observation in ("load", "load-v2") or config.action != "budget":
         return (f"observation={config.observation!r}, action={config.action!r} (the online load tracker runs in "
                 "single environments)")
     if getattr(config, "engine", "paper") != "paper":

@@ -95,6 +95,9 @@ class ARSConfig:
     #: safe budget, the budget the larger product (two outputs); ``"max"``, the same with the rate now;
     #: or one anchor, ``"rate"``, ``"safe"`` or ``"min"`` (one output).
     multiplier_of: str = "max-head"
+    #: The policy's observation: ``"load"`` (the 17 load features) or ``"load-v2"`` (those and three
+    #: more: :data:`~flowgym.sim.estimators.LOAD_FEATURES_V2`).
+    observation: str = "load"
     #: Largest budget (the cap of ``k * rate``).
     max_budget: int = 256
     #: Slots each decision is held for.
@@ -160,6 +163,8 @@ class ARSConfig:
             if bad in self.env_overrides:
                 raise ValueError(f"env_overrides may not set {bad!r}: the workload comes from the distribution or "
                                  "the scenario, and the observation and action are the search's own settings")
+        if self.observation not in ("load", "load-v2"):
+            raise ValueError(f"observation must be 'load' or 'load-v2', got {self.observation!r}")
         from flowgym.envs.flow_control import FlowControlConfig
         from flowgym.lab.scenarios import get_scenario
 
@@ -304,7 +309,7 @@ def train_ars(cfg: ARSConfig | None = None, *, on_iteration: Any = None, **overr
     cfg = dataclasses.replace(cfg or ARSConfig(), **overrides)
     cfg.validate()
     sc = get_scenario(cfg.scenario, rate=cfg.rate)
-    env_kw = learned_env_kwargs(sc.tune_env_kwargs(), cfg.max_budget, cfg.env_overrides, observation="load",
+    env_kw = learned_env_kwargs(sc.tune_env_kwargs(), cfg.max_budget, cfg.env_overrides, observation=cfg.observation,
                                 action="log-multiplier", multipliers=cfg.multipliers,
                                 multiplier_of=cfg.multiplier_of)
     env_options = _agent_options(env_kw)
@@ -409,7 +414,7 @@ def train_ars(cfg: ARSConfig | None = None, *, on_iteration: Any = None, **overr
         "rate": cfg.rate,
         "scenario_data": sc.to_dict(),
         "trained_on": "scenario" if cfg.distribution is None else cfg.hyperparameters()["distribution"],
-        "observation": "load",
+        "observation": cfg.observation,
         "action": "log-multiplier",
         "env_kwargs": env_kw,
         "agent_env_options": env_options,

@@ -440,7 +440,7 @@ def _train_ars(args: argparse.Namespace) -> int:
     given = [f"--{k.replace('_', '-')}" for k in _SB3_ONLY if getattr(args, k, None) is not None]
     if args.backend != "serial":
         given.append("--backend")
-    if args.observation not in (None, "load"):
+    if args.observation not in (None, "load", "load-v2"):
         given.append(f"--observation {args.observation}")
     if args.action not in (None, "log-multiplier"):
         given.append(f"--action {args.action}")
@@ -451,7 +451,7 @@ def _train_ars(args: argparse.Namespace) -> int:
               "--step-size, --hidden, --eval-every, --norm-draws; docs/training.md)", file=sys.stderr)
         return 2
     kw: dict[str, Any] = {}
-    for k in ("scenario", "rate", "multipliers", "multiplier_of", "max_budget", "action_repeat", "eval_episodes",
+    for k in ("scenario", "rate", "observation", "multipliers", "multiplier_of", "max_budget", "action_repeat", "eval_episodes",
               "eval_seed", "seed", "final_eval_seeds", "tune_seeds", "env_overrides", "out", *_ARS_ONLY):
         v = getattr(args, k, None)
         if v is not None:
@@ -693,9 +693,9 @@ def build_parser() -> argparse.ArgumentParser:
                    help="train on a distribution of workloads: random-mix (default without --scenario), its JSON "
                    "('{\"kind\": \"random-mix\", \"stationary_p\": 0.5}'; fields in docs/training.md), or none "
                    "(train on --scenario)")
-    t.add_argument("--observation", choices=["flat", "load"], default=None,
-                   help="the policy's observation: the environment's flat one (default with --scenario) or the "
-                   "scale-free load features (default on a distribution)")
+    t.add_argument("--observation", choices=["flat", "load", "load-v2"], default=None,
+                   help="the policy's observation: the environment's flat one (default with --scenario), the 17 "
+                   "scale-free load features (load, default on a distribution) or those and three more (load-v2)")
     t.add_argument("--action", choices=["budget", "multiplier", "log-multiplier"], default=None,
                    help="the policy's action: a budget (or a budget level's index; default with --scenario), the "
                    "index of a multiplier (of the arrival rate on a distribution; --multiplier-of), or "

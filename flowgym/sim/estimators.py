@@ -33,7 +33,7 @@ from typing import Any
 
 import numpy as np
 
-__all__ = ["LoadTracker", "RATE_TIME_CONSTANTS", "LOAD_FEATURES", "RATE_MEMORY"]
+__all__ = ["LoadTracker", "RATE_TIME_CONSTANTS", "LOAD_FEATURES", "LOAD_FEATURES_V2", "RATE_MEMORY"]
 
 #: Time constants (decision points) of the arrival-rate moving averages.
 RATE_TIME_CONSTANTS = (8.0, 32.0, 128.0, 512.0)
@@ -55,6 +55,15 @@ LOAD_FEATURES = (
     "head_age",  # log(1 + age of the queue head / mean l + o)
     "eviction_pressure",  # recent wasted tokens per slot * 100 / M, capped at 10
     "active_ratio",  # log(1 + active / (safe budget * mean l + o))
+)
+
+#: Names of the features of ``version=2`` (``observation="load-v2"``): :data:`LOAD_FEATURES`, then three
+#: that tell a change of mix from overload sooner than ``E_hat[w]`` (whose completions lag by their
+#: lifetimes), each scale-free too.
+LOAD_FEATURES_V2 = LOAD_FEATURES + (
+    "head_rate",  # log(1 + rate when the queue head arrived / safe budget)
+    "completion_rate",  # log(1 + completions per decision point (time constant 16) / safe budget)
+    "queue_prompt",  # log(mean prompt of the queue / mean arriving prompt); 0 when the queue is empty
 )
 
 
@@ -188,8 +197,11 @@ class LoadTracker:
         w = self.work
         return self.cap if w is None else float(min(max(self.M / max(w, 1.0), 0.5), self.cap))
 
-    def features(self, eng: Any, out: np.ndarray | None = None) -> np.ndarray:
-        """The scale-free features :data:`LOAD_FEATURES` as float32 (into ``out`` if given)."""
+    def features(self, eng: Any, out: np.ndarray | None = None, version: int = 1) -> np.ndarray:
+        """The scale-free features as float32 (into ``out`` if given): :data:`LOAD_FEATURES` with
+        ``version=1``, :data:`LOAD_FEATURES_V2` with ``version=2``."""
+        if version not in (1, 2):
+            raise ValueError(f"load features: version must be 1 or 2, got {version!r}")
         M = self.M
         bs = self.safe_budget()
         w = self.work or 1.0
@@ -197,7 +209,7 @@ class LoadTracker:
         sf = self._Af / self._Nf if self._Nf > 1e-6 else s
         q = eng.n_queued
         age = eng.t - _head_arrival(eng) if q else 0
-        v = out if out is not None else np.empty(len(LOAD_FEATURES), np.float32)
+        v = out if out is not None else np.empty(len(LOAD_FEATURES_V2 if version == 2 else LOAD_FEATURES), np.float32)
         v[0] = eng.held / M
         v[1] = min((eng.held + eng.n_active * 0.5 * s) / M, 4.0)
         v[2] = math.log1p(q / bs)
@@ -210,6 +222,11 @@ class LoadTracker:
         v[14] = math.log1p(max(age, 0) / max(s, 1.0))
         v[15] = min(100.0 * self._waste / M, 10.0)
         v[16] = math.log1p(eng.n_active / bs / max(s, 1.0))
+        if version == 2:
+            v[17] = math.log1p(self._head_rate / bs)
+            v[18] = math.log1p(self._Nf / 16.0 / bs)
+            l_in = self._lA / self._lN if self._lN > 1e-6 else 0.0
+            v[19] = math.log(max(eng.queued_prompt_tokens / q, 1.0) / max(l_in, 1.0)) if q else 0.0
         return v
 
 
