@@ -82,15 +82,16 @@ def test_ars_writes_a_model_the_learned_agent_loads(tiny_model):
     for f in (ARRAYS_FILE, NORM_FILE, META_FILE, "curves.csv"):
         assert os.path.exists(os.path.join(out, f)), f
     meta = json.load(open(os.path.join(out, META_FILE)))
-    assert meta["algo"] == "ars" and meta["action"] == "log-multiplier" and meta["layer_sizes"] == [17, 2]
+    assert meta["algo"] == "ars" and meta["action"] == "log-multiplier" and meta["layer_sizes"] == [20, 2]
     assert meta["agent_env_options"]["multiplier_of"] == "max-head"  # the default: two anchors, two outputs
+    assert meta["agent_env_options"]["observation"] == "load-v2"  # the default: 20 load features
     assert meta["best_iteration"] == res.best_iteration and res.episodes == meta["episodes"]
     # 2 evaluation episodes before the updates, 2 updates of 2 x 2 candidates x 2 draws, each followed by 2
     assert res.episodes == 2 + 2 * (8 + 2)
     agent = LearnedBudget(out)
     assert agent.continuous and agent.action_repeat == 8 and agent.requires["action"] == "log-multiplier"
     with np.load(os.path.join(out, NORM_FILE)) as z:
-        assert z["obs_mean"].shape == (17,) and np.all(z["obs_var"] >= 0)
+        assert z["obs_mean"].shape == (20,) and np.all(z["obs_var"] >= 0)
 
 
 def _selection_score(agent):
@@ -124,7 +125,7 @@ def test_same_config_same_model_whatever_the_workers(tiny_model, tmp_path):
 def test_an_ars_model_loads_and_acts_without_torch(tiny_model):
     out, _ = tiny_model
     code = ("import sys; from flowgym.agents import LearnedBudget; a = LearnedBudget(sys.argv[1]); "
-            "import numpy as np; o = np.zeros(17); print(float(np.ravel(a.act(o, None))[1])); "
+            "import numpy as np; o = np.zeros(20); print(float(np.ravel(a.act(o, None))[1])); "
             "assert 'torch' not in sys.modules and 'stable_baselines3' not in sys.modules")
     r = subprocess.run([sys.executable, "-c", code, out], capture_output=True, text=True, timeout=120)
     assert r.returncode == 0, r.stderr
@@ -157,7 +158,7 @@ def test_a_hostile_policy_file_is_refused_by_name(tiny_model, tmp_path):
     np.savez(bad / ARRAYS_FILE, w0=np.zeros((1, 5)), b0=np.zeros(1))  # wrong input width
     with pytest.raises(ValueError, match="policy.npz .*layer 0 has W"):
         LearnedBudget(str(bad))
-    np.savez(bad / ARRAYS_FILE, w0=np.full((1, 17), np.inf), b0=np.zeros(1))
+    np.savez(bad / ARRAYS_FILE, w0=np.full((1, 20), np.inf), b0=np.zeros(1))
     with pytest.raises(ValueError, match="non-finite"):
         LearnedBudget(str(bad))
 
@@ -252,14 +253,14 @@ def _tamper(out, tmp_path, name, **arrays):
 
 @pytest.mark.parametrize("changes, match", [
     ({"obs_var": np.ones(3)}, "obs_mean and obs_var must have the observation's shape"),
-    ({"obs_mean": np.full(17, np.nan)}, "obs_mean must be finite"),
-    ({"obs_var": -np.ones(17)}, "obs_var finite and >= 0"),
+    ({"obs_mean": np.full(20, np.nan)}, "obs_mean must be finite"),
+    ({"obs_var": -np.ones(20)}, "obs_var finite and >= 0"),
     ({"clip_obs": np.float64(-1)}, "clip_obs one finite number > 0"),
     ({"epsilon": np.ones(2)}, "epsilon must be one finite number"),
     ({"obs_low": np.float64(0)}, "obs_low and obs_high must be vectors of one length"),
-    ({"obs_low": np.zeros((1, 17)), "obs_high": np.ones((1, 17))}, "obs_low and obs_high must be vectors"),
+    ({"obs_low": np.zeros((1, 20)), "obs_high": np.ones((1, 20))}, "obs_low and obs_high must be vectors"),
     ({"clip_obs": np.float64(0)}, "clip_obs one finite number > 0"),
-    ({"obs_mean": np.ones(17, complex)}, "holds complex128 values"),
+    ({"obs_mean": np.ones(20, complex)}, "holds complex128 values"),
     ({"obs_mean": None}, "has no obs_mean"),
 ])
 def test_a_tampered_normalisation_is_refused_by_name(tiny_model, tmp_path, changes, match):
@@ -269,7 +270,7 @@ def test_a_tampered_normalisation_is_refused_by_name(tiny_model, tmp_path, chang
 
 
 @pytest.mark.parametrize("changes", [
-    {"obs_var": np.r_[0.0, np.ones(16)]},  # a feature constant on the normalisation draws: std sqrt(epsilon)
+    {"obs_var": np.r_[0.0, np.ones(19)]},  # a feature constant on the normalisation draws: std sqrt(epsilon)
     {"epsilon": np.float64(0)},            # no epsilon (all variances > 0)
     {"clip_obs": np.float64(0.5)},         # any positive clip
 ])
@@ -298,7 +299,7 @@ def test_the_policy_acts_with_two_floats_and_decides_every_action_repeat_slots(t
     seen = []
     for _ in range(2 * repeat + 1):
         seen.append(agent.decides_next)
-        agent.act(np.zeros(17), None)
+        agent.act(np.zeros(20), None)
     assert seen == ([True] + [False] * (repeat - 1)) * 2 + [True]
 
 
@@ -317,7 +318,7 @@ def test_extra_or_complex_weights_are_refused(tiny_model, tmp_path):
     out, _ = tiny_model
     with pytest.raises(ValueError, match=r"has arrays \['w5'\] that are no layer \(expected w0, b0, \.\.\., w0, b0\)"):
         LearnedBudget(_tamper(out, tmp_path, "extra1", **{ARRAYS_FILE: {"w5": np.zeros((1, 1))}}))
-    two = {"w0": np.zeros((3, 17)), "b0": np.zeros(3), "w1": np.zeros((1, 3)), "b1": np.zeros(1), "c": np.zeros(1)}
+    two = {"w0": np.zeros((3, 20)), "b0": np.zeros(3), "w1": np.zeros((1, 3)), "b1": np.zeros(1), "c": np.zeros(1)}
     with pytest.raises(ValueError, match=r"has arrays \['c'\] that are no layer \(expected w0, b0, \.\.\., w1, b1\)"):
         LearnedBudget(_tamper(out, tmp_path, "extra2", **{ARRAYS_FILE: two}))
     with pytest.raises(ValueError, match="that are no layer"):
@@ -343,37 +344,38 @@ def test_one_anchor_search_writes_a_one_output_model_that_acts_as_its_candidate(
     out = str(tmp_path / "rate")
     res = train_ars(out=out, multiplier_of="rate", **TINY)
     meta = json.load(open(os.path.join(out, META_FILE)))
-    assert meta["layer_sizes"] == [17, 1] and meta["agent_env_options"]["multiplier_of"] == "rate"
+    assert meta["layer_sizes"] == [20, 1] and meta["agent_env_options"]["multiplier_of"] == "rate"
     assert meta["action_space"] == {"kind": "box", "low": [-1.0], "high": [1.0]}
     agent = LearnedBudget(out)
     assert agent.model.action_space.shape == (1,)
     assert _selection_score(agent) == pytest.approx(res.best_eval, rel=1e-12)
-    two = {ARRAYS_FILE: {"w0": np.zeros((2, 17)), "b0": np.zeros(2)}}
+    two = {ARRAYS_FILE: {"w0": np.zeros((2, 20)), "b0": np.zeros(2)}}
     with pytest.raises(ValueError, match=r"the policy's action has shape \(2,\); .*action_space="):
         LearnedBudget(_tamper(out, tmp_path, "two", **two))
 
 
-def test_a_load_v2_search_writes_a_20_feature_model_that_acts_as_its_candidate(tmp_path):
-    """``observation="load-v2"``: the policy reads 20 features, the model records the observation (so
-    the learned agent builds that environment), and it reproduces the kept candidate's evaluation;
-    a 17-feature environment is refused by the model."""
-    out = str(tmp_path / "v2")
-    res = train_ars(out=out, observation="load-v2", **TINY)
+def test_a_load_search_writes_a_17_feature_model_that_acts_as_its_candidate(tmp_path):
+    """``observation="load"`` (every generalist before ars9): the policy reads the 17 features, the model
+    records the observation (so the learned agent builds that environment), and it reproduces the kept
+    candidate's evaluation. (The default, ``"load-v2"``, is the tiny_model's.)"""
+    out = str(tmp_path / "v1")
+    res = train_ars(out=out, observation="load", **TINY)
     meta = json.load(open(os.path.join(out, META_FILE)))
-    assert meta["layer_sizes"] == [20, 2] and meta["observation"] == "load-v2"
-    assert meta["agent_env_options"]["observation"] == "load-v2"
-    assert meta["hyperparameters"]["observation"] == "load-v2"
+    assert meta["layer_sizes"] == [17, 2] and meta["observation"] == "load"
+    assert meta["agent_env_options"]["observation"] == "load"
+    assert meta["hyperparameters"]["observation"] == "load"
     agent = LearnedBudget(out)
-    assert agent.obs_shape == (20,)
+    assert agent.obs_shape == (17,)
     assert _selection_score(agent) == pytest.approx(res.best_eval, rel=1e-12)
-    with pytest.raises(ValueError, match="observation"):
+    with pytest.raises(ValueError, match="observation must be 'load' or 'load-v2', got 'flat'"):
         ARSConfig(observation="flat").validate()
 
 
-def test_train_cli_passes_the_load_v2_observation_to_ars(seen):
+def test_train_cli_passes_the_load_observation_to_ars(seen):
     with pytest.raises(SystemExit):
-        main(["train", "--quiet", "--observation", "load-v2"])
-    assert seen["cfg"] == ARSConfig(workers=2, progress=False, observation="load-v2")
+        main(["train", "--quiet", "--observation", "load"])
+    assert seen["cfg"] == ARSConfig(workers=2, progress=False, observation="load")
+    assert ARSConfig().observation == "load-v2"
 
 
 def test_a_model_whose_action_size_and_anchors_disagree_is_refused_by_name(tiny_model, tmp_path):

@@ -530,13 +530,13 @@ def test_shipped_generalist_loads_and_runs_without_training():
 
     agent = make_agent("learned")
     assert agent.path == DEFAULT_MODEL and agent.label() == "learned (generalist)"
-    assert agent.requires["observation"] == "load" and agent.requires["multiplier_of"] == "max-head"
+    assert agent.requires["observation"] == "load-v2" and agent.requires["multiplier_of"] == "max-head"
     assert agent.meta["trained_on"]["kind"] == "random-mix" and agent.meta["algo"] == "ars"
-    assert agent.continuous and agent.meta["layer_sizes"] == [17, 2]  # a linear policy, numpy only
+    assert agent.continuous and agent.meta["layer_sizes"] == [20, 2]  # a linear policy, numpy only
     from flowgym.lab.ars import ARSConfig
 
     # flowgym train's defaults are the shipped model's settings (it reproduces it; docs/training.md)
-    hp = {"observation": "load", **agent.meta["hyperparameters"]}  # a model from before the field: "load"
+    hp = agent.meta["hyperparameters"]
     for key, value in dataclasses.asdict(ARSConfig()).items():
         if key not in ("out", "workers", "progress", "distribution"):
             assert hp[key] == (list(value) if isinstance(value, tuple) else value), key

@@ -15,7 +15,8 @@ over the draws (minus the mean of its log), the selection metric of every genera
 weighs a light draw (10-20 slots) and an overloaded one (hundreds) alike.
 
 The policy is :class:`flowgym.agents.learned.ArrayPolicy`, a linear map (``hidden=()``) or a
-small tanh network of the 17 load features (normalised by their mean and spread under the
+small tanh network of the 20 load features of ``observation="load-v2"`` (the 17 of ``"load"`` with
+``observation="load"``; normalised by their mean and spread under the
 initial policy on ``norm_draws`` draws, then frozen) to the continuous ``log-multiplier``
 action with two anchors (``multiplier_of="max-head"``, the default since 2026-11-26): two
 multipliers between the smallest and the largest of ``multipliers`` (0.5-4 by default) on a log
@@ -95,9 +96,10 @@ class ARSConfig:
     #: safe budget, the budget the larger product (two outputs); ``"max"``, the same with the rate now;
     #: or one anchor, ``"rate"``, ``"safe"`` or ``"min"`` (one output).
     multiplier_of: str = "max-head"
-    #: The policy's observation: ``"load"`` (the 17 load features) or ``"load-v2"`` (those and three
-    #: more: :data:`~flowgym.sim.estimators.LOAD_FEATURES_V2`).
-    observation: str = "load"
+    #: The policy's observation: ``"load-v2"`` (the 17 load features and three more:
+    #: :data:`~flowgym.sim.estimators.LOAD_FEATURES_V2`; the default since ars9, 2026-11-26) or
+    #: ``"load"`` (the 17, as every generalist before).
+    observation: str = "load-v2"
     #: Largest budget (the cap of ``k * rate``).
     max_budget: int = 256
     #: Slots each decision is held for.
