@@ -257,6 +257,30 @@ def test_features_by_hand():
         tr.features(eng, version=3)
 
 
+def test_v2_head_rate_feature_reads_the_rate_when_the_head_arrived():
+    """``head_rate`` of version 2 from the ring buffer: the head arrived at slot 1, when ``rate_32``
+    was ``4 + (0 - 4) / 32``; by slot 2 it has moved on (another 10 arrived)."""
+    eng = _Eng(prompts=[10] * 4, last_arrivals=4)
+    tr = LoadTracker(100_000, cap=256.0)
+    tr.reset(eng)  # slot 0: 4 arrivals, every rate 4
+    eng.t, eng.last_arrivals = 1, 0
+    tr.update(eng, 0)  # slot 1: none
+    at_head = 4 + (0 - 4) / 32
+    eng.arrive(*([10] * 10))
+    eng.t = 2
+    eng.arrival = np.array([0, 0, 0, 1] + [2] * 10, np.int64)
+    eng.lanes = [_Lane([3] + list(range(4, 14)))]  # the head is request 3, arrived at slot 1
+    eng.n_queued = 11
+    eng.queued_prompt_tokens = 110
+    tr.update(eng, 0)  # slot 2: 10 arrivals
+    now = at_head + (10 - at_head) / 32
+    assert tr.arrival_rate() == pytest.approx(now) and tr.head_rate() == pytest.approx(at_head)
+    bs = tr.safe_budget()
+    v = tr.features(eng, version=2)
+    assert v[17] == pytest.approx(math.log1p(at_head / bs), rel=1e-6)
+    assert v[10] == pytest.approx(math.log1p(now / bs), rel=1e-6)  # rate_32: the rate now
+
+
 def test_features_caps_and_floors():
     """Caps: projected usage 4, rho 8, eviction pressure 10; an empty queue has age 0, a head that
     arrived this slot too; without completions the means are 1 (and the trend log 1 = 0)."""

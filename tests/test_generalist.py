@@ -59,6 +59,34 @@ def test_load_features_never_read_an_unfinished_output_length(observation):
     assert not np.array_equal(a[30:], b[30:])  # once it has completed, its length is known and used
 
 
+def test_load_v2_features_never_read_an_unfinished_output_length():
+    """The three ``load-v2`` features with a request whose output differs (30 vs 90) *waiting in the
+    queue* among requests of different prompts, after a burst (so the head-era rate is not the rate
+    now): identical observations until it completes, different after."""
+    arrival = [t for t in range(5) for _ in range(6)] + list(range(5, 80))  # 6 a slot, then 1
+    prompts = [5 + (7 * i) % 20 for i in range(len(arrival))]
+    obs = []
+    for long in (30, 90):
+        outs = [12] * len(arrival)
+        outs[10] = long  # request 10: queued from slot 1 until admitted at slot 10 (one start a slot)
+        wl = {"kind": "trace", "arrival": arrival, "prompt_len": prompts, "output_len": outs}
+        env = FlowControlEnv(M=4000, workload=wl, horizon=70, observation="load-v2", max_budget=8)
+        o, _ = env.reset(seed=0)
+        seq = [o]
+        for _ in range(69):
+            o, *_ = env.step(1)
+            seq.append(o)
+        obs.append(np.array(seq))
+    a, b = obs
+    np.testing.assert_array_equal(a[:40], b[:40])  # admitted at slot 10, 30 tokens: done at the end of slot 39
+    assert not np.array_equal(a[40:], b[40:])
+    # the new features moved in that window: the queue's prompts differ from the arrivals', and the
+    # head arrived in the burst while the rate now is one a slot
+    assert len(np.unique(a[:40, 19])) > 5
+    assert np.any(np.abs(a[:40, 17] - a[:40, 10]) > 0.1)  # head-era rate against rate_32
+    assert len(np.unique(a[:40, 18])) > 3  # completions counted
+
+
 def test_work_estimate_matches_the_workload_on_stationary_load():
     wl = make_workload(_iid(3.0))
     env = FlowControlEnv(M=16492, workload=_iid(3.0), horizon=3000, observation="load", max_budget=256)
@@ -347,10 +375,12 @@ def test_random_mix_spec_round_trip_and_errors():
         make_distribution("nope")
 
 
-def test_randomized_env_same_seed_same_episode():
+@pytest.mark.parametrize("observation", ["load", "load-v2"])
+def test_randomized_env_same_seed_same_episode(observation):
     def episode(seed):
-        env = RandomizedFlowControlEnv(RandomMix(horizon=50), observation="load", action="multiplier",
+        env = RandomizedFlowControlEnv(RandomMix(horizon=50), observation=observation, action="multiplier",
                                        max_budget=256)
+        assert env.observation_space.shape == ({"load": 17, "load-v2": 20}[observation],)
         o, info = env.reset(seed=seed)
         seq = [o]
         for i in range(49):
@@ -430,8 +460,11 @@ def test_generalist_pipeline_end_to_end(tmp_path):
     e2 = run_episode(again, kw, seed=9, horizon=200)
     assert np.array_equal(e1.series["admitted"], e2.series["admitted"])
     assert e1.metrics()["mean_time_in_system"] == e2.metrics()["mean_time_in_system"]
-    with pytest.raises(ValueError, match="distribution= needs observation='load'"):
+    with pytest.raises(ValueError, match="distribution= needs observation='load' or 'load-v2'"):
         TrainConfig.generalist(observation="flat").validate()
+    TrainConfig.generalist(observation="load-v2").validate()  # the SB3 path takes the 20 features too
+    with pytest.raises(ValueError, match="observation must be 'flat', 'load' or 'load-v2', got 'load3'"):
+        TrainConfig.generalist(observation="load3").validate()
     with pytest.raises(ValueError, match="budget_levels are the actions of action='budget'"):
         TrainConfig.generalist(budget_levels=(0, 1, 2)).validate()
 
@@ -737,6 +770,8 @@ def test_log_multiplier_falls_back_from_the_batched_vector_env():
 
     reason = batched_unsupported(FlowControlConfig(action="log-multiplier", multiplier_of="rate"))
     assert reason is not None and "action='log-multiplier'" in reason
+    reason = batched_unsupported(FlowControlConfig(observation="load-v2"))
+    assert reason is not None and "observation='load-v2'" in reason
     venv = gym.make_vec("FlowControl-v0", num_envs=2, action="log-multiplier", multiplier_of="rate")
     assert isinstance(venv, gym.vector.SyncVectorEnv) and venv.single_action_space.shape == (1,)
     venv.close()

@@ -3,7 +3,7 @@
 :class:`RandomizedFlowControlEnv` takes a *sampler* (``rng -> FlowControl-v0 arguments``,
 e.g. :class:`flowgym.lab.distributions.RandomMix`) and fixed arguments applied over every
 draw (the observation and action types). Spaces must not depend on the draw: use the
-scale-free ``observation="load"`` (the flat and dict observations carry ``M`` in their
+scale-free ``observation="load"`` or ``"load-v2"`` (the flat and dict observations carry ``M`` in their
 bounds, so they are refused) and a budget or multiplier action with a fixed range.
 
 The draw is a pure function of the reset seed: ``reset(seed=s)`` reseeds the sampler's
@@ -20,6 +20,7 @@ import gymnasium as gym
 import numpy as np
 
 from flowgym.envs.flow_control import FlowControlEnv
+from flowgym.envs.spaces import LOAD_OBSERVATIONS
 
 __all__ = ["RandomizedFlowControlEnv"]
 
@@ -43,7 +44,7 @@ class RandomizedFlowControlEnv(gym.Env[Any, Any]):
     def __init__(self, sampler: Callable[[np.random.Generator], Mapping[str, Any]], **fixed: Any) -> None:
         if not callable(sampler):
             raise ValueError(f"sampler must be a callable rng -> FlowControl-v0 arguments, got {sampler!r}")
-        if fixed.get("observation", "dict") not in ("load", "load-v2"):
+        if fixed.get("observation", "dict") not in LOAD_OBSERVATIONS:
             raise ValueError("RandomizedFlowControlEnv needs observation='load' or 'load-v2' (the flat and dict observations "
                              "have M in their bounds, so their spaces change from draw to draw)")
         self.sampler = sampler

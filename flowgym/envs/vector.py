@@ -31,6 +31,7 @@ from flowgym.sim import kernels
 from flowgym.sim._seeding import reseed
 from flowgym.sim.batched import BatchedEngine, BudgetError, unsupported
 from flowgym.envs.flow_control import DEFAULT_REWARD_WEIGHTS, FlowControlConfig, FlowControlEnv
+from flowgym.envs.spaces import LOAD_OBSERVATIONS
 
 __all__ = ["FlowControlVectorEnv", "FlowControlSyncVectorEnv", "make_vector_env", "batched_unsupported"]
 
@@ -53,7 +54,7 @@ def batched_unsupported(config: FlowControlConfig, render_mode: str | None = Non
         return f"render_mode={render_mode!r} (the batched environment does not render)"
     if config.time_model != "slot":
         return f"time_model={config.time_model!r} (the batched engine runs unit slots only)"
-    if config.observation in ("load", "load-v2") or config.action != "budget":
+    if config.observation in LOAD_OBSERVATIONS or config.action != "budget":
         return (f"observation={config.observation!r}, action={config.action!r} (the online load tracker runs in "
                 "single environments)")
     if getattr(config, "engine", "paper") != "paper":

@@ -694,8 +694,9 @@ def build_parser() -> argparse.ArgumentParser:
                    "('{\"kind\": \"random-mix\", \"stationary_p\": 0.5}'; fields in docs/training.md), or none "
                    "(train on --scenario)")
     t.add_argument("--observation", choices=["flat", "load", "load-v2"], default=None,
-                   help="the policy's observation: the environment's flat one (default with --scenario), the 17 "
-                   "scale-free load features (load, default on a distribution) or those and three more (load-v2)")
+                   help="the policy's observation: the environment's flat one (default with --scenario and an SB3 "
+                   "algorithm), the 17 scale-free load features (load; the SB3 default on a distribution) or those "
+                   "and three more (load-v2; the default of --algo ars, the generalist)")
     t.add_argument("--action", choices=["budget", "multiplier", "log-multiplier"], default=None,
                    help="the policy's action: a budget (or a budget level's index; default with --scenario), the "
                    "index of a multiplier (of the arrival rate on a distribution; --multiplier-of), or "

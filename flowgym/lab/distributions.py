@@ -2,9 +2,9 @@
 
 A model trained on one scenario learns that scenario's budgets. The generalist is
 trained on a *distribution* of scenarios instead, drawn afresh at every reset, and
-reads the scale-free observation (``observation="load"``) and acts through a
-multiplier on the online safe budget (``action="multiplier"``), so nothing it sees
-or does carries the units of one workload.
+reads a scale-free observation (``observation="load"`` or ``"load-v2"``) and acts through
+multipliers of the arrival rate and of the online safe budget (``action="log-multiplier"``),
+so nothing it sees or does carries the units of one workload.
 
 :class:`RandomMix` is the built-in distribution (``flowgym train --distribution random-mix``).
 Every field has a documented default; pass a mapping of overrides as
