@@ -38,22 +38,22 @@ def _trace(outputs):
 # --------------------------------------------------------------------------- tracker
 
 
+def _one_start_a_slot(workload, horizon, observation):
+    """The observations of an episode at M = 4000 with a budget of 1 at every slot."""
+    env = FlowControlEnv(M=4000, workload=workload, horizon=horizon, observation=observation, max_budget=8)
+    o, _ = env.reset(seed=0)
+    seq = [o]
+    for _ in range(horizon - 1):
+        o, *_ = env.step(1)
+        seq.append(o)
+    return np.array(seq)
+
+
 @pytest.mark.parametrize("observation", ["load", "load-v2"])
 def test_load_features_never_read_an_unfinished_output_length(observation):
     # the same arrivals and prompts; request 0's output differs (30 vs 90). Until it completes in
     # the shorter run (slot 30: admitted at 0, f = 0 + 30) the observations must be identical.
-    outs_a = [30] + [12] * 79
-    outs_b = [90] + [12] * 79
-    obs = []
-    for outs in (outs_a, outs_b):
-        env = FlowControlEnv(M=4000, workload=_trace(outs), horizon=60, observation=observation, max_budget=8)
-        o, _ = env.reset(seed=0)
-        seq = [o]
-        for _ in range(59):
-            o, *_ = env.step(1)
-            seq.append(o)
-        obs.append(np.array(seq))
-    a, b = obs
+    a, b = (_one_start_a_slot(_trace([long] + [12] * 79), 60, observation) for long in (30, 90))
     # observation k is seen at the decision point of slot k; request 0 finishes at the end of slot 29
     np.testing.assert_array_equal(a[:30], b[:30])
     assert not np.array_equal(a[30:], b[30:])  # once it has completed, its length is known and used
@@ -70,13 +70,7 @@ def test_load_v2_features_never_read_an_unfinished_output_length():
         outs = [12] * len(arrival)
         outs[10] = long  # request 10: queued from slot 1 until admitted at slot 10 (one start a slot)
         wl = {"kind": "trace", "arrival": arrival, "prompt_len": prompts, "output_len": outs}
-        env = FlowControlEnv(M=4000, workload=wl, horizon=70, observation="load-v2", max_budget=8)
-        o, _ = env.reset(seed=0)
-        seq = [o]
-        for _ in range(69):
-            o, *_ = env.step(1)
-            seq.append(o)
-        obs.append(np.array(seq))
+        obs.append(_one_start_a_slot(wl, 70, "load-v2"))
     a, b = obs
     np.testing.assert_array_equal(a[:40], b[:40])  # admitted at slot 10, 30 tokens: done at the end of slot 39
     assert not np.array_equal(a[40:], b[40:])
