@@ -193,7 +193,7 @@ class FlowControlConfig:
         if self.queue_order == "sjf" and not self.output_length_known:
             raise ValueError("queue_order='sjf' reads output lengths: it needs output_length_known=True")
         pos_int("estimate_floor", self.estimate_floor)
-        if self.observation not in ("dict", "flat", "load", "load-v2"):
+        if self.observation not in ("dict", "flat", *LOAD_OBSERVATIONS):
             raise ValueError(f"observation must be 'dict', 'flat', 'load' or 'load-v2', got {self.observation!r}")
         if self.action not in ("budget", "multiplier", "log-multiplier"):
             raise ValueError(f"action must be 'budget', 'multiplier' or 'log-multiplier', got {self.action!r}")

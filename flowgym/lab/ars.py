@@ -165,7 +165,9 @@ class ARSConfig:
             if bad in self.env_overrides:
                 raise ValueError(f"env_overrides may not set {bad!r}: the workload comes from the distribution or "
                                  "the scenario, and the observation and action are the search's own settings")
-        if self.observation not in ("load", "load-v2"):
+        from flowgym.envs.spaces import LOAD_OBSERVATIONS
+
+        if self.observation not in LOAD_OBSERVATIONS:
             raise ValueError(f"observation must be 'load' or 'load-v2', got {self.observation!r}")
         from flowgym.envs.flow_control import FlowControlConfig
         from flowgym.lab.scenarios import get_scenario

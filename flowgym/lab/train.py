@@ -304,7 +304,9 @@ class TrainConfig:
                                  "own in a scenario file: flowgym scenario show adaptive-mix > my.toml, edit it, then "
                                  "--scenario my.toml; docs/scenarios.md), observation= is the training setting of that name, "
                                  "and max_budget= or budget_levels= set the action range")
-        if self.observation not in ("flat", "load", "load-v2"):
+        from flowgym.envs.spaces import LOAD_OBSERVATIONS
+
+        if self.observation not in ("flat", *LOAD_OBSERVATIONS):
             raise ValueError(f"observation must be 'flat', 'load' or 'load-v2', got {self.observation!r}")
         if self.action not in ("budget", "multiplier", "log-multiplier"):
             raise ValueError(f"action must be 'budget', 'multiplier' or 'log-multiplier', got {self.action!r}")
@@ -319,7 +321,7 @@ class TrainConfig:
             from flowgym.lab.distributions import make_distribution
 
             make_distribution(self.distribution)  # raises naming the field
-            if self.observation not in ("load", "load-v2"):
+            if self.observation not in LOAD_OBSERVATIONS:
                 raise ValueError("distribution= needs observation='load' or 'load-v2' (the flat observation's bounds and "
                                  "meaning change with M and the request scale)")
         if not self.out:
