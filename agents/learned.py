@@ -64,6 +64,7 @@ FORMAT_VERSION = 2
 #: SB3 and sb3-contrib algorithms known by short name: the only ones a model directory may name
 #: unless trusted (anything else: ``"package.module:Class"``, imported only with ``trust=True``).
 ALGORITHMS = {"ppo": "stable_baselines3:PPO", "a2c": "stable_baselines3:A2C", "dqn": "stable_baselines3:DQN",
+              "sac": "stable_baselines3:SAC", "td3": "stable_baselines3:TD3", "ddpg": "stable_baselines3:DDPG",
               "qrdqn": "sb3_contrib:QRDQN", "trpo": "sb3_contrib:TRPO", "maskable-ppo": "sb3_contrib:MaskablePPO"}
 
 #: How a trained policy's action distribution becomes a budget (see :func:`policy_action`).
@@ -136,12 +137,28 @@ def policy_action(model: Any, obs: np.ndarray, rule: str = "mean") -> np.ndarray
 # --------------------------------------------------------------------------- loading without pickle
 
 
+def _known_target(target: Any) -> str | None:
+    """The :data:`ALGORITHMS` entry that ``"package[.module...]:Class"`` names (same top package and class), if any:
+    ``"stable_baselines3.sac.sac:SAC"`` and ``"stable_baselines3:SAC"`` name ``"stable_baselines3:SAC"``."""
+    if not isinstance(target, str) or ":" not in target:
+        return None
+    mod, _, cls = target.partition(":")
+    for known in ALGORITHMS.values():
+        kmod, _, kcls = known.partition(":")
+        if cls == kcls and mod.split(".")[0] == kmod:
+            return known
+    return None
+
+
 def _algorithm(meta: dict[str, Any], trust: bool) -> type:
     """The algorithm class a model directory names: from :data:`ALGORITHMS` unless trusted."""
     name = meta.get("algo")
     target = meta.get("algo_class")
     if isinstance(name, str) and name.lower() in ALGORITHMS:
         return algorithm_class(name)
+    known = _known_target(name) or _known_target(target)
+    if known is not None:  # a known class under its full name: import it from its package, not the recorded module
+        return algorithm_class(known)
     if trust and isinstance(target, str):
         return algorithm_class(target)
     raise ValueError(f"learned agent: the model directory names the algorithm {name!r} ({target!r}), which is "

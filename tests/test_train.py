@@ -316,6 +316,42 @@ def test_another_sb3_algorithm_plugs_in(tmp_path):
 
 
 @needs_sb3
+def test_an_algorithm_of_the_callers_module_trains_and_loads_only_when_trusted(tmp_path, monkeypatch):
+    # the training run loads what it wrote (before, its own check refused the class it had just trained)
+    (tmp_path / "my_algos.py").write_text("from stable_baselines3 import A2C\n\n\nclass MyA2C(A2C):\n    pass\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    out = str(tmp_path / "mine")
+    train(TrainConfig(out=out, **{**TINY, "algo": "my_algos:MyA2C", "total_timesteps": 64, "n_steps": 16,
+                                  "eval_freq": 0, "checkpoint_freq": 0, "final_eval_seeds": 1, "tune_seeds": 1}))
+    assert os.path.exists(os.path.join(out, "eval.json"))  # the final table ran
+    with pytest.raises(ValueError, match="trust=True"):
+        LearnedBudget(out)
+    agent = LearnedBudget(out, trust=True)
+    assert type(agent.model).__module__.startswith("stable_baselines3")  # the policy; the class came from my_algos
+    assert agent.meta["algo_class"] == "my_algos:MyA2C"
+
+
+@needs_sb3
+def test_sb3_continuous_algorithms_by_short_or_full_name_load_without_trust(tmp_path):
+    from stable_baselines3 import SAC
+
+    from flowgym.agents.learned import _algorithm
+
+    assert _algorithm({"algo": "stable_baselines3:SAC", "algo_class": "stable_baselines3.sac.sac:SAC"}, False) is SAC
+    for spoof in ("evil_pkg.stable_baselines3:SAC", "stable_baselines3_evil:SAC", "stable_baselines3:Evil"):
+        with pytest.raises(ValueError, match="trust=True"):
+            _algorithm({"algo": spoof, "algo_class": spoof}, False)
+    out = str(tmp_path / "sac")
+    train(TrainConfig(out=out, **{**TINY, "algo": "sac", "action": "log-multiplier", "multiplier_of": "max-head",
+                                  "total_timesteps": 64, "n_envs": 1, "eval_freq": 0, "checkpoint_freq": 0,
+                                  "algo_kwargs": {"learning_starts": 16}}))
+    agent = LearnedBudget(out)
+    assert type(agent.model.action_space).__name__ == "Box" and agent.model.action_space.shape == (2,)
+    ep = run_episode(agent, get_scenario("adaptive-low").env_kwargs(), 0, 200)
+    assert ep.metrics()["completed"] > 0
+
+
+@needs_sb3
 def test_off_policy_algorithms_do_not_get_the_rollout_length():
     from stable_baselines3 import DQN, PPO
 

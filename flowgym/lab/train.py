@@ -850,13 +850,14 @@ def train(cfg: TrainConfig | None = None, *, on_eval: Any = None, **overrides: A
     res = TrainResult(out, steps, wall, steps / wall if wall > 0 else float("nan"), rec.rows, selected)
     if cfg.final_eval_seeds > 0:
         res.table = final_evaluation(out, seeds=list(range(cfg.final_eval_seeds)),
-                                     tune_seeds=[1000 + i for i in range(cfg.tune_seeds)], progress=cfg.progress)
+                                     tune_seeds=[1000 + i for i in range(cfg.tune_seeds)], progress=cfg.progress,
+                                     trust=True)  # this run wrote it, with the class its caller named
     return res
 
 
 def _check_safe_copy(out: str, model: Any, norm: Any) -> None:
     """The pickle-free files act as the SB3 model does (same budgets on random observations)."""
-    agent = LearnedBudget(out)
+    agent = LearnedBudget(out, trust=True)  # written by this run; trust only lets it import the class it trained
     rng = np.random.default_rng(0)
     space = model.observation_space
     raw = rng.uniform(0, 1, size=(64, *space.shape)) * np.minimum(space.high, 100.0)
@@ -1006,7 +1007,8 @@ def plot_curves(rows: Sequence[Mapping[str, Any]], path: str, title: str = "") -
 
 def final_evaluation(model_dir: str, *, scenario: str | None = None, rate: float | None = None,
                      seeds: Sequence[int] = (0, 1, 2), tune_seeds: Sequence[int] = (1000, 1001),
-                     baselines: bool = True, progress: bool = False, write: bool = True) -> Any:
+                     baselines: bool = True, progress: bool = False, write: bool = True,
+                     trust: bool = False) -> Any:
     """The learned agent of ``model_dir`` against the scenario's agents, tuned on ``tune_seeds``.
 
     The scenario defaults to the one the model was trained on. Tunable baselines
@@ -1015,12 +1017,14 @@ def final_evaluation(model_dir: str, *, scenario: str | None = None, rate: float
     environment) before the report on ``seeds``. Everything runs through
     :func:`flowgym.lab.evaluation.evaluate`. Returns its
     :class:`~flowgym.lab.evaluation.ResultTable` (with ``tuned`` filled) and, with
-    ``write``, saves ``eval.txt``, ``eval.csv`` and ``eval.json`` in ``model_dir``.
+    ``write``, saves ``eval.txt``, ``eval.csv`` and ``eval.json`` in ``model_dir``. ``trust`` is
+    :class:`~flowgym.agents.learned.LearnedBudget`'s (only for a directory you trust: the training run
+    that wrote it passes ``True``, so an algorithm named ``package.module:Class`` is imported).
     """
     from flowgym.lab.evaluation import evaluate, tune
     from flowgym.lab.scenarios import AgentSpec, get_scenario
 
-    agent = LearnedBudget(model_dir)
+    agent = LearnedBudget(model_dir, trust=trust)
     if scenario is not None:
         sc = get_scenario(scenario, rate=rate)
     else:  # the scenario it was trained on, as the model directory stores it (older models: by name)
@@ -1176,5 +1180,6 @@ def train_search(cfg: TrainConfig, trials: int, *, address: str | None = None, w
     table = None
     if cfg.final_eval_seeds > 0:
         table = final_evaluation(best_dir, seeds=list(range(cfg.final_eval_seeds)),
-                                 tune_seeds=[1000 + i for i in range(cfg.tune_seeds)], progress=cfg.progress)
+                                 tune_seeds=[1000 + i for i in range(cfg.tune_seeds)], progress=cfg.progress,
+                                 trust=True)
     return {"best": best, "best_dir": best_dir, "trials": rows, "table": table}
