@@ -31,11 +31,16 @@ def stage(dest: Path, repo: Path = REPO) -> Path:
 
 
 def lint(staged: Path, config: Path = REPO / "pyproject.toml") -> subprocess.CompletedProcess:
-    """Run ``lint-imports`` on a staged copy; its own folder comes first on the import path."""
+    """Run ``lint-imports`` on a staged copy; its own folder comes first on the import path.
+
+    ``config`` is copied into the staged folder as ``pyproject.toml``, where every import-linter
+    version finds it without an option (``--config`` is deprecated since 2.x, the positional form
+    missing before)."""
+    shutil.copyfile(config, staged / "pyproject.toml")
     env = {**os.environ, "PYTHONPATH": str(staged)}
     return subprocess.run(
         [sys.executable, "-c", "import sys; from importlinter.cli import lint_imports_command; "
-         "sys.exit(lint_imports_command())", "--config", str(config), "--no-cache"],
+         "sys.exit(lint_imports_command())", "--no-cache"],
         cwd=staged, env=env, capture_output=True, text=True,
     )
 
