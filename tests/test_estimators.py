@@ -253,7 +253,7 @@ def test_features_by_hand():
     assert tr.features(eng, version=2)[19] == pytest.approx(math.log(1 / l), rel=1e-6)
     eng.n_queued = 0  # an empty queue: 0
     assert tr.features(eng, version=2)[19] == 0.0
-    with pytest.raises(ValueError, match="version must be 1 or 2, got 3"):
+    with pytest.raises(ValueError, match=r"version must be one of \[1, 2\], got 3"):
         tr.features(eng, version=3)
 
 

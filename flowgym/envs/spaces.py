@@ -16,7 +16,7 @@ import numpy as np
 from gymnasium import spaces
 
 from flowgym.sim.engine import Engine
-from flowgym.sim.estimators import LOAD_FEATURES, LOAD_FEATURES_V2, LoadTracker
+from flowgym.sim.estimators import FEATURE_VERSIONS, LoadTracker
 
 __all__ = [
     "Features",
@@ -195,11 +195,11 @@ class LoadObservation:
     BOUND = 16.0
 
     def __init__(self, tracker: LoadTracker, version: int = 1) -> None:
-        if version not in (1, 2):
-            raise ValueError(f"LoadObservation: version must be 1 or 2, got {version!r}")
+        if version not in FEATURE_VERSIONS:
+            raise ValueError(f"LoadObservation: version must be one of {sorted(FEATURE_VERSIONS)}, got {version!r}")
         self.tracker = tracker
         self.version = version
-        self.names = LOAD_FEATURES_V2 if version == 2 else LOAD_FEATURES
+        self.names = FEATURE_VERSIONS[version]
 
     def space(self) -> spaces.Box:
         n = len(self.names)

@@ -66,6 +66,9 @@ LOAD_FEATURES_V2 = LOAD_FEATURES + (
     "queue_prompt",  # log(mean prompt of the queue / mean arriving prompt); 0 when the queue is empty
 )
 
+#: The feature names of each version of :meth:`LoadTracker.features` (the one place that lists the versions).
+FEATURE_VERSIONS = {1: LOAD_FEATURES, 2: LOAD_FEATURES_V2}
+
 
 class LoadTracker:
     """Slot-by-slot estimates of the load from what a server knows (see the module docstring).
@@ -200,8 +203,8 @@ class LoadTracker:
     def features(self, eng: Any, out: np.ndarray | None = None, version: int = 1) -> np.ndarray:
         """The scale-free features as float32 (into ``out`` if given): :data:`LOAD_FEATURES` with
         ``version=1``, :data:`LOAD_FEATURES_V2` with ``version=2``."""
-        if version not in (1, 2):
-            raise ValueError(f"load features: version must be 1 or 2, got {version!r}")
+        if version not in FEATURE_VERSIONS:
+            raise ValueError(f"load features: version must be one of {sorted(FEATURE_VERSIONS)}, got {version!r}")
         M = self.M
         bs = self.safe_budget()
         w = self.work or 1.0
@@ -209,7 +212,7 @@ class LoadTracker:
         sf = self._Af / self._Nf if self._Nf > 1e-6 else s
         q = eng.n_queued
         age = eng.t - _head_arrival(eng) if q else 0
-        v = out if out is not None else np.empty(len(LOAD_FEATURES_V2 if version == 2 else LOAD_FEATURES), np.float32)
+        v = out if out is not None else np.empty(len(FEATURE_VERSIONS[version]), np.float32)
         v[0] = eng.held / M
         v[1] = min((eng.held + eng.n_active * 0.5 * s) / M, 4.0)
         v[2] = math.log1p(q / bs)
