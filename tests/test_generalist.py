@@ -309,6 +309,42 @@ def test_random_mix_phase_lengths_are_log_uniform_unless_asked_for_uniform():
         RandomMix(phase_scale="linear")
 
 
+def _phase_loads(d):
+    """The load ``rho`` of each stream of a draw while it is on (its peak rate times its load per unit rate)."""
+    wl = d["workload"]
+    out = []
+    for st in wl.get("streams", [wl]):
+        r = st["rate"]
+        peak = max(r["rates"]) if isinstance(r, dict) else r
+        out.append(peak * make_workload({"kind": "iid", "rate": 1.0, "lengths": st["lengths"]}).load(d["M"]))
+    return out
+
+
+def test_random_mix_overloaded_phases_only_when_asked_and_the_default_draws_unchanged():
+    base, zero = RandomMix(trace_p=0.0), RandomMix(trace_p=0.0, phase_overload_p=0.0)
+    every, some = RandomMix(trace_p=0.0, phase_overload_p=1.0), RandomMix(trace_p=0.0, phase_overload_p=0.3)
+    lo, hi = base.overload_rho_range
+    n_mix = over = total = 0
+    for s in range(200):
+        d0 = base(np.random.default_rng(s))
+        assert zero(np.random.default_rng(s)) == d0  # 0 tosses no coin: the draws the shipped models trained on
+        d1 = every(np.random.default_rng(s))
+        if d0["workload"]["kind"] != "mix":
+            assert d1 == d0  # a stationary draw tosses no phase coin
+            continue
+        n_mix += 1
+        assert all(lo - 1e-9 <= r <= hi + 1e-9 for r in _phase_loads(d1)), s
+        rs = _phase_loads(some(np.random.default_rng(s)))
+        over += sum(r > base.rho_range[1] + 1e-9 for r in rs)  # above 1.15: only from the overload range
+        total += len(rs)
+    assert n_mix > 100
+    # P(rho > 1.15) = 0.3 * (1.5 - 1.15) / (1.5 - 1.0) = 0.21 per phase
+    assert 0.14 < over / total < 0.28
+    assert RandomMix.from_spec({"kind": "random-mix", "phase_overload_p": 0.3}).phase_overload_p == 0.3
+    with pytest.raises(ValueError, match="random-mix: phase_overload_p must be a probability in \\[0, 1\\], got 1.5"):
+        RandomMix(phase_overload_p=1.5)
+
+
 def test_slowdown_reward_scales_each_draw_by_its_output_tokens_per_slot():
     plain, slow = RandomMix(trace_p=0.0), RandomMix(trace_p=0.0, reward="slowdown")
     seen_mix = seen_azure = False
@@ -567,7 +603,10 @@ def test_shipped_generalist_loads_and_runs_without_training():
     for key, value in dataclasses.asdict(ARSConfig()).items():
         if key not in ("out", "workers", "progress", "distribution"):
             assert hp[key] == (list(value) if isinstance(value, tuple) else value), key
-    assert agent.meta["trained_on"] == make_distribution("random-mix").to_spec()  # today's default distribution
+    # today's default distribution (a field added since, phase_overload_p, is missing there and reads as its default)
+    now = make_distribution("random-mix").to_spec()
+    assert {k: now[k] for k in agent.meta["trained_on"]} == agent.meta["trained_on"]
+    assert make_distribution(agent.meta["trained_on"]) == make_distribution("random-mix")
     size = sum(os.path.getsize(os.path.join(DEFAULT_MODEL, f)) for f in os.listdir(DEFAULT_MODEL))
     assert size < 5_000_000
     # scale-free: it runs at any M and request scale, and its decisions are reproducible

@@ -30,6 +30,12 @@ anchor gives the budget::
 Part 4 (``regret``): a model's time in system on draws of the training distribution over the best
 of six fixed two-anchor pairs chosen per draw with hindsight (where it could still gain).
 
+Part 5 (``pairs``): the best constant head-era two-anchor pair of each scenario named, on the screening
+seeds and picked on them (hindsight), over the tuned rate-switch: what one constant of the generalist's
+own action reaches (about 35 s a scenario)::
+
+    python benchmarks/learned_experiments/anchors.py pairs H8-overload-then-light H4-short-phases --rate-switch results/bench_learned.json
+
 (``screen`` about a minute on 2 cores, after ``python benchmarks/bench_learned.py --out
 results/bench_learned`` has tuned the rate-switch, about 18 minutes; ``trace`` and ``plays``
 seconds). The results are in docs/training.md, "Two anchors".
@@ -256,6 +262,33 @@ def phases(name: str, cycle: float, on: float, rs: dict[str, Any], models: list[
     return out
 
 
+#: ``pairs``: the grid of constant head-era two-anchor pairs ``(k_rate, k_safe)`` searched per scenario.
+GRID_K_RATE = (0.7, 1.0, 1.4, 2.0, 2.8, 4.0)
+GRID_K_SAFE = (0.5, 0.7, 1.0, 1.4, 2.0, 2.8)
+
+
+def best_pairs(names: list[str], rs: dict[str, dict[str, Any]]) -> list[str]:
+    """The best constant ``two-anchor:head=true`` pair of each scenario on :data:`SEEDS`, picked on those same
+    seeds (hindsight: what one constant of the generalist's action family reaches there), over the tuned
+    rate-switch, and the untuned ``(1.4, 1)``."""
+    import itertools
+
+    out = []
+    for name in names:
+        kw, H = scenario(name)
+
+        def tis(build: Any) -> float:
+            return float(np.mean([run_episode(build(), kw, s, H).metrics(H)["mean_time_in_system"] for s in SEEDS]))
+
+        base = tis(lambda: make_agent("rate-switch", **rs[name]))
+        res = {(a, b): tis(lambda a=a, b=b: make_agent("two-anchor", k_rate=a, k_safe=b, head=True))
+               for a, b in itertools.product(GRID_K_RATE, GRID_K_SAFE)}
+        best = min(res, key=res.__getitem__)
+        out.append(f"{name}: best pair k_rate={best[0]:g} k_safe={best[1]:g}: {res[best] / base:.3f} of the tuned "
+                   f"rate-switch; (1.4, 1): {res[(1.4, 1.0)] / base:.3f}")
+    return out
+
+
 #: ``regret``: fixed two-anchor pairs ``(k_rate, k_safe)``, the best of which per draw is the reference.
 PAIRS = [(1.4, 1.0), (1.4, 1.4), (1.0, 1.0), (2.0, 1.0), (1.0, 2.0), (0.7, 0.8)]
 
@@ -309,6 +342,9 @@ def main(argv: list[str] | None = None) -> int:
     rg.add_argument("--distribution", default='{"trace_p": 0, "phase_scale": "uniform"}',
                     help="JSON overrides of RandomMix (default: the distribution before 2026-11-26)")
     rg.add_argument("--head", action="store_true", help="the fixed pairs with the head-era rate anchor (max-head)")
+    bp = sub.add_parser("pairs")
+    bp.add_argument("scenarios", nargs="+")
+    bp.add_argument("--rate-switch", required=True, help="bench_learned.py's JSON (the tuned rate-switch parameters)")
     s = sub.add_parser("screen")
     s.add_argument("--rate-switch", required=True, help="bench_learned.py's JSON (the tuned rate-switch parameters)")
     s.add_argument("--workers", type=int, default=2)
@@ -329,6 +365,11 @@ def main(argv: list[str] | None = None) -> int:
         with open(args.rate_switch) as fh:
             rs1 = {r["scenario"]: r["rate_switch"] for r in json.load(fh)}[args.scenario]
         print("\n".join(phases(args.scenario, args.cycle, args.on, rs1, [m for m in args.models.split(",") if m])))
+        return 0
+    if args.cmd == "pairs":
+        with open(args.rate_switch) as fh:
+            rs2 = {r["scenario"]: r["rate_switch"] for r in json.load(fh)}
+        print("\n".join(best_pairs(args.scenarios, rs2)))
         return 0
     if args.cmd == "plays":
         print("\n".join(plays(args.scenarios, args.seed, args.model)))

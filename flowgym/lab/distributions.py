@@ -62,8 +62,9 @@ class RandomMix:
       (l, o) pairs, else three pairs ``(l, o/2), (l, o), (l, 3o/2)`` with ``l`` log-uniform in
       ``prompt_range`` and ``o`` in ``output_range``;
     * a stream's load while on: ``rho`` uniform in ``rho_range`` (``overload_rho_range`` with
-      probability ``overload_p`` for a stationary draw: the paper's overloaded regime), its rate
-      ``rho * M / E[w]``;
+      probability ``overload_p`` for a stationary draw: the paper's overloaded regime; with
+      probability ``phase_overload_p``, default 0, for a stream of a draw that takes turns, so
+      that an overload phase can end in a light one), its rate ``rho * M / E[w]``;
     * with probability ``trace_p`` the draw is instead a **piece of an Azure trace** (``conv`` or
       ``code``, real timestamps and lengths): from a start time uniform in the first 90% of
       ``trace_window`` (seconds of the original trace, at least 100 s wide and within both traces;
@@ -81,6 +82,7 @@ class RandomMix:
     azure_M_range: tuple[float, float] = (32768.0, 131072.0)
     stationary_p: float = 0.3
     overload_p: float = 0.4
+    phase_overload_p: float = 0.0
     phase_range: tuple[int, int] = (200, 3000)
     phase_scale: str = "log"
     background_p: float = 0.3
@@ -192,7 +194,11 @@ class RandomMix:
         for k in range(n):
             lengths = ({"kind": "azure", "trace": str(rng.choice(["conv", "code"]))} if azure[k]
                        else self._lengths(rng, M))
-            rho_range = self.overload_rho_range if stationary and rng.random() < self.overload_p else self.rho_range
+            if stationary:
+                rho_range = self.overload_rho_range if rng.random() < self.overload_p else self.rho_range
+            else:  # the coin is tossed only when phase_overload_p > 0, so the draws of 0 are those from before it
+                over = self.phase_overload_p > 0 and rng.random() < self.phase_overload_p
+                rho_range = self.overload_rho_range if over else self.rho_range
             rho = float(rng.uniform(*rho_range))
             unit = make_workload({"kind": "iid", "rate": 1.0, "lengths": lengths}).load(M)
             rate = rho / unit
