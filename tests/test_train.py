@@ -338,6 +338,8 @@ def test_sb3_continuous_algorithms_by_short_or_full_name_load_without_trust(tmp_
     from flowgym.agents.learned import _algorithm
 
     assert _algorithm({"algo": "stable_baselines3:SAC", "algo_class": "stable_baselines3.sac.sac:SAC"}, False) is SAC
+    # the class comes from the known entry, not from the module the directory records
+    assert _algorithm({"algo": "x", "algo_class": "stable_baselines3.no_such_module:SAC"}, False) is SAC
     for spoof in ("evil_pkg.stable_baselines3:SAC", "stable_baselines3_evil:SAC", "stable_baselines3:Evil"):
         with pytest.raises(ValueError, match="trust=True"):
             _algorithm({"algo": spoof, "algo_class": spoof}, False)

@@ -275,6 +275,8 @@ def best_pairs(names: list[str], rs: dict[str, dict[str, Any]]) -> list[str]:
 
     out = []
     for name in names:
+        if name not in rs:
+            raise SystemExit(f"pairs: {name!r} has no tuned rate-switch in the --rate-switch JSON (it has {sorted(rs)})")
         kw, H = scenario(name)
 
         def tis(build: Any) -> float:

@@ -33,7 +33,7 @@ from typing import Any
 
 import numpy as np
 
-__all__ = ["LoadTracker", "RATE_TIME_CONSTANTS", "LOAD_FEATURES", "LOAD_FEATURES_V2", "RATE_MEMORY"]
+__all__ = ["LoadTracker", "RATE_TIME_CONSTANTS", "LOAD_FEATURES", "LOAD_FEATURES_V2", "FEATURE_VERSIONS", "RATE_MEMORY"]
 
 #: Time constants (decision points) of the arrival-rate moving averages.
 RATE_TIME_CONSTANTS = (8.0, 32.0, 128.0, 512.0)
@@ -225,7 +225,7 @@ class LoadTracker:
         v[14] = math.log1p(max(age, 0) / max(s, 1.0))
         v[15] = min(100.0 * self._waste / M, 10.0)
         v[16] = math.log1p(eng.n_active / bs / max(s, 1.0))
-        if version == 2:
+        if version >= 2:
             v[17] = math.log1p(self._head_rate / bs)
             v[18] = math.log1p(self._Nf / 16.0 / bs)
             l_in = self._lA / self._lN if self._lN > 1e-6 else 0.0
