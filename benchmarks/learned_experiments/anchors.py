@@ -144,6 +144,46 @@ GATED: dict[str, Any] = {
 
 #: ``screen --rules head``: two anchors whose rate anchor is the larger of the rate now and when the queue
 #: head arrived (``multiplier_of="max-head"``; docs/training.md, "Head-era rate").
+class DrainAnchors(Agent):
+    """``max(1.4 x head-era rate, 1 x safe budget, min(queue / tau, c x safe budget))``: the head-era two-anchor
+    rule with a third, fixed term that drains the queue in about ``tau`` slots, capped at ``c`` safe budgets.
+
+    Read from the ``load-v2`` features (the safe budget from ``log2(bs) / 8``, the queue from
+    ``log(1 + q / bs)``, the rates from ``log(1 + r / bs)``), so it sees what the learned policy sees.
+    With ``tau`` infinite it is ``two-anchor:head=true`` up to the features' float32 rounding (checked
+    on H4 and H8, screening seeds: the same time in system to three digits).
+    """
+
+    name = "drain-anchors"
+
+    def __init__(self, tau: float, c: float) -> None:
+        from flowgym.sim.estimators import LOAD_FEATURES_V2
+
+        self.tau, self.c = float(tau), float(c)
+        self._i = {k: LOAD_FEATURES_V2.index(k) for k in ("log_safe_budget", "backlog_slots", "rate_32",
+                                                          "head_rate")}
+        self.requires = {"observation": "load-v2", "action": "budget", "max_budget": 256}
+
+    def act(self, observation: Any, view: Any) -> int:
+        o, i = observation, self._i
+        bs = 2.0 ** (8.0 * float(o[i["log_safe_budget"]]))
+        rate = bs * max(math.expm1(float(o[i["head_rate"]])), math.expm1(float(o[i["rate_32"]])))
+        q = bs * math.expm1(float(o[i["backlog_slots"]]))
+        return int(min(256, max(1, round(max(1.4 * rate, bs, min(q / self.tau, self.c * bs))))))
+
+    def label(self) -> str:
+        return f"drain tau={self.tau:g} c={self.c:g}"
+
+
+#: ``screen --rules drain``: the head-era two-anchor rule with a fixed drain term (docs/training.md, "Why H8 is lost").
+DRAIN: dict[str, Any] = {
+    "max(1.4 head rate, 1 safe)": lambda: make_agent("two-anchor", k_rate=1.4, k_safe=1.0, head=True),
+    "drain tau=50 c=2": lambda: DrainAnchors(50, 2.0),
+    "drain tau=100 c=2": lambda: DrainAnchors(100, 2.0),
+    "drain tau=100 c=3": lambda: DrainAnchors(100, 3.0),
+    "drain tau=200 c=3": lambda: DrainAnchors(200, 3.0),
+}
+
 HEAD: dict[str, Any] = {
     "max(1.4 rate, 1 safe)": lambda: make_agent("two-anchor", k_rate=1.4, k_safe=1.0),
     "max(1.4 head rate, 1 safe)": lambda: make_agent("two-anchor", k_rate=1.4, k_safe=1.0, head=True),
@@ -162,7 +202,7 @@ def _job(task: tuple[str, str, int, dict[str, Any] | None]) -> tuple[str, str, f
     elif rule.startswith("model "):
         agent = make_agent("learned", path=rule[len("model "):])
     else:
-        agent = {**RULES, **GATED, **HEAD}[rule]()
+        agent = {**RULES, **GATED, **HEAD, **DRAIN}[rule]()
     return name, rule, run_episode(agent, kw, seed, H).metrics(H)["mean_time_in_system"]
 
 
@@ -350,7 +390,7 @@ def main(argv: list[str] | None = None) -> int:
     s = sub.add_parser("screen")
     s.add_argument("--rate-switch", required=True, help="bench_learned.py's JSON (the tuned rate-switch parameters)")
     s.add_argument("--workers", type=int, default=2)
-    s.add_argument("--rules", choices=["anchors", "gated", "head"], default="anchors",
+    s.add_argument("--rules", choices=["anchors", "gated", "head", "drain"], default="anchors",
                    help="the fixed anchors (default), the two anchors gated on the estimated load, or with the "
                    "rate anchor at the queue head's arrival rate")
     s.add_argument("--models", default=None,
@@ -378,7 +418,7 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     with open(args.rate_switch) as fh:
         rs = {r["scenario"]: r["rate_switch"] for r in json.load(fh)}
-    chosen = {"anchors": RULES, "gated": GATED, "head": HEAD}[args.rules]
+    chosen = {"anchors": RULES, "gated": GATED, "head": HEAD, "drain": DRAIN}[args.rules]
     if args.models:
         chosen = {f"model {m}": None for m in args.models.split(",")}
     res = screen(rs, args.workers, chosen)
