@@ -144,6 +144,16 @@ GATED: dict[str, Any] = {
 
 #: ``screen --rules head``: two anchors whose rate anchor is the larger of the rate now and when the queue
 #: head arrived (``multiplier_of="max-head"``; docs/training.md, "Head-era rate").
+HEAD: dict[str, Any] = {
+    "max(1.4 rate, 1 safe)": lambda: make_agent("two-anchor", k_rate=1.4, k_safe=1.0),
+    "max(1.4 head rate, 1 safe)": lambda: make_agent("two-anchor", k_rate=1.4, k_safe=1.0, head=True),
+    "max(1.2 head rate, 1 safe)": lambda: make_agent("two-anchor", k_rate=1.2, k_safe=1.0, head=True),
+    "max(1.4 head rate, 0.8 safe)": lambda: make_agent("two-anchor", k_rate=1.4, k_safe=0.8, head=True),
+    "max(1 head rate, 1 safe)": lambda: make_agent("two-anchor", k_rate=1.0, k_safe=1.0, head=True),
+    "max(1.7 head rate, 0.8 safe)": lambda: make_agent("two-anchor", k_rate=1.7, k_safe=0.8, head=True),
+}
+
+
 class DrainAnchors(Agent):
     """``max(1.4 x head-era rate, 1 x safe budget, min(queue / tau, c x safe budget))``: the head-era two-anchor
     rule with a third, fixed term that drains the queue in about ``tau`` slots, capped at ``c`` safe budgets.
@@ -184,14 +194,8 @@ DRAIN: dict[str, Any] = {
     "drain tau=200 c=3": lambda: DrainAnchors(200, 3.0),
 }
 
-HEAD: dict[str, Any] = {
-    "max(1.4 rate, 1 safe)": lambda: make_agent("two-anchor", k_rate=1.4, k_safe=1.0),
-    "max(1.4 head rate, 1 safe)": lambda: make_agent("two-anchor", k_rate=1.4, k_safe=1.0, head=True),
-    "max(1.2 head rate, 1 safe)": lambda: make_agent("two-anchor", k_rate=1.2, k_safe=1.0, head=True),
-    "max(1.4 head rate, 0.8 safe)": lambda: make_agent("two-anchor", k_rate=1.4, k_safe=0.8, head=True),
-    "max(1 head rate, 1 safe)": lambda: make_agent("two-anchor", k_rate=1.0, k_safe=1.0, head=True),
-    "max(1.7 head rate, 0.8 safe)": lambda: make_agent("two-anchor", k_rate=1.7, k_safe=0.8, head=True),
-}
+#: ``screen --rules``: the rule sets by name.
+RULE_SETS: dict[str, dict[str, Any]] = {"anchors": RULES, "gated": GATED, "head": HEAD, "drain": DRAIN}
 
 
 def _job(task: tuple[str, str, int, dict[str, Any] | None]) -> tuple[str, str, float]:
@@ -202,7 +206,7 @@ def _job(task: tuple[str, str, int, dict[str, Any] | None]) -> tuple[str, str, f
     elif rule.startswith("model "):
         agent = make_agent("learned", path=rule[len("model "):])
     else:
-        agent = {**RULES, **GATED, **HEAD, **DRAIN}[rule]()
+        agent = next(rules[rule] for rules in RULE_SETS.values() if rule in rules)()
     return name, rule, run_episode(agent, kw, seed, H).metrics(H)["mean_time_in_system"]
 
 
@@ -223,6 +227,12 @@ def screen(rate_switch: dict[str, dict[str, Any]], workers: int = 2,
     for n, r, v in out:
         acc.setdefault(n, {}).setdefault(r, []).append(v)
     return {n: {r: float(np.mean(v)) for r, v in d.items()} for n, d in acc.items()}
+
+
+def tuned_rate_switch(path: str) -> dict[str, dict[str, Any]]:
+    """The tuned rate-switch parameters per scenario from ``bench_learned.py --out``'s JSON."""
+    with open(path) as fh:
+        return {r["scenario"]: r["rate_switch"] for r in json.load(fh)}
 
 
 def trace(name: str, seed: int, model: str | None = None) -> str:
@@ -390,9 +400,9 @@ def main(argv: list[str] | None = None) -> int:
     s = sub.add_parser("screen")
     s.add_argument("--rate-switch", required=True, help="bench_learned.py's JSON (the tuned rate-switch parameters)")
     s.add_argument("--workers", type=int, default=2)
-    s.add_argument("--rules", choices=["anchors", "gated", "head", "drain"], default="anchors",
-                   help="the fixed anchors (default), the two anchors gated on the estimated load, or with the "
-                   "rate anchor at the queue head's arrival rate")
+    s.add_argument("--rules", choices=list(RULE_SETS), default="anchors",
+                   help="the fixed anchors (default), the two anchors gated on the estimated load, with the "
+                   "rate anchor at the queue head's arrival rate, or the head-era rule with a fixed drain term")
     s.add_argument("--models", default=None,
                    help="comma-separated model directories to screen instead of fixed rules (e.g. runs/ars7,runs/ars8)")
     args = ap.parse_args(argv)
@@ -404,21 +414,17 @@ def main(argv: list[str] | None = None) -> int:
                                head=args.head)))
         return 0
     if args.cmd == "phases":
-        with open(args.rate_switch) as fh:
-            rs1 = {r["scenario"]: r["rate_switch"] for r in json.load(fh)}[args.scenario]
+        rs1 = tuned_rate_switch(args.rate_switch)[args.scenario]
         print("\n".join(phases(args.scenario, args.cycle, args.on, rs1, [m for m in args.models.split(",") if m])))
         return 0
     if args.cmd == "pairs":
-        with open(args.rate_switch) as fh:
-            rs2 = {r["scenario"]: r["rate_switch"] for r in json.load(fh)}
-        print("\n".join(best_pairs(args.scenarios, rs2)))
+        print("\n".join(best_pairs(args.scenarios, tuned_rate_switch(args.rate_switch))))
         return 0
     if args.cmd == "plays":
         print("\n".join(plays(args.scenarios, args.seed, args.model)))
         return 0
-    with open(args.rate_switch) as fh:
-        rs = {r["scenario"]: r["rate_switch"] for r in json.load(fh)}
-    chosen = {"anchors": RULES, "gated": GATED, "head": HEAD, "drain": DRAIN}[args.rules]
+    rs = tuned_rate_switch(args.rate_switch)
+    chosen = RULE_SETS[args.rules]
     if args.models:
         chosen = {f"model {m}": None for m in args.models.split(",")}
     res = screen(rs, args.workers, chosen)
