@@ -168,7 +168,8 @@ def _algorithm(meta: dict[str, Any], trust: bool) -> type:
 
 def action_space_of(meta: dict[str, Any]) -> Any:
     """The policy's action space that ``flowgym_agent.json`` records: ``Discrete(action_n)``, or the
-    ``Box(-1, 1, (1,))`` of ``action="log-multiplier"`` (``(2,)`` with ``multiplier_of="max"`` or ``"max-head"``;
+    ``Box(-1, 1, (1,))`` of ``action="log-multiplier"`` (``(2,)`` with ``multiplier_of="max"`` or ``"max-head"``,
+    ``(3,)`` with ``"max-drain"``;
     ``"action_space": {"kind": "box", ...}``)."""
     from gymnasium import spaces
 
@@ -276,9 +277,10 @@ class ArrayPolicy:
     """A small tanh network in numpy: ``a = tanh(W_n ... tanh(W_1 x + b_1) ... + b_n)``, actions in ``[-1, 1]``.
 
     The policy of ``flowgym train --algo ars`` (:mod:`flowgym.lab.ars`), for the continuous
-    ``action="log-multiplier"`` (one output; two with ``multiplier_of="max"`` or ``"max-head"``). ``layers`` is a
+    ``action="log-multiplier"`` (one output; two with ``multiplier_of="max"`` or ``"max-head"``, three with
+    ``"max-drain"``). ``layers`` is a
     list of ``(W, b)`` pairs, ``W`` of shape ``(out, in)``; one pair is a linear policy; the last
-    layer's ``out`` is the action's size (1 or 2). ``predict`` mirrors SB3's so
+    layer's ``out`` is the action's size (1, 2 or 3). ``predict`` mirrors SB3's so
     :func:`policy_action` and :class:`LearnedBudget` treat it like an SB3 model.
     """
 
@@ -296,9 +298,9 @@ class ArrayPolicy:
             if not (np.all(np.isfinite(w)) and np.all(np.isfinite(b))):
                 raise ValueError(f"ArrayPolicy: layer {i} holds a non-finite weight")
             n_in = w.shape[0]
-        if n_in not in (1, 2):
+        if n_in not in (1, 2, 3):
             raise ValueError(f"ArrayPolicy: the last layer has {n_in} outputs; the action is one float "
-                             "(or two: multiplier_of='max' or 'max-head')")
+                             "(two: multiplier_of='max' or 'max-head'; three: 'max-drain')")
         self.observation_space = spaces.Box(np.asarray(obs_low, np.float32), np.asarray(obs_high, np.float32),
                                             dtype=np.float32)
         self.action_space = spaces.Box(-1.0, 1.0, (n_in,), dtype=np.float32)

@@ -55,8 +55,10 @@ def test_array_policy_refuses_bad_weights_by_name():
         ArrayPolicy([(np.zeros((1, 2)), np.zeros(1))], lo, hi)
     with pytest.raises(ValueError, match="non-finite"):
         ArrayPolicy([(np.full((1, 3), np.nan), np.zeros(1))], lo, hi)
-    with pytest.raises(ValueError, match="3 outputs"):
-        ArrayPolicy([(np.zeros((3, 3)), np.zeros(3))], lo, hi)
+    with pytest.raises(ValueError, match="4 outputs"):
+        ArrayPolicy([(np.zeros((4, 3)), np.zeros(4))], lo, hi)
+    three = ArrayPolicy([(np.zeros((3, 3)), np.zeros(3))], lo, hi)  # the drain action (multiplier_of="max-drain")
+    assert three.action_space.shape == (3,)
     with pytest.raises(ValueError, match="0 outputs"):
         ArrayPolicy([(np.zeros((0, 3)), np.zeros(0))], lo, hi)
     two = ArrayPolicy([(np.zeros((2, 3)), np.array([0.5, -0.5]))], lo, hi)  # the two-anchor action
@@ -92,6 +94,24 @@ def test_ars_writes_a_model_the_learned_agent_loads(tiny_model):
     assert agent.continuous and agent.action_repeat == 8 and agent.requires["action"] == "log-multiplier"
     with np.load(os.path.join(out, NORM_FILE)) as z:
         assert z["obs_mean"].shape == (20,) and np.all(z["obs_var"] >= 0)
+
+
+def test_ars_trains_the_drain_action_and_the_agent_plays_it(tmp_path):
+    """``multiplier_of="max-drain"``: three outputs, saved and loaded; the agent asks for that action and
+    plays what the in-memory candidate played."""
+    out = str(tmp_path / "drain")
+    train_ars(out=out, multiplier_of="max-drain", **TINY)
+    meta = json.load(open(os.path.join(out, META_FILE)))
+    assert meta["layer_sizes"] == [20, 3] and meta["agent_env_options"]["multiplier_of"] == "max-drain"
+    assert meta["action_space"] == {"kind": "box", "low": [-1.0] * 3, "high": [1.0] * 3}
+    agent = LearnedBudget(out)
+    assert agent.model.action_space.shape == (3,) and agent.requires["multiplier_of"] == "max-drain"
+    kw = {"M": 6000, "workload": RandomMix(horizon=300)(np.random.default_rng(5))["workload"], "horizon": 300}
+    e1 = run_episode(agent, kw, seed=5, horizon=300)
+    again = LearnedBudget.from_policy(agent.model, agent._norm, agent.requires, agent.action_repeat)
+    e2 = run_episode(again, kw, seed=5, horizon=300)
+    np.testing.assert_array_equal(e1.series["admitted"], e2.series["admitted"])
+    assert e1.series["admitted"].sum() > 0
 
 
 def _selection_score(agent):

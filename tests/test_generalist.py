@@ -552,8 +552,8 @@ def test_rate_anchor_multiplies_the_arrival_rate():
         assert env.check_action(0) == int(min(max(round(0.5 * rate), 1), 64))
         env.step(t % 2)
     assert 4.0 < env.tracker.arrival_rate() < 8.0  # the moving average settles near the rate, 6 per slot
-    with pytest.raises(ValueError, match="multiplier_of must be 'safe', 'rate', 'both', 'min', 'max' or 'max-head', "
-                       "got 'queue'"):
+    with pytest.raises(ValueError, match="multiplier_of must be 'safe', 'rate', 'both', 'min', 'max', 'max-head' or "
+                       "'max-drain', got 'queue'"):
         FlowControlEnv(multiplier_of="queue")
     with pytest.raises(ValueError, match="multiplier_of='max-head' multiplies both anchors.*action='multiplier'"):
         FlowControlEnv(multiplier_of="max-head", action="multiplier")
@@ -784,7 +784,7 @@ def test_two_anchor_action_takes_the_larger_multiple_of_the_rate_and_the_safe_bu
     for bad in (np.array([0.0], np.float32), np.array([0.0, 1.5], np.float32), np.array([np.nan, 0.0]), 0.0):
         with pytest.raises(ValueError, match="not in the action space Box"):
             env.check_action(bad)
-    with pytest.raises(ValueError, match="two multipliers per action"):
+    with pytest.raises(ValueError, match="2 multipliers per action"):
         env._act_type.multiplier(np.zeros(2))
     one = FlowControlEnv(M=8000, workload=_iid(6.0), horizon=50, action="log-multiplier", multiplier_of="rate",
                          multipliers=(0.5, 4.0))
@@ -797,7 +797,57 @@ def test_two_anchor_action_takes_the_larger_multiple_of_the_rate_and_the_safe_bu
                                  multiplier_of=of), skip_render_check=True)
 
 
-@pytest.mark.parametrize("of", ["max", "max-head"])
+def test_drain_action_adds_a_capped_drain_term_to_the_head_era_two_anchors():
+    """``multiplier_of="max-drain"``: ``B = max(k_rate * max(rate, head rate), k_safe * safe,
+    min(queued / DRAIN_SLOTS, k_drain * safe))``; with ``k_drain`` at the bottom of the range it is the
+    ``"max-head"`` budget in every state; a long queue makes the drain term decide."""
+    from gymnasium.utils.env_checker import check_env
+
+    from flowgym.envs.spaces import DRAIN_SLOTS
+
+    wl = {"kind": "mix", "streams": [
+        {"kind": "iid", "rate": {"kind": "steps", "times": [0, 150], "rates": [40.0, 2.0]},
+         "lengths": {"kind": "empirical", "pairs": [[10, 40]], "weights": [1.0]}}]}
+    kw = dict(M=20000, workload=wl, horizon=600, action="log-multiplier", multipliers=(0.5, 4.0), max_budget=256)
+    drain = FlowControlEnv(multiplier_of="max-drain", **kw)
+    head = FlowControlEnv(multiplier_of="max-head", **kw)
+    assert drain.action_space.shape == (3,)
+    drain.reset(seed=2)
+    head.reset(seed=2)
+    ks = {-1.0: 0.5, 0.0: math.sqrt(2.0), 1.0: 4.0}
+    drain_decides = 0
+    for t in range(599):
+        tr = drain.tracker
+        rate, safe, q = max(tr.arrival_rate(), tr.head_rate()), drain.safe_budget(), drain.engine.n_queued
+        assert tr.queued == q
+        for ar, kr in ks.items():
+            for ad, kd in ks.items():
+                a = np.array([ar, -1.0, ad], np.float32)
+                want = int(min(max(round(max(kr * rate, 0.5 * safe, min(q / DRAIN_SLOTS, kd * safe))), 1), 256))
+                assert drain.check_action(a) == want, (t, ar, ad)
+        # k_drain at its smallest never decides: the max-head budget of the same two multipliers
+        a2 = np.array([np.sin(t / 9.0), np.cos(t / 13.0)], np.float32)
+        k = 0.5 * 8.0 ** ((a2.astype(np.float64) + 1.0) / 2.0)
+        assert drain.check_action(np.append(a2, -1.0)) == int(min(max(round(max(k[0] * rate, k[1] * safe)), 1), 256))
+        if t == 0:  # the same state as the max-head environment's, which agrees
+            assert drain.check_action(np.append(a2, -1.0)) == head.check_action(a2)
+        big = np.array([-1.0, -1.0, 1.0], np.float32)
+        if drain.check_action(big) > drain.check_action(np.array([-1.0, -1.0, -1.0], np.float32)) + 1:
+            drain_decides += 1
+        a3 = np.array([-1.0, -1.0, -1.0], np.float32)  # slow admission: a backlog builds
+        _, _, te, tc, _ = drain.step(a3)
+        if te or tc:
+            break
+    assert drain_decides > 20  # the queue built up in the busy phase and the drain term decided
+    with pytest.raises(ValueError, match="3 multipliers per action"):
+        drain._act_type.multiplier(np.zeros(3))
+    for bad in (np.zeros(2, np.float32), np.array([0.0, 0.0, 1.5], np.float32)):
+        with pytest.raises(ValueError, match="not in the action space Box"):
+            drain.check_action(bad)
+    check_env(FlowControlEnv(multiplier_of="max-drain", **kw), skip_render_check=True)
+
+
+@pytest.mark.parametrize("of", ["max", "max-head", "max-drain"])
 @pytest.mark.parametrize("action", ["budget", "multiplier"])
 def test_two_anchor_action_needs_the_continuous_action(action, of):
     with pytest.raises(ValueError, match=f"multiplier_of='{of}' .* needs action='log-multiplier', got action='{action}'"):

@@ -104,8 +104,9 @@ class FlowControlConfig:
     #: the first half multiplies the rate, the second the safe budget, or ``"min"``: the smaller
     #: of the rate and the safe budget. With ``action="log-multiplier"`` also ``"max"``: two
     #: floats, a multiplier of each anchor, ``B_t`` the larger product
-    #: (:class:`~flowgym.envs.spaces.LogMultiplierBudget`), and ``"max-head"``: the same with the
-    #: rate anchor the larger of the rate now and when the queue head arrived.
+    #: (:class:`~flowgym.envs.spaces.LogMultiplierBudget`), ``"max-head"``: the same with the
+    #: rate anchor the larger of the rate now and when the queue head arrived, and ``"max-drain"``:
+    #: three floats, those two and ``k_drain`` of a drain term ``min(queued / 50, k_drain * safe)``.
     multiplier_of: str = "safe"
     #: Cap for observed counts (queue length, per-class queues, arrival rate).
     queue_cap: int = 4096
@@ -206,11 +207,12 @@ class FlowControlConfig:
             or any(b <= a for a, b in zip(ks, ks[1:]))
         ):
             raise ValueError(f"multipliers must be positive finite numbers in ascending order, got {ks!r}")
-        if self.multiplier_of not in ("safe", "rate", "both", "min", "max", "max-head"):
-            raise ValueError("multiplier_of must be 'safe', 'rate', 'both', 'min', 'max' or 'max-head', "
+        if self.multiplier_of not in ("safe", "rate", "both", "min", "max", "max-head", "max-drain"):
+            raise ValueError("multiplier_of must be 'safe', 'rate', 'both', 'min', 'max', 'max-head' or 'max-drain', "
                              f"got {self.multiplier_of!r}")
         if self.multiplier_of in TWO_ANCHORS and self.action != "log-multiplier":
-            raise ValueError(f"multiplier_of={self.multiplier_of!r} multiplies both anchors, one float each: it needs "
+            raise ValueError(f"multiplier_of={self.multiplier_of!r} multiplies both anchors"
+                             f"{' and a drain term' if self.multiplier_of == 'max-drain' else ''}, one float each: it needs "
                              f"action='log-multiplier', got action={self.action!r}")
         if self.action != "budget" and self.per_class_budget:
             raise ValueError(f"action={self.action!r} sets one global budget: it cannot be combined with "
@@ -297,7 +299,9 @@ class FlowControlEnv(gym.Env[Any, Any]):
     ``Box(-1, 1, (2,))``: ``k_rate`` and ``k_safe`` on that scale,
     ``B_t = clip(round(max(k_rate * rate, k_safe * M / E_hat[w])), 1, max_budget)``; with
     ``multiplier_of="max-head"`` the same with ``rate`` the larger of the arrival rate now and
-    when the request at the queue head arrived. An action outside the space raises
+    when the request at the queue head arrived; with ``multiplier_of="max-drain"``,
+    ``Box(-1, 1, (3,))``: those two and ``k_drain``, ``B_t`` the ``"max-head"`` budget or, if larger,
+    ``min(queued / 50, k_drain * M / E_hat[w])`` (a drain term). An action outside the space raises
     ``ValueError`` naming it and the space.
 
     ## Observation Space

@@ -29,6 +29,7 @@ __all__ = [
     "LogMultiplierBudget",
     "log_multiplier_size",
     "TWO_ANCHORS",
+    "DRAIN_SLOTS",
 ]
 
 
@@ -299,24 +300,34 @@ class MultiplierBudget:
         return _scaled_budget(self.multipliers[a % n], self.tracker, of, self.max_budget)
 
 
-#: The ``multiplier_of`` values with two anchors (two multipliers per ``log-multiplier`` action).
-TWO_ANCHORS = ("max", "max-head")
+#: The ``multiplier_of`` values with more than one multiplier per ``log-multiplier`` action: two anchors
+#: (``"max"``, ``"max-head"``), and ``"max-drain"``, the head-era two anchors and a drain term.
+TWO_ANCHORS = ("max", "max-head", "max-drain")
+
+#: Slots the drain term of ``multiplier_of="max-drain"`` would take to empty the queue
+#: (``min(queued / DRAIN_SLOTS, k_drain * safe budget)``).
+DRAIN_SLOTS = 50.0
 
 
 def _rate_anchor(tracker: LoadTracker, of: str) -> float:
-    """The two-anchor rate anchor: the arrival rate, or with ``of="max-head"`` the larger of the rate now
-    and when the queue head arrived."""
+    """The two-anchor rate anchor: the arrival rate, or with ``of="max-head"`` (and ``"max-drain"``) the
+    larger of the rate now and when the queue head arrived."""
     r = tracker.arrival_rate()
-    return max(r, tracker.head_rate()) if of == "max-head" else r
+    return max(r, tracker.head_rate()) if of in ("max-head", "max-drain") else r
 
 
 def _scaled_budget(k: Any, tracker: LoadTracker, of: str, max_budget: int) -> int:
     """``clip(round(k * anchor), 1, max_budget)``, the anchor the tracker's safe budget
     (``of="safe"``), arrival rate (``"rate"``) or the smaller of the two (``"min"``); with
     ``of="max"``, ``k = (k_rate, k_safe)`` and the larger of ``k_rate * rate`` and ``k_safe * safe``;
-    ``of="max-head"`` the same with ``rate`` the larger of the rate now and when the queue head arrived."""
+    ``of="max-head"`` the same with ``rate`` the larger of the rate now and when the queue head arrived;
+    ``of="max-drain"``, ``k = (k_rate, k_safe, k_drain)``: that of ``"max-head"`` or, if larger,
+    ``min(queued / DRAIN_SLOTS, k_drain * safe)``."""
     if of in TWO_ANCHORS:
-        b = float(max(k[0] * _rate_anchor(tracker, of), k[1] * tracker.safe_budget()))
+        safe = tracker.safe_budget()
+        b = float(max(k[0] * _rate_anchor(tracker, of), k[1] * safe))
+        if of == "max-drain":
+            b = max(b, min(tracker.queued / DRAIN_SLOTS, float(k[2]) * safe))
         return int(min(max(round(b), 1), max_budget))
     if of == "min":
         anchor = min(tracker.safe_budget(), tracker.arrival_rate())
@@ -327,8 +338,8 @@ def _scaled_budget(k: Any, tracker: LoadTracker, of: str, max_budget: int) -> in
 
 def log_multiplier_size(of: str) -> int:
     """How many floats the ``log-multiplier`` action of anchor ``of`` has: 2 for ``"max"`` and
-    ``"max-head"``, else 1."""
-    return 2 if of in TWO_ANCHORS else 1
+    ``"max-head"``, 3 for ``"max-drain"``, else 1."""
+    return 3 if of == "max-drain" else 2 if of in TWO_ANCHORS else 1
 
 
 class LogMultiplierBudget:
@@ -353,11 +364,19 @@ class LogMultiplierBudget:
     ``of="max-head"`` the rate anchor is the larger of the arrival rate now and when the request
     at the queue head arrived (:meth:`~flowgym.sim.estimators.LoadTracker.head_rate`): a backlog
     left from a busier phase is admitted at the rate it came ("Head-era rate" there).
+
+    With ``of="max-drain"`` the space is ``Box(-1, 1, (3,))``: the two multipliers of ``"max-head"``
+    and ``k_drain`` (``a[2]``, same scale) of a drain term, ``B_t`` the larger of the ``"max-head"``
+    budget and ``min(queued / DRAIN_SLOTS, k_drain * safe budget)``: a backlog is admitted over about
+    :data:`DRAIN_SLOTS` slots, at most ``k_drain`` safe budgets per slot. With ``k_drain <= k_safe``
+    the term never decides, so the action holds the whole ``"max-head"`` family; the policy has to
+    learn when a queue is a backlog worth draining and when it is overload ("A learned drain term" in
+    ``docs/training.md``).
     """
 
     def __init__(self, multipliers: Sequence[float], max_budget: int, tracker: LoadTracker, of: str = "rate") -> None:
-        if of not in ("safe", "rate", "min", "max", "max-head"):
-            raise ValueError(f"multiplier_of must be 'safe', 'rate', 'min', 'max' or 'max-head' with "
+        if of not in ("safe", "rate", "min", "max", "max-head", "max-drain"):
+            raise ValueError(f"multiplier_of must be 'safe', 'rate', 'min', 'max', 'max-head' or 'max-drain' with "
                              f"action='log-multiplier', "
                              f"got {of!r}")
         ks = [float(k) for k in multipliers]
@@ -384,19 +403,20 @@ class LogMultiplierBudget:
         return self.k_min * (self.k_max / self.k_min) ** ((a + 1.0) / 2.0)
 
     def rate_anchor(self) -> float:
-        """The rate anchor now of a two-anchor action (``of="max"`` or ``"max-head"``), what ``k_rate`` multiplies."""
-        if self.dim != 2:
-            raise ValueError(f"multiplier_of={self.of!r} has no rate anchor of its own: rate_anchor() is for 'max' "
-                             "and 'max-head'")
+        """The rate anchor now of a two-anchor action (``of="max"``, ``"max-head"`` or ``"max-drain"``), what
+        ``k_rate`` multiplies."""
+        if self.dim == 1:
+            raise ValueError(f"multiplier_of={self.of!r} has no rate anchor of its own: rate_anchor() is for 'max', "
+                             "'max-head' and 'max-drain'")
         return _rate_anchor(self.tracker, self.of)
 
     def multiplier(self, action: Any) -> float:
         """The multiplier ``k`` of a one-float action; raises ``ValueError`` naming an action outside ``[-1, 1]``."""
         if self.dim != 1:
-            raise ValueError(f"multiplier_of={self.of!r} has two multipliers per action: use multipliers(action)")
+            raise ValueError(f"multiplier_of={self.of!r} has {self.dim} multipliers per action: use multipliers(action)")
         return float(self.multipliers(action)[0])
 
     def budget(self, action: Any) -> int:
         """The budget the action stands for now."""
         k = self.multipliers(action)
-        return _scaled_budget(k if self.dim == 2 else float(k[0]), self.tracker, self.of, self.max_budget)
+        return _scaled_budget(k if self.dim > 1 else float(k[0]), self.tracker, self.of, self.max_budget)

@@ -700,16 +700,18 @@ def build_parser() -> argparse.ArgumentParser:
     t.add_argument("--action", choices=["budget", "multiplier", "log-multiplier"], default=None,
                    help="the policy's action: a budget (or a budget level's index; default with --scenario), the "
                    "index of a multiplier (of the arrival rate on a distribution; --multiplier-of), or "
-                   "log-multiplier: one float in [-1, 1] (two with --multiplier-of max or max-head), a multiplier between the "
+                   "log-multiplier: one float in [-1, 1] (two with --multiplier-of max or max-head, three with max-drain), a "
+                   "multiplier between the "
                    "smallest and largest of --multipliers on a log scale (a Gaussian policy)")
     t.add_argument("--multipliers", type=_float_list("--multipliers"), default=None,
                    help="the multipliers of --action multiplier, or the range of log-multiplier (default " + ",".join(f"{k:g}" for k in g.multipliers)
                    + ")")
-    t.add_argument("--multiplier-of", choices=["safe", "rate", "both", "min", "max", "max-head"], default=None,
+    t.add_argument("--multiplier-of", choices=["safe", "rate", "both", "min", "max", "max-head", "max-drain"], default=None,
                    help="what a multiplier action multiplies: the online safe budget M/E[w], the arrival rate "
                    "(PPO's generalist), both (twice the actions), the smaller of the two, or max (log-multiplier "
                    "only: one multiplier per anchor, the budget the larger product) or max-head (the same, the rate "
-                   "anchor the larger of the rate now and when the queue head arrived; the ARS generalist's default)")
+                   "anchor the larger of the rate now and when the queue head arrived; the ARS generalist's default) or "
+                   "max-drain (those two and a third multiplier, of a drain term min(queue/50, k_drain x safe budget))")
     t.add_argument("--rate", type=float, default=None, help="the scenario's rate argument (default: its own)")
     t.add_argument("--algo", default=None,
                    help="ars: augmented random search of a small numpy policy with common random numbers "

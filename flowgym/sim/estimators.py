@@ -105,6 +105,7 @@ class LoadTracker:
         self._w0 = 0
         self._held = 0
         self._nact = 0
+        self._queued = 0
         self._t = 0
 
     def reset(self, eng: Any) -> None:
@@ -138,7 +139,7 @@ class LoadTracker:
         else:
             self._lA *= 1 - d
             self._lN *= 1 - d
-        self._held, self._nact = eng.held, eng.n_active
+        self._held, self._nact, self._queued = eng.held, eng.n_active, eng.n_queued
         t = int(eng.t)
         i = t % RATE_MEMORY
         self._rh[i], self._rt[i] = self.rates[1], t
@@ -170,6 +171,11 @@ class LoadTracker:
             w = l * o + 0.5 * (o * o + var)
             return w if w_lb is None else max(w, w_lb)
         return w_lb
+
+    @property
+    def queued(self) -> int:
+        """Requests waiting at the last decision point (that slot's arrivals included)."""
+        return self._queued
 
     def arrival_rate(self) -> float:
         """Arrivals per decision point, moving average with time constant 32."""
