@@ -131,6 +131,29 @@ def test_the_saved_model_acts_as_the_candidate_that_was_evaluated(tiny_model):
     assert _selection_score(agent) == pytest.approx(res.best_eval, rel=1e-12)
 
 
+def test_init_starts_the_search_at_the_earlier_model_and_a_new_drain_output_at_k_safe(tiny_model, tmp_path):
+    """``init``: the search's first evaluation (before any update) is the earlier model's own score, also with
+    the drain action's third output added (a copy of ``k_safe``'s row: the drain term never decides)."""
+    out, res = tiny_model
+    base = _selection_score(LearnedBudget(out))
+    for of in ("max-head", "max-drain"):
+        warm = str(tmp_path / of)
+        r = train_ars(out=warm, init=out, multiplier_of=of, **TINY)
+        assert r.curves[0]["eval_geo_time_in_system"] == pytest.approx(base, rel=1e-12)
+        with np.load(os.path.join(out, NORM_FILE)) as a, np.load(os.path.join(warm, NORM_FILE)) as b:
+            np.testing.assert_array_equal(a["obs_mean"], b["obs_mean"])  # the normalisation is the earlier model's
+        meta = json.load(open(os.path.join(warm, META_FILE)))
+        assert meta["hyperparameters"]["init"] == out and meta["seeds"]["normalisation"] == f"from {out}"
+    with pytest.raises(ValueError, match="sees observation='load-v2'; this search's is 'load'"):
+        train_ars(out=str(tmp_path / "x"), init=out, observation="load", **TINY)
+    with pytest.raises(ValueError, match=r"has layer sizes \[20, 2\]; this search's are \[20, 4, 2\]"):
+        train_ars(out=str(tmp_path / "y"), init=out, hidden=(4,), **TINY)
+    with pytest.raises(ValueError, match=r"has layer sizes \[20, 2\]; this search's are \[20, 1\]"):
+        train_ars(out=str(tmp_path / "z"), init=out, multiplier_of="rate", **TINY)
+    with pytest.raises(ValueError, match="init must be a model directory"):
+        ARSConfig(init=str(tmp_path / "missing")).validate()
+
+
 def test_same_config_same_model_whatever_the_workers(tiny_model, tmp_path):
     out, _ = tiny_model
     other = str(tmp_path / "w2")
@@ -219,7 +242,7 @@ def seen(monkeypatch):
     return got
 
 
-def test_train_cli_defaults_to_ars_without_a_scenario_and_refuses_options_of_the_other_algorithm(seen, capsys):
+def test_train_cli_defaults_to_ars_without_a_scenario_and_refuses_options_of_the_other_algorithm(seen, capsys, tmp_path):
     with pytest.raises(SystemExit):
         main(["train", "--quiet"])
     cfg = seen["cfg"]
@@ -229,6 +252,11 @@ def test_train_cli_defaults_to_ars_without_a_scenario_and_refuses_options_of_the
     assert "--learning-rate configure the SB3 algorithms" in capsys.readouterr().err
     assert main(["train", "--scenario", "adaptive-mix", "--iterations", "3"]) == 2
     assert "--iterations configure --algo ars, not ppo" in capsys.readouterr().err
+    assert main(["train", "--scenario", "adaptive-mix", "--init", "runs/x"]) == 2
+    assert "--init configure --algo ars, not ppo" in capsys.readouterr().err
+    with pytest.raises(SystemExit):
+        main(["train", "--quiet", "--multiplier-of", "max-drain", "--init", str(tmp_path)])
+    assert seen["cfg"].init == str(tmp_path) and seen["cfg"].multiplier_of == "max-drain"
 
 
 def test_selection_benchmark_compares_models_on_new_draws(tiny_model, capsys):

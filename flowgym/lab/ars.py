@@ -79,6 +79,12 @@ class ARSConfig:
     rate: float | None = None
     #: Hidden layer sizes of the policy (``()``: linear in the load features).
     hidden: tuple[int, ...] = ()
+    #: A model directory of an earlier ``--algo ars`` run (same observation and hidden sizes) whose
+    #: weights and frozen normalisation start the search (``None``: zero output weights, a fresh
+    #: normalisation). An action with more outputs than that model's starts each new output as a copy
+    #: of its last (``"max-head"`` to ``"max-drain"``: ``k_drain = k_safe``, where the drain term never
+    #: decides, so the search starts from that model's policy exactly).
+    init: str | None = None
     #: Updates of the policy.
     iterations: int = 80
     #: Random directions per update (each run twice: ``+`` and ``-``).
@@ -181,6 +187,8 @@ class ARSConfig:
             make_distribution(self.distribution)
         if not self.out:
             raise ValueError("out (the output directory) must be given")
+        if self.init is not None and not (isinstance(self.init, (str, os.PathLike)) and os.path.isdir(self.init)):
+            raise ValueError(f"init must be a model directory of flowgym train --algo ars, got {self.init!r}")
 
     def seed_ranges(self) -> dict[str, tuple[int, int]]:
         """The first and last seed of each use (a use with no seed has last < first)."""
@@ -300,6 +308,37 @@ def _log_scores(values: Sequence[float], n_candidates: int, n_draws: int) -> np.
 # --------------------------------------------------------------------------- the search
 
 
+def _init_from(path: str, sizes: list[int], observation: str) -> tuple[np.ndarray, tuple[Any, Any, float, float]]:
+    """The weight vector (layer sizes ``sizes``) and the normalisation ``(mean, var, eps, clip)`` of the
+    ``--algo ars`` model in ``path``; outputs it lacks copy its last output. Raises ``ValueError`` naming
+    what does not fit."""
+    agent = LearnedBudget(path)
+    where = f"init: the model in {path!r}"
+    if not isinstance(agent.model, ArrayPolicy):
+        raise ValueError(f"{where} is a {agent.meta.get('algo')!r} model; only an --algo ars model (policy.npz) "
+                         "can start the search")
+    have = agent.requires.get("observation")
+    if have != observation:
+        raise ValueError(f"{where} sees observation={have!r}; this search's is {observation!r}")
+    layers = agent.model.layers
+    old = [layers[0][0].shape[1]] + [w.shape[0] for w, _ in layers]
+    if old[:-1] != sizes[:-1] or old[-1] > sizes[-1]:
+        raise ValueError(f"{where} has layer sizes {old}; this search's are {sizes} (the same inputs and hidden "
+                         "layers, and at most as many outputs, are needed)")
+    parts = []
+    for i, (w, b) in enumerate(layers):
+        if i == len(layers) - 1 and w.shape[0] < sizes[-1]:  # new outputs copy the last one
+            extra = sizes[-1] - w.shape[0]
+            w = np.vstack([w] + [w[-1:]] * extra)
+            b = np.concatenate([b] + [b[-1:]] * extra)
+        parts += [w.reshape(-1), b]
+    with np.load(os.path.join(path, NORM_FILE), allow_pickle=False) as z:  # checked by LearnedBudget above
+        norm = (z["obs_mean"].astype(np.float64), z["obs_var"].astype(np.float64), float(z["epsilon"]),
+                float(z["clip_obs"]))
+    return np.concatenate(parts), norm
+
+
+
 def train_ars(cfg: ARSConfig | None = None, *, on_iteration: Any = None, **overrides: Any) -> ARSResult:
     """Run the search; write the model directory ``cfg.out`` (``policy.npz``, ``normalization.npz``,
     ``flowgym_agent.json``, ``curves.csv``); return an :class:`ARSResult`.
@@ -340,7 +379,10 @@ def train_ars(cfg: ARSConfig | None = None, *, on_iteration: Any = None, **overr
     n_w = ArrayPolicy.n_weights(sizes)
     rng = np.random.default_rng(cfg.seed)
     theta = np.zeros(n_w)
-    if cfg.hidden:  # a network needs random hidden weights (the output layer starts at zero: every k = 1.41)
+    start = None if cfg.init is None else _init_from(cfg.init, sizes, cfg.observation)
+    if start is not None:
+        theta = start[0]
+    elif cfg.hidden:  # a network needs random hidden weights (the output layer starts at zero: every k = 1.41)
         k = 0
         for a, b in zip(sizes[:-2], sizes[1:-1]):
             theta[k:k + a * b] = rng.normal(0.0, 1.0 / math.sqrt(a), a * b)
@@ -351,11 +393,13 @@ def train_ars(cfg: ARSConfig | None = None, *, on_iteration: Any = None, **overr
     runner = _Runner(spec, cfg.workers)
     t0 = time.perf_counter()
     try:
-        # the normalisation: the load features' mean and spread under the initial policy, then frozen
-        obs = runner.map(_observations, [(cfg.seed - 1 - j, draw(cfg.seed - 1 - j)) for j in range(cfg.norm_draws)])
-        allobs = np.concatenate(obs)
-        mean, var = allobs.mean(axis=0), allobs.var(axis=0)
-        eps, clip = 1e-8, 10.0
+        if start is not None:  # the starting model's normalisation, which its weights were found with
+            mean, var, eps, clip = start[1]
+        else:  # the load features' mean and spread under the initial policy, then frozen
+            obs = runner.map(_observations, [(cfg.seed - 1 - j, draw(cfg.seed - 1 - j)) for j in range(cfg.norm_draws)])
+            allobs = np.concatenate(obs)
+            mean, var = allobs.mean(axis=0), allobs.var(axis=0)
+            eps, clip = 1e-8, 10.0
         norm = (mean, np.sqrt(var + eps), clip)
 
         eval_kw = [draw(cfg.eval_seed + j) for j in range(cfg.eval_episodes)]
@@ -431,7 +475,7 @@ def train_ars(cfg: ARSConfig | None = None, *, on_iteration: Any = None, **overr
         "layer_sizes": sizes,
         "hyperparameters": cfg.hyperparameters(),
         "seeds": {"train": list(seed_ranges["training"]),
-                  "normalisation": list(seed_ranges["normalisation"]),
+                  "normalisation": list(seed_ranges["normalisation"]) if cfg.init is None else f"from {cfg.init}",
                   "eval_during_training": [cfg.eval_seed + i for i in range(cfg.eval_episodes)],
                   "tune": [1000 + i for i in range(cfg.tune_seeds)],
                   "report": list(range(cfg.final_eval_seeds))},

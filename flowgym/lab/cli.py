@@ -429,7 +429,7 @@ _SB3_ONLY = ("n_envs", "vec_env", "learning_rate", "n_steps", "batch_size", "n_e
              "clip_range", "ent_coef", "vf_coef", "max_grad_norm", "net_arch", "log_std_init", "algo_kwargs",
              "action_rule", "budget_levels", "norm_obs", "norm_reward", "clip_obs", "eval_freq", "checkpoint_freq",
              "select", "torch_threads", "device", "total_timesteps", "trials", "address")
-_ARS_ONLY = ("iterations", "directions", "draws", "noise", "step_size", "hidden", "eval_every", "norm_draws")
+_ARS_ONLY = ("iterations", "directions", "draws", "noise", "step_size", "hidden", "eval_every", "norm_draws", "init")
 
 
 def _train_ars(args: argparse.Namespace) -> int:
@@ -448,7 +448,7 @@ def _train_ars(args: argparse.Namespace) -> int:
         print(f"error: {', '.join(given)} configure the SB3 algorithms (add --algo ppo, or another, to train with "
               "SB3); --algo ars, the default without --scenario, trains a numpy policy on the load "
               "features with the log-multiplier action (its options: --iterations, --directions, --draws, --noise, "
-              "--step-size, --hidden, --eval-every, --norm-draws; docs/training.md)", file=sys.stderr)
+              "--step-size, --hidden, --eval-every, --norm-draws, --init; docs/training.md)", file=sys.stderr)
         return 2
     kw: dict[str, Any] = {}
     for k in ("scenario", "rate", "observation", "multipliers", "multiplier_of", "max_budget", "action_repeat", "eval_episodes",
@@ -798,6 +798,10 @@ def build_parser() -> argparse.ArgumentParser:
     t.add_argument("--step-size", type=float, default=None, help=f"(ars) step size (default {a.step_size})")
     t.add_argument("--hidden", type=_int_list("--hidden", 1, "8"), default=None,
                    help="(ars) hidden layer sizes of the policy (default: none, a linear policy)")
+    t.add_argument("--init", default=None, metavar="DIR",
+                   help="(ars) start the search from the weights and normalisation of an earlier --algo ars model "
+                   "(same observation and hidden layers; new action outputs copy its last, so --multiplier-of "
+                   "max-drain from a max-head model starts at that model's policy)")
     t.add_argument("--eval-every", type=int, default=None,
                    help=f"(ars) evaluate every N updates on the fixed draws; the best is kept (default {a.eval_every})")
     t.add_argument("--norm-draws", type=int, default=None,
