@@ -216,10 +216,7 @@ def screen(rate_switch: dict[str, dict[str, Any]], workers: int = 2,
     names = [*ADAPTIVE_SCENARIOS, *held_out()]
     rules = ["rate-switch (tuned)", *(RULES if rules_set is None else rules_set)]
 
-    def seeds(n: str) -> list[int]:  # a finite trace (the Azure replay) is one episode whatever the seed
-        return SEEDS[:1] if n in ADAPTIVE_SCENARIOS and get_scenario(n).finite else SEEDS
-
-    tasks = [(n, r, s, rate_switch.get(n)) for n in names for r in rules for s in seeds(n)
+    tasks = [(n, r, s, rate_switch.get(n)) for n in names for r in rules for s in seeds_of(n)
              if r != "rate-switch (tuned)" or n in rate_switch]
     with mp.get_context("spawn").Pool(workers) as pool:
         out = pool.map(_job, tasks, chunksize=1)
@@ -227,6 +224,12 @@ def screen(rate_switch: dict[str, dict[str, Any]], workers: int = 2,
     for n, r, v in out:
         acc.setdefault(n, {}).setdefault(r, []).append(v)
     return {n: {r: float(np.mean(v)) for r, v in d.items()} for n, d in acc.items()}
+
+
+def seeds_of(name: str) -> list[int]:
+    """The screening seeds of scenario ``name``: :data:`SEEDS`, or the first only for a finite trace (the Azure
+    replay), which is one episode whatever the seed."""
+    return SEEDS[:1] if name in ADAPTIVE_SCENARIOS and get_scenario(name).finite else SEEDS
 
 
 def tuned_rate_switch(path: str) -> dict[str, dict[str, Any]]:
@@ -256,7 +259,7 @@ def trace(name: str, seed: int, model: str | None = None) -> str:
 
 def plays(names: list[str], seed: int, model: str | None = None) -> list[str]:
     """Quantiles of a two-anchor model's multipliers at its decision points, and the rate anchor's share."""
-    from flowgym.envs.spaces import TWO_ANCHORS, LogMultiplierBudget
+    from flowgym.envs.spaces import DRAIN_SLOTS, TWO_ANCHORS, LogMultiplierBudget
     from flowgym.lab.evaluation import env_for
 
     agent = make_agent("learned", **({} if model is None else {"path": model}))
@@ -271,20 +274,25 @@ def plays(names: list[str], seed: int, model: str | None = None) -> list[str]:
         agent.reset(env.config, seed=seed)
         # the environment's mapping of an action to its two multipliers
         mapping = LogMultiplierBudget(agent.requires["multipliers"], env.config.max_budget, env.tracker, of=of)
-        ks, rate_decides, done = [], [], False
+        ks, rate_decides, drain_decides, done = [], [], [], False
         while not done:
             decides = agent.decides_next
             a = agent.act(obs, env.view())
             if decides:
                 k = mapping.multipliers(a)
                 ks.append(k)
+                two = max(k[0] * mapping.rate_anchor(), k[1] * env.safe_budget())
                 rate_decides.append(k[0] * mapping.rate_anchor() >= k[1] * env.safe_budget())
+                if len(k) == 3:  # max-drain: the drain term decides where it exceeds both anchors
+                    drain_decides.append(min(env.tracker.queued / DRAIN_SLOTS, k[2] * env.safe_budget()) > two)
             obs, _, te, tr, _ = env.step(a)
             done = te or tr
         K = np.array(ks)
         q = lambda v: "-".join(f"{x:.2f}" for x in np.quantile(v, [0.05, 0.5, 0.95]))  # noqa: E731
+        drain = (f", k_drain {q(K[:, 2])}, drain term decides {100 * np.mean(drain_decides):.0f}%"
+                 if drain_decides else "")
         out.append(f"{name}: k_rate {q(K[:, 0])}, k_safe {q(K[:, 1])}, rate anchor decides "
-                   f"{100 * np.mean(rate_decides):.0f}% of {len(K)} decisions")
+                   f"{100 * np.mean(rate_decides):.0f}% of {len(K)} decisions{drain}")
     return out
 
 
@@ -330,7 +338,8 @@ def best_pairs(names: list[str], rs: dict[str, dict[str, Any]]) -> list[str]:
         kw, H = scenario(name)
 
         def tis(build: Any) -> float:
-            return float(np.mean([run_episode(build(), kw, s, H).metrics(H)["mean_time_in_system"] for s in SEEDS]))
+            return float(np.mean([run_episode(build(), kw, s, H).metrics(H)["mean_time_in_system"]
+                                  for s in seeds_of(name)]))
 
         base = tis(lambda: make_agent("rate-switch", **rs[name]))
         res = {(a, b): tis(lambda a=a, b=b: make_agent("two-anchor", k_rate=a, k_safe=b, head=True))
