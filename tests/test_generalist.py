@@ -808,6 +808,8 @@ def test_drain_action_adds_a_capped_drain_term_to_the_head_era_two_anchors():
 
     from flowgym.envs.spaces import DRAIN_SLOTS
 
+    assert DRAIN_SLOTS == 50.0  # the documented drain time (the env's docstring, docs/training.md)
+
     wl = {"kind": "mix", "streams": [
         {"kind": "iid", "rate": {"kind": "steps", "times": [0, 150], "rates": [40.0, 2.0]},
          "lengths": {"kind": "empirical", "pairs": [[10, 40]], "weights": [1.0]}}]}
