@@ -281,10 +281,10 @@ def plays(names: list[str], seed: int, model: str | None = None) -> list[str]:
             if decides:
                 k = mapping.multipliers(a)
                 ks.append(k)
-                two = max(k[0] * mapping.rate_anchor(), k[1] * env.safe_budget())
-                rate_decides.append(k[0] * mapping.rate_anchor() >= k[1] * env.safe_budget())
+                by_rate, safe = k[0] * mapping.rate_anchor(), env.safe_budget()
+                rate_decides.append(by_rate >= k[1] * safe)
                 if len(k) == 3:  # max-drain: the drain term decides where it exceeds both anchors
-                    drain_decides.append(min(env.tracker.queued / DRAIN_SLOTS, k[2] * env.safe_budget()) > two)
+                    drain_decides.append(min(env.tracker.queued / DRAIN_SLOTS, k[2] * safe) > max(by_rate, k[1] * safe))
             obs, _, te, tr, _ = env.step(a)
             done = te or tr
         K = np.array(ks)

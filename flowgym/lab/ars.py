@@ -338,7 +338,6 @@ def _init_from(path: str, sizes: list[int], observation: str) -> tuple[np.ndarra
     return np.concatenate(parts), norm
 
 
-
 def train_ars(cfg: ARSConfig | None = None, *, on_iteration: Any = None, **overrides: Any) -> ARSResult:
     """Run the search; write the model directory ``cfg.out`` (``policy.npz``, ``normalization.npz``,
     ``flowgym_agent.json``, ``curves.csv``); return an :class:`ARSResult`.
