@@ -559,6 +559,31 @@ def test_rate_anchor_multiplies_the_arrival_rate():
         FlowControlEnv(multiplier_of="max-head", action="multiplier")
 
 
+def test_every_multiplier_of_value_comes_from_one_tuple():
+    """The env's config check, both action classes and the CLI's choices read spaces.MULTIPLIER_OF."""
+    import argparse
+
+    from flowgym.envs.spaces import (DISCRETE_MULTIPLIER_OF, LOG_MULTIPLIER_OF, MULTIPLIER_OF, LogMultiplierBudget,
+                                     MultiplierBudget)
+    from flowgym.lab.cli import build_parser
+
+    tracker = LoadTracker(M=1000)
+    assert set(DISCRETE_MULTIPLIER_OF) | set(LOG_MULTIPLIER_OF) == set(MULTIPLIER_OF)
+    for of in MULTIPLIER_OF:
+        if of in LOG_MULTIPLIER_OF:
+            LogMultiplierBudget((0.5, 4.0), 64, tracker, of=of)
+        else:
+            with pytest.raises(ValueError, match=f"multiplier_of must be .* with action='log-multiplier', got '{of}'"):
+                LogMultiplierBudget((0.5, 4.0), 64, tracker, of=of)
+        if of in DISCRETE_MULTIPLIER_OF:
+            MultiplierBudget((0.5, 4.0), 64, tracker, of=of)
+        else:
+            with pytest.raises(ValueError, match=f"multiplier_of must be 'safe', 'rate', 'both' or 'min', got '{of}'"):
+                MultiplierBudget((0.5, 4.0), 64, tracker, of=of)
+    train = next(a for a in build_parser()._actions if isinstance(a, argparse._SubParsersAction)).choices["train"]
+    assert tuple(next(a for a in train._actions if a.dest == "multiplier_of").choices) == MULTIPLIER_OF
+
+
 def test_head_rate_anchor_is_the_same_in_streaming_record_mode():
     """Streaming renumbers request rows; the head's arrival slot (what the head rate reads) is kept."""
     kw = {"M": 3000, "workload": _iid(6.0), "horizon": 3000, "observation": "load", "action": "log-multiplier",

@@ -24,9 +24,11 @@ from flowgym.envs.spaces import (
     LOAD_OBSERVATIONS,
     LoadObservation,
     LogMultiplierBudget,
+    MULTIPLIER_OF,
     MultiplierBudget,
     PerClassBudget,
     TWO_ANCHORS,
+    one_of,
 )
 from flowgym.sim.estimators import LoadTracker
 from flowgym.envs.view import SystemView
@@ -207,9 +209,8 @@ class FlowControlConfig:
             or any(b <= a for a, b in zip(ks, ks[1:]))
         ):
             raise ValueError(f"multipliers must be positive finite numbers in ascending order, got {ks!r}")
-        if self.multiplier_of not in ("safe", "rate", "both", "min", "max", "max-head", "max-drain"):
-            raise ValueError("multiplier_of must be 'safe', 'rate', 'both', 'min', 'max', 'max-head' or 'max-drain', "
-                             f"got {self.multiplier_of!r}")
+        if self.multiplier_of not in MULTIPLIER_OF:
+            raise ValueError(f"multiplier_of must be {one_of(MULTIPLIER_OF)}, got {self.multiplier_of!r}")
         if self.multiplier_of in TWO_ANCHORS and self.action != "log-multiplier":
             raise ValueError(f"multiplier_of={self.multiplier_of!r} multiplies both anchors"
                              f"{' and a drain term' if self.multiplier_of == 'max-drain' else ''}, one float each: it needs "

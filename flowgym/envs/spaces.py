@@ -30,7 +30,24 @@ __all__ = [
     "log_multiplier_size",
     "TWO_ANCHORS",
     "DRAIN_SLOTS",
+    "MULTIPLIER_OF",
+    "DISCRETE_MULTIPLIER_OF",
+    "LOG_MULTIPLIER_OF",
+    "one_of",
 ]
+
+#: Every ``multiplier_of`` value (``FlowControlConfig.multiplier_of``, ``flowgym train --multiplier-of``).
+MULTIPLIER_OF = ("safe", "rate", "both", "min", "max", "max-head", "max-drain")
+#: Those of the discrete ``action="multiplier"`` (:class:`MultiplierBudget`).
+DISCRETE_MULTIPLIER_OF = ("safe", "rate", "both", "min")
+#: Those of the continuous ``action="log-multiplier"`` (:class:`LogMultiplierBudget`; ``"both"`` has no continuous form).
+LOG_MULTIPLIER_OF = tuple(of for of in MULTIPLIER_OF if of != "both")
+
+
+def one_of(values: Sequence[str]) -> str:
+    """``"'a', 'b' or 'c'"``: the choices of an error message, quoted, in order."""
+    quoted = [repr(v) for v in values]
+    return quoted[0] if len(quoted) == 1 else ", ".join(quoted[:-1]) + " or " + quoted[-1]
 
 
 class Features:
@@ -280,8 +297,8 @@ class MultiplierBudget:
     """
 
     def __init__(self, multipliers: Sequence[float], max_budget: int, tracker: LoadTracker, of: str = "safe") -> None:
-        if of not in ("safe", "rate", "both", "min"):
-            raise ValueError(f"multiplier_of must be 'safe', 'rate', 'both' or 'min', got {of!r}")
+        if of not in DISCRETE_MULTIPLIER_OF:
+            raise ValueError(f"multiplier_of must be {one_of(DISCRETE_MULTIPLIER_OF)}, got {of!r}")
         self.of = of
         self.multipliers = tuple(float(k) for k in multipliers)
         self.max_budget = int(max_budget)
@@ -375,9 +392,8 @@ class LogMultiplierBudget:
     """
 
     def __init__(self, multipliers: Sequence[float], max_budget: int, tracker: LoadTracker, of: str = "rate") -> None:
-        if of not in ("safe", "rate", "min", "max", "max-head", "max-drain"):
-            raise ValueError(f"multiplier_of must be 'safe', 'rate', 'min', 'max', 'max-head' or 'max-drain' with "
-                             f"action='log-multiplier', "
+        if of not in LOG_MULTIPLIER_OF:
+            raise ValueError(f"multiplier_of must be {one_of(LOG_MULTIPLIER_OF)} with action='log-multiplier', "
                              f"got {of!r}")
         ks = [float(k) for k in multipliers]
         self.of = of

@@ -23,6 +23,7 @@ from typing import Any
 
 
 from flowgym.envs.flow_control import FlowControlEnv
+from flowgym.envs.spaces import MULTIPLIER_OF
 from flowgym.lab.train import DEFAULT_TRAIN_MINUTES, GENERALIST_TRAIN_MINUTES
 from flowgym.sim.metrics import METRIC_NAMES
 from flowgym.sim.theory import max_global_budget
@@ -706,7 +707,7 @@ def build_parser() -> argparse.ArgumentParser:
     t.add_argument("--multipliers", type=_float_list("--multipliers"), default=None,
                    help="the multipliers of --action multiplier, or the range of log-multiplier (default " + ",".join(f"{k:g}" for k in g.multipliers)
                    + ")")
-    t.add_argument("--multiplier-of", choices=["safe", "rate", "both", "min", "max", "max-head", "max-drain"], default=None,
+    t.add_argument("--multiplier-of", choices=list(MULTIPLIER_OF), default=None,
                    help="what a multiplier action multiplies: the online safe budget M/E[w], the arrival rate "
                    "(PPO's generalist), both (twice the actions), the smaller of the two, or max (log-multiplier "
                    "only: one multiplier per anchor, the budget the larger product) or max-head (the same, the rate "
