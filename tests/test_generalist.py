@@ -850,6 +850,7 @@ def test_drain_action_adds_a_capped_drain_term_to_the_head_era_two_anchors():
         tr = drain.tracker
         rate, safe, q = max(tr.arrival_rate(), tr.head_rate()), drain.safe_budget(), drain.engine.n_queued
         assert tr.queued == q
+        assert drain._act_type.drain_term(2.0) == min(q / DRAIN_SLOTS, 2.0 * safe)
         for ar, kr in ks.items():
             for ad, kd in ks.items():
                 a = np.array([ar, -1.0, ad], np.float32)
@@ -871,6 +872,8 @@ def test_drain_action_adds_a_capped_drain_term_to_the_head_era_two_anchors():
     assert drain_decides > 20  # the queue built up in the busy phase and the drain term decided
     with pytest.raises(ValueError, match="3 multipliers per action"):
         drain._act_type.multiplier(np.zeros(3))
+    with pytest.raises(ValueError, match="multiplier_of='max-head' has no drain term"):
+        head._act_type.drain_term(1.0)
     for bad in (np.zeros(2, np.float32), np.array([0.0, 0.0, 1.5], np.float32)):
         with pytest.raises(ValueError, match="not in the action space Box"):
             drain.check_action(bad)

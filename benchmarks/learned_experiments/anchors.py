@@ -259,7 +259,7 @@ def trace(name: str, seed: int, model: str | None = None) -> str:
 
 def plays(names: list[str], seed: int, model: str | None = None) -> list[str]:
     """Quantiles of a two-anchor model's multipliers at its decision points, and the rate anchor's share."""
-    from flowgym.envs.spaces import DRAIN_SLOTS, TWO_ANCHORS, LogMultiplierBudget
+    from flowgym.envs.spaces import TWO_ANCHORS, LogMultiplierBudget
     from flowgym.lab.evaluation import env_for
 
     agent = make_agent("learned", **({} if model is None else {"path": model}))
@@ -284,7 +284,7 @@ def plays(names: list[str], seed: int, model: str | None = None) -> list[str]:
                 by_rate, safe = k[0] * mapping.rate_anchor(), env.safe_budget()
                 rate_decides.append(by_rate >= k[1] * safe)
                 if len(k) == 3:  # max-drain: the drain term decides where it exceeds both anchors
-                    drain_decides.append(min(env.tracker.queued / DRAIN_SLOTS, k[2] * safe) > max(by_rate, k[1] * safe))
+                    drain_decides.append(mapping.drain_term(k[2]) > max(by_rate, k[1] * safe))
             obs, _, te, tr, _ = env.step(a)
             done = te or tr
         K = np.array(ks)

@@ -333,6 +333,11 @@ def _rate_anchor(tracker: LoadTracker, of: str) -> float:
     return max(r, tracker.head_rate()) if of in ("max-head", "max-drain") else r
 
 
+def _drain_term(tracker: LoadTracker, k_drain: Any, safe: float) -> float:
+    """The drain term of ``of="max-drain"``: ``min(queued / DRAIN_SLOTS, k_drain * safe)``."""
+    return min(tracker.queued / DRAIN_SLOTS, float(k_drain) * safe)
+
+
 def _scaled_budget(k: Any, tracker: LoadTracker, of: str, max_budget: int) -> int:
     """``clip(round(k * anchor), 1, max_budget)``, the anchor the tracker's safe budget
     (``of="safe"``), arrival rate (``"rate"``) or the smaller of the two (``"min"``); with
@@ -344,7 +349,7 @@ def _scaled_budget(k: Any, tracker: LoadTracker, of: str, max_budget: int) -> in
         safe = tracker.safe_budget()
         b = float(max(k[0] * _rate_anchor(tracker, of), k[1] * safe))
         if of == "max-drain":
-            b = max(b, min(tracker.queued / DRAIN_SLOTS, float(k[2]) * safe))
+            b = max(b, _drain_term(tracker, k[2], safe))
         return int(min(max(round(b), 1), max_budget))
     if of == "min":
         anchor = min(tracker.safe_budget(), tracker.arrival_rate())
@@ -425,6 +430,13 @@ class LogMultiplierBudget:
             raise ValueError(f"multiplier_of={self.of!r} has no rate anchor of its own: rate_anchor() is for 'max', "
                              "'max-head' and 'max-drain'")
         return _rate_anchor(self.tracker, self.of)
+
+    def drain_term(self, k_drain: float) -> float:
+        """The drain term now of ``of="max-drain"`` for multiplier ``k_drain``,
+        ``min(queued / DRAIN_SLOTS, k_drain * safe budget)``: what the budget is at least."""
+        if self.of != "max-drain":
+            raise ValueError(f"multiplier_of={self.of!r} has no drain term: drain_term() is for 'max-drain'")
+        return _drain_term(self.tracker, k_drain, self.tracker.safe_budget())
 
     def multiplier(self, action: Any) -> float:
         """The multiplier ``k`` of a one-float action; raises ``ValueError`` naming an action outside ``[-1, 1]``."""
