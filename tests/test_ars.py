@@ -131,6 +131,24 @@ def test_the_saved_model_acts_as_the_candidate_that_was_evaluated(tiny_model):
     assert _selection_score(agent) == pytest.approx(res.best_eval, rel=1e-12)
 
 
+def test_fresh_normalisation_is_the_mean_and_spread_of_the_features_under_zero_weights(tiny_model):
+    """The frozen normalisation of a fresh search: the mean and variance of the observations the
+    zero-weight policy sees at its decision points on the normalisation draws (seeds below ``seed``)."""
+    from flowgym.lab import ars
+
+    out, _ = tiny_model
+    meta = json.load(open(os.path.join(out, META_FILE)))
+    with np.load(os.path.join(out, NORM_FILE)) as z:
+        saved = {k: z[k] for k in z.files}
+    ars._init_worker({"sizes": meta["layer_sizes"], "obs_low": saved["obs_low"], "obs_high": saved["obs_high"],
+                      "env_options": meta["agent_env_options"], "action_repeat": meta["action_repeat"]})
+    lo, hi = meta["seeds"]["normalisation"]
+    seen = np.concatenate([ars._observations((s, dict(RandomMix()(np.random.default_rng(s))))) for s in range(lo, hi + 1)])
+    assert seen.shape[0] > 10
+    np.testing.assert_allclose(saved["obs_mean"], seen.mean(axis=0), rtol=1e-9, atol=1e-12)
+    np.testing.assert_allclose(saved["obs_var"], seen.var(axis=0), rtol=1e-9, atol=1e-12)
+
+
 def test_init_starts_the_search_at_the_earlier_model_and_a_new_drain_output_at_k_safe(tiny_model, tmp_path):
     """``init``: the search's first evaluation (before any update) is the earlier model's own score, also with
     the drain action's third output added (a copy of ``k_safe``'s row: the drain term never decides)."""
@@ -152,6 +170,45 @@ def test_init_starts_the_search_at_the_earlier_model_and_a_new_drain_output_at_k
         train_ars(out=str(tmp_path / "z"), init=out, multiplier_of="rate", **TINY)
     with pytest.raises(ValueError, match="init must be a model directory"):
         ARSConfig(init=str(tmp_path / "missing")).validate()
+
+
+def test_init_from_a_shorter_load_observation_reads_the_new_features_with_zero_weights(tiny_model, tmp_path):
+    """A ``load-v2`` model starts a ``load-v3`` search: update 0 plays it exactly (zero weights on the two
+    new features), its normalisation of the 20 is kept and the two new ones are normalised afresh; a
+    ``load-v3`` model cannot start a ``load-v2`` search (it reads features that search lacks)."""
+    out, res = tiny_model
+    base = _selection_score(LearnedBudget(out))
+    warm = str(tmp_path / "v3")
+    r = train_ars(out=warm, init=out, observation="load-v3", **TINY)
+    assert r.curves[0]["eval_geo_time_in_system"] == pytest.approx(base, rel=1e-12)
+    fresh = str(tmp_path / "v3-fresh")  # a fresh load-v3 search: the same normalisation draws
+    train_ars(out=fresh, observation="load-v3", **TINY)
+    with np.load(os.path.join(out, NORM_FILE)) as a, np.load(os.path.join(warm, NORM_FILE)) as b, \
+            np.load(os.path.join(fresh, NORM_FILE)) as c:
+        np.testing.assert_array_equal(a["obs_mean"], b["obs_mean"][:20])
+        np.testing.assert_array_equal(a["obs_var"], b["obs_var"][:20])
+        np.testing.assert_array_equal(c["obs_mean"][20:], b["obs_mean"][20:])
+        np.testing.assert_array_equal(c["obs_var"][20:], b["obs_var"][20:])
+        assert b["obs_mean"].shape == (22,) and np.all(b["obs_var"][20:] > 0)
+    meta = json.load(open(os.path.join(warm, META_FILE)))
+    assert meta["layer_sizes"] == [22, 2] and meta["observation"] == "load-v3"
+    assert meta["seeds"]["normalisation"].startswith(f"from {out}; its new inputs from [")
+    agent = LearnedBudget(warm)
+    assert agent.requires["observation"] == "load-v3" and agent.model.observation_space.shape == (22,)
+    with pytest.raises(ValueError, match="sees observation='load-v3'; this search's is 'load-v2' \\(a model of the same"):
+        train_ars(out=str(tmp_path / "back"), init=warm, observation="load-v2", **TINY)
+
+
+def test_init_from_a_shorter_observation_widens_only_the_first_layer_of_a_network(tmp_path):
+    """With a hidden layer (one unit: fewer than the two outputs, so a widened or lengthened wrong layer
+    cannot fit) only the first layer gains the new inputs' zero columns; update 0 plays the model."""
+    out = str(tmp_path / "h")
+    train_ars(out=out, hidden=(1,), **TINY)
+    warm = str(tmp_path / "h3")
+    r = train_ars(out=warm, init=out, hidden=(1,), observation="load-v3", **TINY)
+    assert r.curves[0]["eval_geo_time_in_system"] == pytest.approx(_selection_score(LearnedBudget(out)), rel=1e-12)
+    with np.load(os.path.join(warm, ARRAYS_FILE)) as b:
+        assert b["w0"].shape == (1, 22) and b["w1"].shape == (2, 1)
 
 
 def test_same_config_same_model_whatever_the_workers(tiny_model, tmp_path):
@@ -415,7 +472,7 @@ def test_a_load_search_writes_a_17_feature_model_that_acts_as_its_candidate(tmp_
     agent = LearnedBudget(out)
     assert agent.obs_shape == (17,)
     assert _selection_score(agent) == pytest.approx(res.best_eval, rel=1e-12)
-    with pytest.raises(ValueError, match="observation must be 'load' or 'load-v2', got 'flat'"):
+    with pytest.raises(ValueError, match="observation must be 'load', 'load-v2' or 'load-v3', got 'flat'"):
         ARSConfig(observation="flat").validate()
 
 

@@ -14,7 +14,14 @@ import math
 import numpy as np
 import pytest
 
-from flowgym.sim.estimators import LOAD_FEATURES, LOAD_FEATURES_V2, RATE_TIME_CONSTANTS, LoadTracker
+from flowgym.sim.estimators import (
+    BACKLOG_TIME_CONSTANTS,
+    LOAD_FEATURES,
+    LOAD_FEATURES_V2,
+    LOAD_FEATURES_V3,
+    RATE_TIME_CONSTANTS,
+    LoadTracker,
+)
 
 
 class _Lane:
@@ -253,8 +260,34 @@ def test_features_by_hand():
     assert tr.features(eng, version=2)[19] == pytest.approx(math.log(1 / l), rel=1e-6)
     eng.n_queued = 0  # an empty queue: 0
     assert tr.features(eng, version=2)[19] == 0.0
-    with pytest.raises(ValueError, match=r"version must be one of \[1, 2\], got 3"):
-        tr.features(eng, version=3)
+    with pytest.raises(ValueError, match=r"version must be one of \[1, 2, 3\], got 4"):
+        tr.features(eng, version=4)
+
+
+def test_v3_backlog_averages_start_at_the_backlog_then_move_by_one_over_tau():
+    """Version 3: the 20 of version 2, then ``backlog_slots`` (``log(1 + queued / safe budget)``) averaged
+    with time constants 64 and 1024, started at the first decision point's backlog."""
+    eng = _Eng(prompts=[10] * 6, last_arrivals=6, n_queued=6, lanes=[_Lane(range(6))], queued_prompt_tokens=60)
+    tr = LoadTracker(1000, cap=4.0)  # nothing known: the safe budget is the cap, 4
+    tr.reset(eng)
+    b0 = math.log1p(6 / 4)
+    v = tr.features(eng, version=3)
+    assert v.shape == (len(LOAD_FEATURES_V3),) == (22,) and LOAD_FEATURES_V3[:20] == LOAD_FEATURES_V2
+    assert LOAD_FEATURES_V3[20:] == tuple(f"backlog_{int(t)}" for t in BACKLOG_TIME_CONSTANTS)
+    np.testing.assert_array_equal(v[:20], tr.features(eng, version=2))
+    assert v[20] == pytest.approx(b0, rel=1e-6) and v[21] == pytest.approx(b0, rel=1e-6) == v[2]
+    want = np.array([b0, b0])
+    for n in (1, 40, 0):  # the queue shrinks, grows, empties
+        eng.t += 1
+        eng.last_arrivals, eng.n_queued = 0, n
+        tr.update(eng, 0)
+        b = math.log1p(n / tr.safe_budget())
+        want += (b - want) / np.array([64.0, 1024.0])
+        v = tr.features(eng, version=3)
+        assert v[2] == pytest.approx(b, rel=1e-6, abs=1e-7)
+        np.testing.assert_allclose(v[20:], want, rtol=1e-6)
+    tr.reset_state()
+    np.testing.assert_array_equal(tr.backlogs, [0.0, 0.0])
 
 
 def test_v2_head_rate_feature_reads_the_rate_when_the_head_arrived():

@@ -160,8 +160,34 @@ def test_load_v2_observation_is_the_17_features_and_three_more():
         o1, *_ = v1.step(a)
         o2, *_ = v2.step(a)
     assert queued > 50  # the queue was not empty for most of the run, so its feature was exercised
-    with pytest.raises(ValueError, match="'load' or 'load-v2', got 'load3'"):
+    with pytest.raises(ValueError, match="'load', 'load-v2' or 'load-v3', got 'load3'"):
         FlowControlEnv(observation="load3", **kw)
+
+
+def test_load_v3_observation_is_the_20_features_and_the_backlog_averages():
+    """``observation="load-v3"``: a ``Box(-16, 16, (22,))`` whose first 20 entries are the ``"load-v2"``
+    observation of the same run, then ``backlog_slots`` (entry 2) averaged over 64 and 1024 slots."""
+    from gymnasium.utils.env_checker import check_env
+
+    kw = dict(M=8000, workload=_iid(9.0), horizon=400, action="log-multiplier", multiplier_of="max-head",
+              multipliers=(0.5, 4.0), max_budget=128)
+    v2 = FlowControlEnv(observation="load-v2", **kw)
+    v3 = FlowControlEnv(observation="load-v3", **kw)
+    assert v3.observation_space.shape == (22,)
+    check_env(FlowControlEnv(observation="load-v3", **kw), skip_render_check=True)
+    o2, _ = v2.reset(seed=4)
+    o3, _ = v3.reset(seed=4)
+    avg = np.array([o2[2], o2[2]], np.float64)
+    spread = 0.0
+    for t in range(399):
+        np.testing.assert_array_equal(o2, o3[:20])
+        np.testing.assert_allclose(o3[20:], avg, rtol=1e-4, atol=1e-5)
+        spread = max(spread, abs(float(o3[20]) - float(o3[21])))
+        a = np.array([np.sin(t / 7.0), -0.5], np.float32)
+        o2, *_ = v2.step(a)
+        o3, *_ = v3.step(a)
+        avg += (float(o2[2]) - avg) / np.array([64.0, 1024.0])
+    assert spread > 0.1  # the backlog moved, so the two averages told it apart
 
 
 def test_multiplier_action_is_k_times_the_safe_budget():
@@ -204,7 +230,7 @@ def test_multiplier_step_admits_at_most_the_budget():
         ({"action": "log-multiplier", "multipliers": (1.0,)}, "needs two of them, got \\(1.0,\\)"),
         ({"action": "log-multiplier", "per_class_budget": True, "output_length_known": True},
          "action='log-multiplier' sets one global budget"),
-        ({"observation": "scale-free"}, "observation must be 'dict', 'flat', 'load' or 'load-v2'"),
+        ({"observation": "scale-free"}, "observation must be 'dict', 'flat', 'load', 'load-v2' or 'load-v3'"),
         ({"multipliers": (2.0, 1.0)}, "multipliers must be positive finite numbers in ascending order"),
         ({"multipliers": ()}, "multipliers must be"),
         ({"multipliers": (0.0, 1.0)}, "multipliers must be"),
@@ -497,10 +523,10 @@ def test_generalist_pipeline_end_to_end(tmp_path):
     e2 = run_episode(again, kw, seed=9, horizon=200)
     assert np.array_equal(e1.series["admitted"], e2.series["admitted"])
     assert e1.metrics()["mean_time_in_system"] == e2.metrics()["mean_time_in_system"]
-    with pytest.raises(ValueError, match="distribution= needs observation='load' or 'load-v2'"):
+    with pytest.raises(ValueError, match="distribution= needs observation='load', 'load-v2' or 'load-v3'"):
         TrainConfig.generalist(observation="flat").validate()
     TrainConfig.generalist(observation="load-v2").validate()  # the SB3 path takes the 20 features too
-    with pytest.raises(ValueError, match="observation must be 'flat', 'load' or 'load-v2', got 'load3'"):
+    with pytest.raises(ValueError, match="observation must be 'flat', 'load', 'load-v2' or 'load-v3', got 'load3'"):
         TrainConfig.generalist(observation="load3").validate()
     with pytest.raises(ValueError, match="budget_levels are the actions of action='budget'"):
         TrainConfig.generalist(budget_levels=(0, 1, 2)).validate()

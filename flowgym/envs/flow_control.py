@@ -88,7 +88,8 @@ class FlowControlConfig:
     #: ``"dict"`` (a ``Dict`` of ``Box``es), ``"flat"`` (one ``Box``, for ``MlpPolicy``),
     #: ``"load"`` (one ``Box`` of the 17 scale-free load features of
     #: :mod:`flowgym.sim.estimators`: the same meaning at any ``M``, rate or length scale) or
-    #: ``"load-v2"`` (those 17 and 3 more: :data:`~flowgym.sim.estimators.LOAD_FEATURES_V2`).
+    #: ``"load-v2"`` (those 17 and 3 more: :data:`~flowgym.sim.estimators.LOAD_FEATURES_V2`) or
+    #: ``"load-v3"`` (those 20 and 2 more: :data:`~flowgym.sim.estimators.LOAD_FEATURES_V3`).
     observation: str = "dict"
     #: ``"budget"`` (the action is ``B_t``) or ``"multiplier"`` (the action is the index ``a`` of
     #: ``multipliers``; ``B_t = clip(round(multipliers[a] * M / E_hat[w]), 1, max_budget)`` with the
@@ -197,7 +198,8 @@ class FlowControlConfig:
             raise ValueError("queue_order='sjf' reads output lengths: it needs output_length_known=True")
         pos_int("estimate_floor", self.estimate_floor)
         if self.observation not in ("dict", "flat", *LOAD_OBSERVATIONS):
-            raise ValueError(f"observation must be 'dict', 'flat', 'load' or 'load-v2', got {self.observation!r}")
+            raise ValueError(f"observation must be {one_of(('dict', 'flat', *LOAD_OBSERVATIONS))}, "
+                             f"got {self.observation!r}")
         if self.action not in ("budget", "multiplier", "log-multiplier"):
             raise ValueError(f"action must be 'budget', 'multiplier' or 'log-multiplier', got {self.action!r}")
         ks = self.multipliers
@@ -329,7 +331,9 @@ class FlowControlEnv(gym.Env[Any, Any]):
     of scale-free load estimates (:data:`~flowgym.sim.estimators.LOAD_FEATURES`: KV usage,
     backlog, arrival rates at four time constants against the online safe budget, ...; the
     generalist reads it), and with ``observation="load-v2"`` a ``Box(-16, 16, (20,))``: those and
-    :data:`~flowgym.sim.estimators.LOAD_FEATURES_V2`'s three more. Output lengths enter them only
+    :data:`~flowgym.sim.estimators.LOAD_FEATURES_V2`'s three more; with ``observation="load-v3"`` a
+    ``Box(-16, 16, (22,))``: those 20 and the backlog's moving averages over 64 and 1024 slots
+    (:data:`~flowgym.sim.estimators.LOAD_FEATURES_V3`). Output lengths enter them only
     once a request has completed.
 
     ## Rewards

@@ -20,7 +20,7 @@ import gymnasium as gym
 import numpy as np
 
 from flowgym.envs.flow_control import FlowControlEnv
-from flowgym.envs.spaces import LOAD_OBSERVATIONS
+from flowgym.envs.spaces import LOAD_OBSERVATIONS, one_of
 
 __all__ = ["RandomizedFlowControlEnv"]
 
@@ -45,8 +45,8 @@ class RandomizedFlowControlEnv(gym.Env[Any, Any]):
         if not callable(sampler):
             raise ValueError(f"sampler must be a callable rng -> FlowControl-v0 arguments, got {sampler!r}")
         if fixed.get("observation", "dict") not in LOAD_OBSERVATIONS:
-            raise ValueError("RandomizedFlowControlEnv needs observation='load' or 'load-v2' (the flat and dict observations "
-                             "have M in their bounds, so their spaces change from draw to draw)")
+            raise ValueError(f"RandomizedFlowControlEnv needs observation={one_of(tuple(LOAD_OBSERVATIONS))} (the flat and "
+                             "dict observations have M in their bounds, so their spaces change from draw to draw)")
         self.sampler = sampler
         self.fixed = dict(fixed)
         self._rng = np.random.default_rng(0)

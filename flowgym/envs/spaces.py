@@ -196,7 +196,7 @@ class FlatObservation:
 
 
 #: The load observations and the :meth:`~flowgym.sim.estimators.LoadTracker.features` version of each.
-LOAD_OBSERVATIONS = {"load": 1, "load-v2": 2}
+LOAD_OBSERVATIONS = {"load": 1, "load-v2": 2, "load-v3": 3}
 
 
 class LoadObservation:
@@ -205,7 +205,9 @@ class LoadObservation:
     ``version=1`` (``observation="load"``): :data:`~flowgym.sim.estimators.LOAD_FEATURES` in order;
     ``version=2`` (``observation="load-v2"``): :data:`~flowgym.sim.estimators.LOAD_FEATURES_V2`, the
     same 17 and three more (the head-era rate, the completion rate, the queue's prompt length
-    against the arrivals'). Each clipped to ``[-16, 16]``. None of them has a unit of tokens,
+    against the arrivals'); ``version=3`` (``observation="load-v3"``):
+    :data:`~flowgym.sim.estimators.LOAD_FEATURES_V3`, the 20 and two moving averages of the backlog
+    (time constants 64 and 1024). Each clipped to ``[-16, 16]``. None of them has a unit of tokens,
     requests or slots, so one policy can read systems of any ``M``, request rate and length scale
     (the generalist model is trained on it).
     """

@@ -83,7 +83,10 @@ class ARSConfig:
     #: weights and frozen normalisation start the search (``None``: zero output weights, a fresh
     #: normalisation). An action with more outputs than that model's starts each new output as a copy
     #: of its last (``"max-head"`` to ``"max-drain"``: ``k_drain = k_safe``, where the drain term never
-    #: decides, so the search starts from that model's policy exactly).
+    #: decides, so the search starts from that model's policy exactly). A model of a shorter load
+    #: observation whose features begin this search's (``"load-v2"`` to ``"load-v3"``) starts with zero
+    #: weights on the new features and its own normalisation of the old ones (the new ones are
+    #: normalised as in a fresh search), so again update 0 plays that model's policy.
     init: str | None = None
     #: Updates of the policy.
     iterations: int = 80
@@ -104,7 +107,8 @@ class ARSConfig:
     multiplier_of: str = "max-head"
     #: The policy's observation: ``"load-v2"`` (the 17 load features and three more:
     #: :data:`~flowgym.sim.estimators.LOAD_FEATURES_V2`; the default since ars9, 2026-11-26) or
-    #: ``"load"`` (the 17, as every generalist before).
+    #: ``"load"`` (the 17, as every generalist before) or ``"load-v3"`` (the 20 and two moving averages
+    #: of the backlog, :data:`~flowgym.sim.estimators.LOAD_FEATURES_V3`).
     observation: str = "load-v2"
     #: Largest budget (the cap of ``k * rate``).
     max_budget: int = 256
@@ -171,10 +175,10 @@ class ARSConfig:
             if bad in self.env_overrides:
                 raise ValueError(f"env_overrides may not set {bad!r}: the workload comes from the distribution or "
                                  "the scenario, and the observation and action are the search's own settings")
-        from flowgym.envs.spaces import LOAD_OBSERVATIONS
+        from flowgym.envs.spaces import LOAD_OBSERVATIONS, one_of
 
         if self.observation not in LOAD_OBSERVATIONS:
-            raise ValueError(f"observation must be 'load' or 'load-v2', got {self.observation!r}")
+            raise ValueError(f"observation must be {one_of(tuple(LOAD_OBSERVATIONS))}, got {self.observation!r}")
         from flowgym.envs.flow_control import FlowControlConfig
         from flowgym.lab.scenarios import get_scenario
 
@@ -310,8 +314,12 @@ def _log_scores(values: Sequence[float], n_candidates: int, n_draws: int) -> np.
 
 def _init_from(path: str, sizes: list[int], observation: str) -> tuple[np.ndarray, tuple[Any, Any, float, float]]:
     """The weight vector (layer sizes ``sizes``) and the normalisation ``(mean, var, eps, clip)`` of the
-    ``--algo ars`` model in ``path``; outputs it lacks copy its last output. Raises ``ValueError`` naming
-    what does not fit."""
+    ``--algo ars`` model in ``path``; outputs it lacks copy its last output, inputs it lacks (a longer
+    load observation that begins with its own) get zero weights. The normalisation covers the model's
+    own inputs only. Raises ``ValueError`` naming what does not fit."""
+    from flowgym.envs.spaces import LOAD_OBSERVATIONS
+    from flowgym.sim.estimators import FEATURE_VERSIONS
+
     agent = LearnedBudget(path)
     where = f"init: the model in {path!r}"
     if not isinstance(agent.model, ArrayPolicy):
@@ -319,14 +327,20 @@ def _init_from(path: str, sizes: list[int], observation: str) -> tuple[np.ndarra
                          "can start the search")
     have = agent.requires.get("observation")
     if have != observation:
-        raise ValueError(f"{where} sees observation={have!r}; this search's is {observation!r}")
+        mine = FEATURE_VERSIONS[LOAD_OBSERVATIONS[observation]]
+        theirs = FEATURE_VERSIONS.get(LOAD_OBSERVATIONS.get(have, 0), ())
+        if not theirs or len(theirs) > len(mine) or mine[:len(theirs)] != theirs:
+            raise ValueError(f"{where} sees observation={have!r}; this search's is {observation!r} (a model of the "
+                             "same observation, or of a shorter load observation that begins this one's, is needed)")
     layers = agent.model.layers
     old = [layers[0][0].shape[1]] + [w.shape[0] for w, _ in layers]
-    if old[:-1] != sizes[:-1] or old[-1] > sizes[-1]:
-        raise ValueError(f"{where} has layer sizes {old}; this search's are {sizes} (the same inputs and hidden "
-                         "layers, and at most as many outputs, are needed)")
+    if old[1:-1] != sizes[1:-1] or old[0] > sizes[0] or old[-1] > sizes[-1]:
+        raise ValueError(f"{where} has layer sizes {old}; this search's are {sizes} (the same hidden layers, and "
+                         "at most as many inputs and outputs, are needed)")
     parts = []
     for i, (w, b) in enumerate(layers):
+        if i == 0 and w.shape[1] < sizes[0]:  # new inputs start unread
+            w = np.hstack([w, np.zeros((w.shape[0], sizes[0] - w.shape[1]))])
         if i == len(layers) - 1 and w.shape[0] < sizes[-1]:  # new outputs copy the last one
             extra = sizes[-1] - w.shape[0]
             w = np.vstack([w] + [w[-1:]] * extra)
@@ -392,13 +406,17 @@ def train_ars(cfg: ARSConfig | None = None, *, on_iteration: Any = None, **overr
     runner = _Runner(spec, cfg.workers)
     t0 = time.perf_counter()
     try:
-        if start is not None:  # the starting model's normalisation, which its weights were found with
-            mean, var, eps, clip = start[1]
-        else:  # the load features' mean and spread under the initial policy, then frozen
+        if start is None or len(start[1][0]) < sizes[0]:  # the features' mean and spread under zero weights
             obs = runner.map(_observations, [(cfg.seed - 1 - j, draw(cfg.seed - 1 - j)) for j in range(cfg.norm_draws)])
             allobs = np.concatenate(obs)
             mean, var = allobs.mean(axis=0), allobs.var(axis=0)
             eps, clip = 1e-8, 10.0
+        if start is not None:  # the starting model's normalisation of its inputs, which its weights were found with
+            m0, v0, eps, clip = start[1]
+            if len(m0) < sizes[0]:  # new inputs: their fresh normalisation
+                mean, var = np.concatenate([m0, mean[len(m0):]]), np.concatenate([v0, var[len(m0):]])
+            else:
+                mean, var = m0, v0
         norm = (mean, np.sqrt(var + eps), clip)
 
         eval_kw = [draw(cfg.eval_seed + j) for j in range(cfg.eval_episodes)]
@@ -450,6 +468,9 @@ def train_ars(cfg: ARSConfig | None = None, *, on_iteration: Any = None, **overr
 
     policy = ArrayPolicy.from_vector(best[2], sizes, obs_low, obs_high)
     seed_ranges = cfg.seed_ranges()
+    norm_from: Any = list(seed_ranges["normalisation"])
+    if start is not None:
+        norm_from = f"from {cfg.init}" + ("" if len(start[1][0]) == sizes[0] else f"; its new inputs from {norm_from}")
     np.savez(os.path.join(cfg.out, ARRAYS_FILE), **policy.arrays())
     np.savez(os.path.join(cfg.out, NORM_FILE), obs_low=obs_low, obs_high=obs_high, obs_mean=mean, obs_var=var,
              epsilon=np.float64(eps), clip_obs=np.float64(clip))
@@ -474,7 +495,7 @@ def train_ars(cfg: ARSConfig | None = None, *, on_iteration: Any = None, **overr
         "layer_sizes": sizes,
         "hyperparameters": cfg.hyperparameters(),
         "seeds": {"train": list(seed_ranges["training"]),
-                  "normalisation": list(seed_ranges["normalisation"]) if cfg.init is None else f"from {cfg.init}",
+                  "normalisation": norm_from,
                   "eval_during_training": [cfg.eval_seed + i for i in range(cfg.eval_episodes)],
                   "tune": [1000 + i for i in range(cfg.tune_seeds)],
                   "report": list(range(cfg.final_eval_seeds))},

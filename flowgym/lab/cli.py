@@ -23,7 +23,7 @@ from typing import Any
 
 
 from flowgym.envs.flow_control import FlowControlEnv
-from flowgym.envs.spaces import MULTIPLIER_OF
+from flowgym.envs.spaces import LOAD_OBSERVATIONS, MULTIPLIER_OF
 from flowgym.lab.train import DEFAULT_TRAIN_MINUTES, GENERALIST_TRAIN_MINUTES
 from flowgym.sim.metrics import METRIC_NAMES
 from flowgym.sim.theory import max_global_budget
@@ -441,7 +441,7 @@ def _train_ars(args: argparse.Namespace) -> int:
     given = [f"--{k.replace('_', '-')}" for k in _SB3_ONLY if getattr(args, k, None) is not None]
     if args.backend != "serial":
         given.append("--backend")
-    if args.observation not in (None, "load", "load-v2"):
+    if args.observation not in (None, *LOAD_OBSERVATIONS):
         given.append(f"--observation {args.observation}")
     if args.action not in (None, "log-multiplier"):
         given.append(f"--action {args.action}")
@@ -694,10 +694,11 @@ def build_parser() -> argparse.ArgumentParser:
                    help="train on a distribution of workloads: random-mix (default without --scenario), its JSON "
                    "('{\"kind\": \"random-mix\", \"stationary_p\": 0.5}'; fields in docs/training.md), or none "
                    "(train on --scenario)")
-    t.add_argument("--observation", choices=["flat", "load", "load-v2"], default=None,
+    t.add_argument("--observation", choices=["flat", *LOAD_OBSERVATIONS], default=None,
                    help="the policy's observation: the environment's flat one (default with --scenario and an SB3 "
-                   "algorithm), the 17 scale-free load features (load; the SB3 default on a distribution) or those "
-                   "and three more (load-v2; the default of --algo ars, the generalist)")
+                   "algorithm), the 17 scale-free load features (load; the SB3 default on a distribution), those "
+                   "and three more (load-v2; the default of --algo ars, the generalist) or those 20 and two moving "
+                   "averages of the backlog (load-v3)")
     t.add_argument("--action", choices=["budget", "multiplier", "log-multiplier"], default=None,
                    help="the policy's action: a budget (or a budget level's index; default with --scenario), the "
                    "index of a multiplier (of the arrival rate on a distribution; --multiplier-of), or "

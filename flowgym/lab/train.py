@@ -179,11 +179,11 @@ class TrainConfig:
     #: (:class:`flowgym.lab.distributions.RandomMix`), its mapping ``{"kind": "random-mix", ...}`` or a
     #: callable ``rng -> FlowControl-v0 arguments``; a new draw every episode, evaluation during
     #: training on fixed draws (seeds ``eval_seed..``). The scenario is then only the report scenario
-    #: of the final table (zero-shot). Needs ``observation="load"`` (or ``"load-v2"``). ``None``: train on the scenario.
+    #: of the final table (zero-shot). Needs a load observation (``"load"``, ``"load-v2"``, ``"load-v3"``). ``None``: train on the scenario.
     distribution: Any = None
     #: The policy's observation: ``"flat"`` (the environment's flat observation), ``"load"`` (the
     #: scale-free load features, :mod:`flowgym.sim.estimators`; any ``M``, rate and length scale) or
-    #: ``"load-v2"`` (those and three more).
+    #: ``"load-v2"`` (those and three more) or ``"load-v3"`` (those and the backlog's moving averages).
     observation: str = "flat"
     #: The policy's action: ``"budget"`` (a budget, or the index of one of ``budget_levels``) or
     #: ``"multiplier"`` (the index of a multiplier ``k`` of the online safe budget ``M / E_hat[w]``
@@ -304,10 +304,10 @@ class TrainConfig:
                                  "own in a scenario file: flowgym scenario show adaptive-mix > my.toml, edit it, then "
                                  "--scenario my.toml; docs/scenarios.md), observation= is the training setting of that name, "
                                  "and max_budget= or budget_levels= set the action range")
-        from flowgym.envs.spaces import LOAD_OBSERVATIONS
+        from flowgym.envs.spaces import LOAD_OBSERVATIONS, one_of
 
         if self.observation not in ("flat", *LOAD_OBSERVATIONS):
-            raise ValueError(f"observation must be 'flat', 'load' or 'load-v2', got {self.observation!r}")
+            raise ValueError(f"observation must be {one_of(('flat', *LOAD_OBSERVATIONS))}, got {self.observation!r}")
         if self.action not in ("budget", "multiplier", "log-multiplier"):
             raise ValueError(f"action must be 'budget', 'multiplier' or 'log-multiplier', got {self.action!r}")
         if self.action != "budget" and self.budget_levels is not None:
@@ -322,8 +322,8 @@ class TrainConfig:
 
             make_distribution(self.distribution)  # raises naming the field
             if self.observation not in LOAD_OBSERVATIONS:
-                raise ValueError("distribution= needs observation='load' or 'load-v2' (the flat observation's bounds and "
-                                 "meaning change with M and the request scale)")
+                raise ValueError(f"distribution= needs observation={one_of(tuple(LOAD_OBSERVATIONS))} (the flat "
+                                 "observation's bounds and meaning change with M and the request scale)")
         if not self.out:
             raise ValueError("out (the output directory) must be given")
 

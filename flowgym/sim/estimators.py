@@ -33,10 +33,14 @@ from typing import Any
 
 import numpy as np
 
-__all__ = ["LoadTracker", "RATE_TIME_CONSTANTS", "LOAD_FEATURES", "LOAD_FEATURES_V2", "FEATURE_VERSIONS", "RATE_MEMORY"]
+__all__ = ["LoadTracker", "RATE_TIME_CONSTANTS", "BACKLOG_TIME_CONSTANTS", "LOAD_FEATURES", "LOAD_FEATURES_V2",
+           "LOAD_FEATURES_V3", "FEATURE_VERSIONS", "RATE_MEMORY"]
 
 #: Time constants (decision points) of the arrival-rate moving averages.
 RATE_TIME_CONSTANTS = (8.0, 32.0, 128.0, 512.0)
+
+#: Time constants (decision points) of the moving averages of ``backlog_slots`` in ``version=3``.
+BACKLOG_TIME_CONSTANTS = (64.0, 1024.0)
 
 #: Decision points of arrival-rate history kept for :meth:`LoadTracker.head_rate` (a ring buffer): a
 #: queue head that arrived longer ago reads the oldest rate kept.
@@ -66,8 +70,16 @@ LOAD_FEATURES_V2 = LOAD_FEATURES + (
     "queue_prompt",  # log(mean prompt of the queue / mean arriving prompt); 0 when the queue is empty
 )
 
+#: Names of the features of ``version=3`` (``observation="load-v3"``): :data:`LOAD_FEATURES_V2`, then the
+#: backlog's recent past, an exponentially weighted frame stack of ``backlog_slots``: a backlog that has
+#: stood for a thousand slots (stationary overload) reads differently from one a burst just built.
+LOAD_FEATURES_V3 = LOAD_FEATURES_V2 + (
+    "backlog_64",  # backlog_slots, moving average with time constant 64
+    "backlog_1024",  # backlog_slots, moving average with time constant 1024
+)
+
 #: The feature names of each version of :meth:`LoadTracker.features` (the one place that lists the versions).
-FEATURE_VERSIONS = {1: LOAD_FEATURES, 2: LOAD_FEATURES_V2}
+FEATURE_VERSIONS = {1: LOAD_FEATURES, 2: LOAD_FEATURES_V2, 3: LOAD_FEATURES_V3}
 
 
 class LoadTracker:
@@ -87,6 +99,8 @@ class LoadTracker:
         self.cap = float(cap)
         self._d = 1.0 / float(length_window)
         self._a = 1.0 / np.asarray(RATE_TIME_CONSTANTS)
+        self._ab = 1.0 / np.asarray(BACKLOG_TIME_CONSTANTS)
+        self.backlogs = np.zeros(len(BACKLOG_TIME_CONSTANTS))
         self.rates = np.zeros(len(RATE_TIME_CONSTANTS))
         self._rh = np.zeros(RATE_MEMORY)  # rate_32 at decision point t, at index t % RATE_MEMORY
         self._rt = np.full(RATE_MEMORY, -1, np.int64)  # the t stored there (-1: none)
@@ -95,6 +109,7 @@ class LoadTracker:
     def reset_state(self) -> None:
         """Forget everything (the state of an empty system)."""
         self.rates[:] = 0.0
+        self.backlogs[:] = 0.0
         self._rt[:] = -1
         self._head_rate = 0.0
         self._started = False
@@ -106,7 +121,6 @@ class LoadTracker:
         self._held = 0
         self._nact = 0
         self._queued = 0
-        self._t = 0
 
     def reset(self, eng: Any) -> None:
         """Start tracking the engine ``eng`` at its first decision point."""
@@ -120,7 +134,8 @@ class LoadTracker:
 
     def _observe(self, eng: Any, completed: int, completed_tokens: int) -> None:
         k = eng.last_arrivals
-        if not self._started:
+        first = not self._started
+        if first:
             self.rates[:] = k
             self._started = True
         else:
@@ -147,7 +162,11 @@ class LoadTracker:
         w = eng.wasted_tokens
         self._waste += (w - self._w0 - self._waste) / 32.0
         self._w0 = w
-        self._t += 1
+        b = math.log1p(self._queued / self.safe_budget())  # backlog_slots now
+        if first:
+            self.backlogs[:] = b
+        else:
+            self.backlogs += (b - self.backlogs) * self._ab
 
     # ------------------------------------------------------------------ estimates
 
@@ -208,7 +227,8 @@ class LoadTracker:
 
     def features(self, eng: Any, out: np.ndarray | None = None, version: int = 1) -> np.ndarray:
         """The scale-free features as float32 (into ``out`` if given): :data:`LOAD_FEATURES` with
-        ``version=1``, :data:`LOAD_FEATURES_V2` with ``version=2``."""
+        ``version=1``, :data:`LOAD_FEATURES_V2` with ``version=2``, :data:`LOAD_FEATURES_V3` with
+        ``version=3`` (each version's features start with the previous one's)."""
         if version not in FEATURE_VERSIONS:
             raise ValueError(f"load features: version must be one of {sorted(FEATURE_VERSIONS)}, got {version!r}")
         M = self.M
@@ -236,6 +256,8 @@ class LoadTracker:
             v[18] = math.log1p(self._Nf / 16.0 / bs)
             l_in = self._lA / self._lN if self._lN > 1e-6 else 0.0
             v[19] = math.log(max(eng.queued_prompt_tokens / q, 1.0) / max(l_in, 1.0)) if q else 0.0
+        if version >= 3:
+            v[20], v[21] = self.backlogs.tolist()
         return v
 
 
