@@ -121,6 +121,8 @@ class LoadTracker:
         self._held = 0
         self._nact = 0
         self._queued = 0
+        self._work: float | None = None  # the estimates, set once per decision point by _observe
+        self._safe = self.cap
 
     def reset(self, eng: Any) -> None:
         """Start tracking the engine ``eng`` at its first decision point."""
@@ -162,7 +164,9 @@ class LoadTracker:
         w = eng.wasted_tokens
         self._waste += (w - self._w0 - self._waste) / 32.0
         self._w0 = w
-        b = math.log1p(self._queued / self.safe_budget())  # backlog_slots now
+        self._work = w_hat = self._work_now()
+        self._safe = self.cap if w_hat is None else float(min(max(self.M / max(w_hat, 1.0), 0.5), self.cap))
+        b = math.log1p(self._queued / self._safe)  # backlog_slots now
         if first:
             self.backlogs[:] = b
         else:
@@ -178,6 +182,10 @@ class LoadTracker:
     @property
     def work(self) -> float | None:
         """The estimate of ``E[w]`` (token-slots per request); ``None`` while nothing is known."""
+        return self._work
+
+    def _work_now(self) -> float | None:
+        """:attr:`work` from the moving sums (computed once per decision point)."""
         l = self._lA / self._lN if self._lN > 1e-6 else 0.0
         w_lb = None
         if self._nact:
@@ -222,8 +230,7 @@ class LoadTracker:
 
     def safe_budget(self) -> float:
         """``M / E_hat[w]`` clipped to ``[0.5, cap]`` (the cap while ``E[w]`` is unknown)."""
-        w = self.work
-        return self.cap if w is None else float(min(max(self.M / max(w, 1.0), 0.5), self.cap))
+        return self._safe
 
     def features(self, eng: Any, out: np.ndarray | None = None, version: int = 1) -> np.ndarray:
         """The scale-free features as float32 (into ``out`` if given): :data:`LOAD_FEATURES` with
