@@ -65,7 +65,11 @@ FORMAT_VERSION = 2
 #: unless trusted (anything else: ``"package.module:Class"``, imported only with ``trust=True``).
 ALGORITHMS = {"ppo": "stable_baselines3:PPO", "a2c": "stable_baselines3:A2C", "dqn": "stable_baselines3:DQN",
               "sac": "stable_baselines3:SAC", "td3": "stable_baselines3:TD3", "ddpg": "stable_baselines3:DDPG",
-              "qrdqn": "sb3_contrib:QRDQN", "trpo": "sb3_contrib:TRPO", "maskable-ppo": "sb3_contrib:MaskablePPO"}
+              "qrdqn": "sb3_contrib:QRDQN", "trpo": "sb3_contrib:TRPO", "maskable-ppo": "sb3_contrib:MaskablePPO",
+              "recurrent-ppo": "sb3_contrib:RecurrentPPO"}
+#: What a recurrent (LSTM) policy's constructor may read from ``flowgym_agent.json``'s ``policy_kwargs``, and the
+#: type each must have (:func:`write_safe` records them from the trained policy).
+LSTM_KWARGS = {"lstm_hidden_size": int, "n_lstm_layers": int, "shared_lstm": bool, "enable_critic_lstm": bool}
 
 #: How a trained policy's action distribution becomes a budget (see :func:`policy_action`).
 ACTION_RULES = ("mean", "mode")
@@ -95,6 +99,17 @@ def algorithm_class(algo: str) -> type:
         return getattr(importlib.import_module(mod), cls)
     except (ImportError, AttributeError) as e:
         raise ValueError(f"cannot load algorithm {algo!r}: {e}") from None
+
+
+def policy_alias(algo_cls: type) -> str:
+    """The name of ``algo_cls``'s multilayer-perceptron policy: ``"MlpLstmPolicy"`` for a recurrent algorithm
+    (sb3-contrib's ``RecurrentPPO``), else ``"MlpPolicy"``."""
+    return "MlpLstmPolicy" if "MlpLstmPolicy" in getattr(algo_cls, "policy_aliases", {}) else "MlpPolicy"
+
+
+def is_recurrent(model: Any) -> bool:
+    """Whether ``model`` (an SB3 algorithm or policy) carries a hidden state from one decision to the next."""
+    return hasattr(getattr(model, "policy", model), "lstm_actor")
 
 
 def valid_levels(levels: Any) -> bool:
@@ -132,6 +147,37 @@ def policy_action(model: Any, obs: np.ndarray, rule: str = "mean") -> np.ndarray
             return np.rint(p @ np.arange(p.shape[1])).astype(np.int64)
     action, _ = model.predict(obs, deterministic=True)
     return np.asarray(action)
+
+
+def recurrent_action(model: Any, obs: np.ndarray, state: Any, episode_start: Any,
+                     rule: str = "mean") -> tuple[np.ndarray, Any]:
+    """:func:`policy_action` for a recurrent policy (``recurrent-ppo``): the deterministic actions of a batch of
+    (normalised) observations and the LSTM state after them.
+
+    ``state`` is the state :func:`recurrent_action` returned for the previous decision (``None``: zeros);
+    ``episode_start`` marks, per row, a decision that starts an episode (its state is reset to zeros first;
+    ``None``: every row when ``state`` is ``None``, else none).
+    The rules are :func:`policy_action`'s: ``"mean"`` of a discrete budget distribution is its expected
+    index, rounded; otherwise the policy's ``predict(deterministic=True)`` (a continuous action's mean).
+    """
+    obs = np.asarray(obs, dtype=np.float32)
+    starts = (np.full(len(obs), state is None) if episode_start is None
+              else np.asarray(episode_start, dtype=bool).reshape(len(obs)))
+    policy = getattr(model, "policy", model)
+    if rule == "mean" and hasattr(policy.action_space, "n"):
+        import torch
+
+        if state is None:
+            zeros = np.zeros((policy.lstm_hidden_state_shape[0], len(obs), policy.lstm_hidden_state_shape[2]))
+            state = (zeros, zeros)
+        with torch.no_grad():
+            t, _ = policy.obs_to_tensor(obs)
+            lstm = tuple(torch.as_tensor(x, dtype=torch.float32) for x in state)
+            dist, new = policy.get_distribution(t, lstm, torch.as_tensor(starts, dtype=torch.float32))
+            p = dist.distribution.probs.cpu().numpy().astype(np.float64)
+        return np.rint(p @ np.arange(p.shape[1])).astype(np.int64), tuple(x.cpu().numpy() for x in new)
+    action, state = policy.predict(obs, state=state, episode_start=starts, deterministic=True)
+    return np.asarray(action), state
 
 
 # --------------------------------------------------------------------------- loading without pickle
@@ -209,10 +255,18 @@ def _load_safe(path: str, meta: dict[str, Any], trust: bool) -> tuple[Any, Any]:
                            dtype=np.float32)
     act_space = action_space_of(meta)
     kwargs = meta.get("policy_kwargs", {})
-    if not isinstance(kwargs, dict) or set(kwargs) - {"net_arch"}:
-        raise ValueError(f"learned agent: {META_FILE} in {path!r}: policy_kwargs may only hold net_arch, got {kwargs!r}")
+    alias = policy_alias(cls)
+    allowed = ["net_arch", *(LSTM_KWARGS if alias == "MlpLstmPolicy" else ())]
+    if not isinstance(kwargs, dict) or set(kwargs) - set(allowed):
+        raise ValueError(f"learned agent: {META_FILE} in {path!r}: policy_kwargs may only hold "
+                         f"{', '.join(allowed)}, got {kwargs!r}")
+    for key, kind in LSTM_KWARGS.items():
+        v = kwargs.get(key)
+        if v is not None and (type(v) is not kind or (kind is int and v < 1)):
+            raise ValueError(f"learned agent: {META_FILE} in {path!r}: policy_kwargs {key}={v!r}; expected "
+                             f"{'a positive integer' if kind is int else 'true or false'}")
     try:
-        policy = cls.policy_aliases["MlpPolicy"](obs_space, act_space, lambda _: 0.0, **kwargs)
+        policy = cls.policy_aliases[alias](obs_space, act_space, lambda _: 0.0, **kwargs)
         state = torch.load(os.path.join(path, POLICY_FILE), map_location="cpu", weights_only=True)
         policy.load_state_dict(state)
     except Exception as e:  # an unpickling refusal, a missing or mismatched tensor
@@ -255,6 +309,10 @@ def write_safe(path: str, policy: Any, norm: Any, meta: dict[str, Any]) -> dict[
     out["format"] = FORMAT_VERSION
     if net_arch is not None:
         out["policy_kwargs"] = {"net_arch": net_arch if not isinstance(net_arch, tuple) else list(net_arch)}
+    if is_recurrent(policy):  # what rebuilds its LSTM
+        out.setdefault("policy_kwargs", {}).update(
+            lstm_hidden_size=int(policy.lstm_actor.hidden_size), n_lstm_layers=int(policy.lstm_actor.num_layers),
+            shared_lstm=bool(policy.shared_lstm), enable_critic_lstm=bool(policy.enable_critic_lstm))
     return out
 
 
@@ -436,7 +494,9 @@ class LearnedBudget(Agent):
     continuous-time scenario for a model trained in slots) is refused at the
     first step. Each decision is held for the ``action_repeat`` slots it was
     trained with (``flowgym_agent.json``), so the agent keeps a little state,
-    reset by :meth:`reset`. A model trained with ``budget_levels`` chooses the
+    reset by :meth:`reset`; a recurrent policy (``recurrent-ppo``, sb3-contrib's
+    ``RecurrentPPO``) also keeps its LSTM state from one decision to the next,
+    zeros at the start of each episode. A model trained with ``budget_levels`` chooses the
     index of a level, and the agent plays that level's budget. A model of
     ``flowgym train --algo ars`` (``"algo": "ars"``) is an :class:`ArrayPolicy` in
     ``policy.npz``: it loads and runs with numpy alone (no torch, no SB3).
@@ -543,6 +603,10 @@ class LearnedBudget(Agent):
                              f"list {self.meta['action_n']} ascending non-negative integer budgets, one per action")
         self.budget_levels: list[int] | None = levels
         self._held, self._left = 0, 0
+        #: A recurrent policy (``recurrent-ppo``) carries its LSTM state from decision to decision (``_lstm``:
+        #: ``None`` at the start of an episode, when the state is zeros).
+        self.recurrent = is_recurrent(self.model)
+        self._lstm: Any = None
         self.action_rule = action_rule if action_rule is not None else self.meta.get("action_rule", "mode")
         if self.action_rule not in ACTION_RULES:
             raise ValueError(f"learned agent: action_rule must be one of {list(ACTION_RULES)}, got {self.action_rule!r}")
@@ -569,6 +633,7 @@ class LearnedBudget(Agent):
         """Start an episode; refuses a configuration whose observation-shaping options differ."""
         super().reset(config, seed)
         self._held, self._left = 0, 0
+        self._lstm = None
         for key, want in self.requires.items():
             have = getattr(config, key)
             if key == "max_budget":
@@ -604,7 +669,12 @@ class LearnedBudget(Agent):
         if self._left > 0:
             self._left -= 1
             return self._held
-        action = policy_action(self.model, self.normalize(observation)[None], self.action_rule)[0]
+        obs = self.normalize(observation)[None]
+        if self.recurrent:
+            actions, self._lstm = recurrent_action(self.model, obs, self._lstm, [self._lstm is None], self.action_rule)
+            action = actions[0]
+        else:
+            action = policy_action(self.model, obs, self.action_rule)[0]
         if self.continuous:  # a log-multiplier: the Gaussian policy's mean, clipped to its box
             self._held = np.asarray(action, dtype=np.float32).reshape(-1)
         else:

@@ -11,8 +11,8 @@ def _have(*modules: str) -> bool:
     return all(importlib.util.find_spec(m) is not None for m in modules)
 
 
-#: Stable-Baselines3 and torch (training, learned agents, the SB3 checker and adapter).
-HAVE_SB3 = _have("stable_baselines3", "torch")
+#: Stable-Baselines3, sb3-contrib and torch, the train extra (training, learned agents, the SB3 checker and adapter).
+HAVE_SB3 = _have("stable_baselines3", "sb3_contrib", "torch")
 needs_sb3 = pytest.mark.skipif(
     not HAVE_SB3,
     reason="needs Stable-Baselines3 and torch: pip install 'flowgym[train]' (CPU torch first: see README)",

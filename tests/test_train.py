@@ -409,3 +409,99 @@ def test_shipped_model_loads_and_acts():
     e1, e2 = run_episode(agent, sc.env_kwargs(), 0, 400), run_episode(agent, sc.env_kwargs(), 0, 400)
     assert np.array_equal(e1.series["admitted"], e2.series["admitted"])
     assert e1.metrics()["completed"] > 0
+
+
+@needs_sb3
+def test_recurrent_ppo_trains_and_its_lstm_state_round_trips(tmp_path):
+    """sb3-contrib's RecurrentPPO: trains end to end, loads without pickle, and the agent carries the LSTM
+    state from decision to decision exactly as the SB3 model does (and resets it per episode)."""
+    from sb3_contrib import RecurrentPPO
+
+    from flowgym.agents.learned import recurrent_action
+    from flowgym.lab.train import _RuleModel
+
+    out = str(tmp_path / "rppo")
+    train(TrainConfig(out=out, **{**TINY, "algo": "recurrent-ppo", "action": "log-multiplier",
+                                  "multiplier_of": "max-head", "observation": "load-v2", "net_arch": (8,),
+                                  "algo_kwargs": {"policy_kwargs": {"lstm_hidden_size": 6}}}))
+    meta = json.load(open(os.path.join(out, "flowgym_agent.json")))
+    assert meta["policy_kwargs"] == {"net_arch": [8], "lstm_hidden_size": 6, "n_lstm_layers": 1,
+                                     "shared_lstm": False, "enable_critic_lstm": True}
+    assert [r for r in read_curves(os.path.join(out, "curves.csv")) if r["kind"] == "eval"]
+    agent = LearnedBudget(out)  # no trust needed: a known algorithm, plain tensors
+    assert agent.recurrent and agent.model.lstm_actor.hidden_size == 6
+    sb3 = RecurrentPPO.load(os.path.join(out, "model.zip"), device="cpu")
+    env_kwargs = get_scenario("adaptive-switch").env_kwargs()
+
+    def held(a):  # the float actions the agent decides in one episode
+        env = env_for(a, env_kwargs, 300)
+        obs, _ = env.reset(seed=3)
+        a.reset(env.unwrapped.config, seed=3)
+        rows, done = [], False
+        while not done:
+            decides = a.decides_next
+            b = a.act(obs, env.unwrapped.view)
+            if decides:
+                rows.append((obs.copy(), np.array(a._held)))
+            obs, _, term, trunc, _ = env.step(b)
+            done = term or trunc
+        return rows
+
+    rows = held(agent)
+    assert len(rows) > 10
+    state = None
+    for i, (obs, act) in enumerate(rows):  # the SB3 model, its state carried the same way
+        want, state = sb3.predict(agent.normalize(obs)[None], state=state, episode_start=np.array([i == 0]),
+                                  deterministic=True)
+        np.testing.assert_allclose(act, want[0], rtol=0, atol=1e-6)
+    again = held(agent)  # reset() starts the state from zeros again
+    assert all(np.array_equal(a[1], b[1]) for a, b in zip(rows, again))
+    # the state matters: each decision from a zero state acts differently
+    fresh = [recurrent_action(agent.model, agent.normalize(o)[None], None, None)[0][0] for o, _ in rows]
+    assert not all(np.allclose(f, a) for f, (_, a) in zip(fresh, rows))
+    # the in-training evaluation's wrapper passes the state through as well
+    obs = np.stack([agent.normalize(o) for o, _ in rows[:2]])
+    a1, s1 = _RuleModel(sb3, "mean").predict(obs, None, np.array([True, True]))
+    b1, t1 = recurrent_action(sb3, obs, None, [True, True])
+    assert s1 is not None and np.array_equal(a1, b1) and np.array_equal(s1[0], t1[0])
+
+
+@needs_sb3
+def test_recurrent_model_policy_kwargs_are_checked(tmp_path):
+    from flowgym.agents.learned import _load_safe
+
+    base = {"algo": "recurrent-ppo", "algo_class": "sb3_contrib:RecurrentPPO", "action_n": 3}
+    np.savez(os.path.join(tmp_path, "normalization.npz"), obs_low=np.zeros(4), obs_high=np.ones(4))
+    for bad, word in (({"lstm_hidden_size": "8"}, "lstm_hidden_size='8'"), ({"lstm_hidden_size": 0}, "positive"),
+                      ({"shared_lstm": 1}, "true or false"), ({"activation_fn": "x"}, "may only hold")):
+        with pytest.raises(ValueError, match=word):
+            _load_safe(str(tmp_path), {**base, "policy_kwargs": bad}, False)
+    with pytest.raises(ValueError, match="may only hold"):  # an LSTM size for a policy without one
+        _load_safe(str(tmp_path), {**base, "algo": "ppo", "policy_kwargs": {"lstm_hidden_size": 8}}, False)
+
+
+@needs_sb3
+def test_recurrent_mean_rule_of_a_discrete_budget_is_the_expected_index_with_the_state_carried():
+    import torch
+    from gymnasium import spaces
+    from sb3_contrib import RecurrentPPO
+
+    from flowgym.agents.learned import recurrent_action
+
+    torch.manual_seed(0)
+    obs_space = spaces.Box(-5, 5, (3,), np.float32)
+    policy = RecurrentPPO.policy_aliases["MlpLstmPolicy"](obs_space, spaces.Discrete(9), lambda _: 0.0,
+                                                          lstm_hidden_size=5, n_lstm_layers=2)
+    obs = np.random.default_rng(1).normal(size=(6, 2, 3)).astype(np.float32)  # 6 decisions of 2 episodes
+    state, h = None, (torch.zeros(2, 2, 5), torch.zeros(2, 2, 5))
+    for i, o in enumerate(obs):
+        got, state = recurrent_action(policy, o, state, None)
+        starts = torch.full((2,), float(i == 0))
+        with torch.no_grad():
+            dist, h = policy.get_distribution(torch.as_tensor(o), h, starts)
+        want = np.rint(dist.distribution.probs.numpy() @ np.arange(9))
+        assert np.array_equal(got, want) and got.dtype == np.int64
+        assert np.allclose(state[0], h[0].numpy()) and np.allclose(state[1], h[1].numpy())
+        mode, _ = recurrent_action(policy, o, None if i == 0 else prev, None, "mode")
+        assert np.array_equal(mode, dist.distribution.probs.numpy().argmax(1))
+        prev = state

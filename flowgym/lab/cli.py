@@ -719,6 +719,7 @@ def build_parser() -> argparse.ArgumentParser:
                    help="ars: augmented random search of a small numpy policy with common random numbers "
                    "(flowgym.lab.ars; the default without --scenario: the shipped generalist's recipe, no torch "
                    "needed), ppo (the default with --scenario), a2c, dqn, sac, td3, ddpg, qrdqn, trpo, maskable-ppo, "
+                   "recurrent-ppo (an LSTM policy), "
                    "or package.module:Class (its model then loads only with trust=True)")
     t.add_argument("--total-timesteps", type=int, default=None,
                    help="decisions (SB3 timesteps; slots = decisions x action repeat) "

@@ -62,7 +62,10 @@ from flowgym.agents.learned import (
     LearnedBudget,
     algorithm_class,
     describe_action_space,
+    is_recurrent,
     policy_action,
+    policy_alias,
+    recurrent_action,
     require_sb3,
     valid_levels,
     write_safe,
@@ -379,7 +382,8 @@ class TrainResult:
 
 
 class _RuleModel:
-    """Wraps an SB3 model so ``predict`` applies an action rule (for ``EvalCallback``)."""
+    """Wraps an SB3 model so ``predict`` applies an action rule (for ``EvalCallback``); a recurrent model's
+    LSTM state goes through, as :class:`flowgym.agents.LearnedBudget` carries it."""
 
     def __init__(self, model: Any, rule: str) -> None:
         self._model, self._rule = model, rule
@@ -388,6 +392,8 @@ class _RuleModel:
         return getattr(self._model, name)
 
     def predict(self, obs: Any, state: Any = None, episode_start: Any = None, deterministic: bool = True) -> Any:
+        if is_recurrent(self._model):
+            return recurrent_action(self._model, obs, state, episode_start, self._rule)
         return policy_action(self._model, obs, self._rule), state
 
 
@@ -768,7 +774,7 @@ def train(cfg: TrainConfig | None = None, *, on_eval: Any = None, **overrides: A
                                  training=False, norm_obs=cfg.norm_obs, norm_reward=False, clip_obs=cfg.clip_obs)
 
     kwargs = _algo_kwargs(cfg, algo_cls)
-    model = algo_cls("MlpPolicy", venv, seed=cfg.seed, device=cfg.device, verbose=0, **kwargs)
+    model = algo_cls(policy_alias(algo_cls), venv, seed=cfg.seed, device=cfg.device, verbose=0, **kwargs)
     t0 = time.perf_counter()
     callbacks, (rec, evaluator) = _callbacks(cfg, eval_venv, n_eval, out, t0, on_eval)
     model.learn(total_timesteps=cfg.total_timesteps, callback=callbacks, progress_bar=False)
@@ -856,20 +862,31 @@ def train(cfg: TrainConfig | None = None, *, on_eval: Any = None, **overrides: A
 
 
 def _check_safe_copy(out: str, model: Any, norm: Any) -> None:
-    """The pickle-free files act as the SB3 model does (same budgets on random observations)."""
+    """The pickle-free files act as the SB3 model does (same budgets on random observations; for a
+    recurrent model, on a sequence of them, its LSTM state carried along)."""
     agent = LearnedBudget(out, trust=True)  # written by this run; trust only lets it import the class it trained
     rng = np.random.default_rng(0)
     space = model.observation_space
     raw = rng.uniform(0, 1, size=(64, *space.shape)) * np.minimum(space.high, 100.0)
     for rule in ACTION_RULES:
-        want = policy_action(model, norm.normalize_obs(raw) if norm.norm_obs else raw, rule)
-        got = policy_action(agent.model, np.stack([agent.normalize(r) for r in raw]), rule)
+        ours = norm.normalize_obs(raw) if norm.norm_obs else raw
+        theirs = np.stack([agent.normalize(r) for r in raw])
+        if is_recurrent(model):
+            want, got, s_want, s_got = [], [], None, None
+            for i in range(len(raw)):
+                a, s_want = recurrent_action(model, ours[i:i + 1], s_want, [i == 0], rule)
+                b, s_got = recurrent_action(agent.model, theirs[i:i + 1], s_got, [i == 0], rule)
+                want.append(a)
+                got.append(b)
+        else:
+            want, got = policy_action(model, ours, rule), policy_action(agent.model, theirs, rule)
         if not np.array_equal(np.asarray(want), np.asarray(got)):
             raise RuntimeError(f"the pickle-free copy of the policy in {out!r} acts differently from the SB3 model")
 
 
 def _algo_kwargs(cfg: TrainConfig, algo_cls: type) -> dict[str, Any]:
-    """Constructor arguments for ``algo_cls``: the ones of ``cfg`` it accepts, then ``algo_kwargs``."""
+    """Constructor arguments for ``algo_cls``: the ones of ``cfg`` it accepts, then ``algo_kwargs`` (its
+    ``policy_kwargs`` merged into those of ``cfg``: ``net_arch``, ``log_std_init``)."""
     import inspect
 
     accepted = set(inspect.signature(algo_cls.__init__).parameters)
@@ -892,7 +909,10 @@ def _algo_kwargs(cfg: TrainConfig, algo_cls: type) -> dict[str, Any]:
     kw["policy_kwargs"] = {"net_arch": list(cfg.net_arch)}
     if cfg.log_std_init is not None:
         kw["policy_kwargs"]["log_std_init"] = float(cfg.log_std_init)
-    kw.update(dict(cfg.algo_kwargs))
+    extra = dict(cfg.algo_kwargs)
+    if isinstance(extra.get("policy_kwargs"), Mapping):  # merged: e.g. an LSTM's size beside --net-arch
+        extra["policy_kwargs"] = {**kw["policy_kwargs"], **extra["policy_kwargs"]}
+    kw.update(extra)
     return kw
 
 
@@ -921,7 +941,8 @@ def _finite_mean(values: Sequence[float]) -> float:
     return float(v.mean()) if v.size else float("nan")
 
 
-def _versions(modules: Sequence[str] = ("stable_baselines3", "torch", "gymnasium", "numpy")) -> dict[str, str]:
+def _versions(modules: Sequence[str] = ("stable_baselines3", "sb3_contrib", "torch", "gymnasium", "numpy")
+              ) -> dict[str, str]:
     """The versions of ``modules`` (those importable) and of flowgym, for a model's ``meta.json``."""
     out = {}
     for mod in modules:
