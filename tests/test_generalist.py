@@ -504,7 +504,7 @@ def test_schedule_agent_follows_its_periodic_schedule():
 @needs_sb3
 def test_generalist_pipeline_end_to_end(tmp_path):
     from flowgym.agents import LearnedBudget
-    from flowgym.lab.train import TrainConfig, train
+    from flowgym.lab.train import TrainConfig, read_curves, train
 
     out = str(tmp_path / "gen")
     cfg = TrainConfig.generalist(total_timesteps=1024, n_envs=2, n_steps=256, batch_size=128, n_epochs=1,
@@ -513,7 +513,11 @@ def test_generalist_pipeline_end_to_end(tmp_path):
     res = train(cfg)
     evals = [r for r in res.curves if r["kind"] == "eval"]
     assert evals and all(r["geo_time_in_system"] > 0 for r in evals)
+    # curves.csv keeps the selection metric of each evaluation, and the selected model has the best of them
+    written = [r for r in read_curves(os.path.join(out, "curves.csv")) if r["kind"] == "eval"]
+    assert [r["geo_time_in_system"] for r in written] == pytest.approx([r["geo_time_in_system"] for r in evals])
     agent = LearnedBudget(out)
+    assert agent.meta["best_eval_time_in_system"] == pytest.approx(min(r["geo_time_in_system"] for r in written))
     assert agent.requires["observation"] == "load" and agent.requires["action"] == "multiplier"
     assert agent.meta["trained_on"]["kind"] == "random-mix"
     # the saved policy acts the same after a reload, on any scenario (scale-free)

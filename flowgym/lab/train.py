@@ -967,8 +967,10 @@ def _json_default(o: Any) -> Any:
 
 
 def _write_curves(rows: Sequence[Mapping[str, Any]], path: str) -> None:
+    # geo_time_in_system: the evaluations' geometric mean, what selects the model on a distribution
     cols = ["kind", "timesteps", "wall_seconds", "mean_step_reward", "mean_return", "mean_time_in_system",
-            "avg_latency", "p95_latency", "request_throughput", "token_throughput", "evictions", "completed"]
+            "geo_time_in_system", "avg_latency", "p95_latency", "request_throughput", "token_throughput", "evictions",
+            "completed"]
     with open(path, "w", newline="") as fh:
         w = csv.DictWriter(fh, fieldnames=cols, extrasaction="ignore")
         w.writeheader()
