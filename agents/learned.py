@@ -519,18 +519,24 @@ class LearnedBudget(Agent):
             distribution, rounded) or ``"mode"`` (its most likely budget); default: the
             rule the model was evaluated and selected with during training
             (``flowgym_agent.json``; ``"mode"`` for models that do not record one).
+        carry_state: a recurrent policy's LSTM state goes from each decision to the next (default
+            ``True``, as trained); ``False`` starts every decision from a zero state, an ablation that
+            shows what the policy's memory is worth (``benchmarks/select_generalist.py --memoryless``).
     """
 
     name = "learned"
 
     def __init__(self, path: str | None = None, label: str | None = None, action_rule: str | None = None,
-                 trust: bool = False) -> None:
+                 trust: bool = False, carry_state: bool = True) -> None:
         if path is None:
             path = DEFAULT_MODEL
             label = label or "learned (generalist)"
         if not isinstance(path, (str, os.PathLike)) or not os.path.isdir(path):
             raise ValueError(f"learned agent: path {path!r} is not a model directory (written by flowgym train)")
         self.path = os.fspath(path)
+        if not isinstance(carry_state, bool):
+            raise ValueError(f"learned agent: carry_state must be true or false, got {carry_state!r}")
+        self.carry_state = carry_state
         if not os.path.exists(os.path.join(self.path, META_FILE)):
             raise ValueError(f"learned agent: {self.path!r} lacks {[META_FILE]} (not a flowgym train output?)")
         try:
@@ -619,7 +625,7 @@ class LearnedBudget(Agent):
         ars``): it acts exactly as the model directory written from it will. ``norm`` is
         ``(mean, std, clip)`` or ``None``; ``env_options`` the environment options it needs."""
         self = cls.__new__(cls)
-        self.path = ""
+        self.path, self.carry_state = "", True
         self.meta = {"algo": "ars", "agent_env_options": dict(env_options), "action_repeat": int(action_repeat),
                      "action_space": describe_action_space(policy.action_space), "action_n": 0,
                      "observation_shape": list(policy.observation_space.shape), "action_rule": "mode"}
@@ -671,7 +677,8 @@ class LearnedBudget(Agent):
             return self._held
         obs = self.normalize(observation)[None]
         if self.recurrent:
-            actions, self._lstm = recurrent_action(self.model, obs, self._lstm, [self._lstm is None], self.action_rule)
+            state = self._lstm if self.carry_state else None
+            actions, self._lstm = recurrent_action(self.model, obs, state, [state is None], self.action_rule)
             action = actions[0]
         else:
             action = policy_action(self.model, obs, self.action_rule)[0]

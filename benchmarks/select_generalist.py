@@ -10,6 +10,7 @@ about a minute per model on one core::
 
     python benchmarks/select_generalist.py examples/ppo_generalist shipped
     python benchmarks/select_generalist.py shipped runs/ars-generalist --draws 48
+    python benchmarks/select_generalist.py shipped runs/rppo1 --draws 48 --memoryless
 
 ``shipped`` is the default learned agent (``learned`` with no path). ``--distribution`` overrides
 fields of ``RandomMix``: ``'{"trace_p": 0, "phase_scale": "uniform"}'`` gives the draws of the
@@ -35,9 +36,11 @@ FIRST_SEED = 30_000
 LIGHT = 50.0
 
 
-def time_in_system(model: str, seeds: Sequence[int], dist: RandomMix | None = None) -> np.ndarray:
-    """The model's mean time in system on the draw of each seed (of ``dist``, default ``RandomMix()``)."""
-    agent = LearnedBudget(None if model == "shipped" else model)
+def time_in_system(model: str, seeds: Sequence[int], dist: RandomMix | None = None,
+                   carry_state: bool = True) -> np.ndarray:
+    """The model's mean time in system on the draw of each seed (of ``dist``, default ``RandomMix()``);
+    ``carry_state=False`` plays a recurrent model from a zero state at every decision."""
+    agent = LearnedBudget(None if model == "shipped" else model, carry_state=carry_state)
     dist = dist or RandomMix()
     out = []
     for seed in seeds:
@@ -52,6 +55,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     ap.add_argument("--draws", type=int, default=48, help="draws (seeds 30000..; default 48)")
     ap.add_argument("--distribution", default="{}",
                     help='JSON overrides of RandomMix fields, e.g. \'{"trace_p": 0, "phase_scale": "uniform"}\'')
+    ap.add_argument("--memoryless", action="store_true",
+                    help="also play each recurrent model with its LSTM state zeroed before every decision "
+                    "(the row '<model> (state zeroed)'): what its memory is worth")
     args = ap.parse_args(argv)
     if args.draws < 2:
         ap.error("--draws must be at least 2")
@@ -65,6 +71,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     seeds = list(range(FIRST_SEED, FIRST_SEED + args.draws))
     piece = np.array([dist(np.random.default_rng(s))["workload"]["kind"] == "azure" for s in seeds])
     logs = {m: np.log(time_in_system(m, seeds, dist)) for m in args.models}
+    if args.memoryless:
+        for m in args.models:
+            if m != "shipped" and LearnedBudget(m).recurrent:
+                logs[f"{m} (state zeroed)"] = np.log(time_in_system(m, seeds, dist, carry_state=False))
     base = logs[args.models[0]]
     light = (base < np.log(LIGHT)) & ~piece
     rng = np.random.default_rng(0)

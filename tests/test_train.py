@@ -459,6 +459,12 @@ def test_recurrent_ppo_trains_and_its_lstm_state_round_trips(tmp_path):
     # the state matters: each decision from a zero state acts differently
     fresh = [recurrent_action(agent.model, agent.normalize(o)[None], None, None)[0][0] for o, _ in rows]
     assert not all(np.allclose(f, a) for f, (_, a) in zip(fresh, rows))
+    # carry_state=False (the ablation) plays every decision from a zero state
+    for o, a in held(LearnedBudget(out, carry_state=False)):
+        np.testing.assert_allclose(a, recurrent_action(agent.model, agent.normalize(o)[None], None, None)[0][0],
+                                   rtol=0, atol=1e-6)
+    with pytest.raises(ValueError, match="carry_state must be true or false"):
+        LearnedBudget(out, carry_state="no")
     # the in-training evaluation's wrapper passes the state through as well
     obs = np.stack([agent.normalize(o) for o, _ in rows[:2]])
     a1, s1 = _RuleModel(sb3, "mean").predict(obs, None, np.array([True, True]))
