@@ -172,8 +172,9 @@ def recurrent_action(model: Any, obs: np.ndarray, state: Any, episode_start: Any
             state = (zeros, zeros)
         with torch.no_grad():
             t, _ = policy.obs_to_tensor(obs)
-            lstm = tuple(torch.as_tensor(x, dtype=torch.float32) for x in state)
-            dist, new = policy.get_distribution(t, lstm, torch.as_tensor(starts, dtype=torch.float32))
+            lstm = tuple(torch.as_tensor(x, dtype=torch.float32, device=policy.device) for x in state)
+            dist, new = policy.get_distribution(t, lstm, torch.as_tensor(starts, dtype=torch.float32,
+                                                                         device=policy.device))
             p = dist.distribution.probs.cpu().numpy().astype(np.float64)
         return np.rint(p @ np.arange(p.shape[1])).astype(np.int64), tuple(x.cpu().numpy() for x in new)
     action, state = policy.predict(obs, state=state, episode_start=starts, deterministic=True)
@@ -266,14 +267,36 @@ def _load_safe(path: str, meta: dict[str, Any], trust: bool) -> tuple[Any, Any]:
             raise ValueError(f"learned agent: {META_FILE} in {path!r}: policy_kwargs {key}={v!r}; expected "
                              f"{'a positive integer' if kind is int else 'true or false'}")
     try:
-        policy = cls.policy_aliases[alias](obs_space, act_space, lambda _: 0.0, **kwargs)
         state = torch.load(os.path.join(path, POLICY_FILE), map_location="cpu", weights_only=True)
+        if alias == "MlpLstmPolicy":  # the LSTM's shape from the tensors, before building it (a size in
+            _check_lstm_kwargs(kwargs, state)  # the JSON alone could ask for gigabytes)
+        policy = cls.policy_aliases[alias](obs_space, act_space, lambda _: 0.0, **kwargs)
         policy.load_state_dict(state)
     except Exception as e:  # an unpickling refusal, a missing or mismatched tensor
         raise ValueError(f"learned agent: {POLICY_FILE} in {path!r} is not this policy's tensors "
                          f"({type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''})") from None
     policy.set_training_mode(False)
     return policy, norm
+
+
+def _check_lstm_kwargs(kwargs: dict[str, Any], state: Any) -> None:
+    """Raise ``ValueError`` unless the recurrent policy's ``policy_kwargs`` (SB3-contrib's defaults where absent)
+    describe the LSTMs whose tensors ``state`` holds: hidden size, layer count, a critic LSTM or not."""
+    if not isinstance(state, dict):
+        raise ValueError("not a mapping of tensors")
+    for name, present in (("lstm_actor", True),
+                          ("lstm_critic", kwargs.get("enable_critic_lstm", True) and not kwargs.get("shared_lstm"))):
+        layers = sum(1 for k in state if k.startswith(f"{name}.weight_hh_l"))
+        if not present:
+            if layers:
+                raise ValueError(f"policy_kwargs ask for no {name} but the tensors hold one")
+            continue
+        want_h, want_n = kwargs.get("lstm_hidden_size", 256), kwargs.get("n_lstm_layers", 1)
+        w = state.get(f"{name}.weight_hh_l0")
+        have_h = None if w is None or w.ndim != 2 else int(w.shape[1])
+        if layers != want_n or have_h != want_h:
+            raise ValueError(f"policy_kwargs ask for {name} with lstm_hidden_size={want_h}, n_lstm_layers={want_n}; "
+                             f"the tensors hold hidden size {have_h} in {layers} layer(s)")
 
 
 def _load_trusted(path: str, meta: dict[str, Any]) -> tuple[Any, Any]:

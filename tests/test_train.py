@@ -465,6 +465,18 @@ def test_recurrent_ppo_trains_and_its_lstm_state_round_trips(tmp_path):
                                    rtol=0, atol=1e-6)
     with pytest.raises(ValueError, match="carry_state must be true or false"):
         LearnedBudget(out, carry_state="no")
+    # flowgym_agent.json's LSTM shape must be the tensors': a size in the JSON alone is refused before any
+    # policy is built (a hostile 40000 would ask for gigabytes)
+    for bad, word in (({"lstm_hidden_size": 40000}, "lstm_hidden_size=40000"),
+                      ({"n_lstm_layers": 1000000}, "n_lstm_layers=1000000"),
+                      ({"enable_critic_lstm": False}, "no lstm_critic")):
+        d = tmp_path / f"bad{len(word)}"
+        shutil.copytree(out, d)
+        m = json.loads((d / "flowgym_agent.json").read_text())
+        m["policy_kwargs"].update(bad)
+        (d / "flowgym_agent.json").write_text(json.dumps(m))
+        with pytest.raises(ValueError, match=word):
+            LearnedBudget(str(d))
     # the in-training evaluation's wrapper passes the state through as well
     obs = np.stack([agent.normalize(o) for o, _ in rows[:2]])
     a1, s1 = _RuleModel(sb3, "mean").predict(obs, None, np.array([True, True]))
@@ -484,6 +496,8 @@ def test_recurrent_model_policy_kwargs_are_checked(tmp_path):
             _load_safe(str(tmp_path), {**base, "policy_kwargs": bad}, False)
     with pytest.raises(ValueError, match="may only hold"):  # an LSTM size for a policy without one
         _load_safe(str(tmp_path), {**base, "algo": "ppo", "policy_kwargs": {"lstm_hidden_size": 8}}, False)
+    with pytest.raises(ValueError, match="policy_kwargs may only hold net_arch, log_std_init"):  # before training
+        TrainConfig(out="x", algo_kwargs={"policy_kwargs": {"lstm_kwargs": {"bias": False}}}).validate()
 
 
 @needs_sb3
@@ -511,3 +525,33 @@ def test_recurrent_mean_rule_of_a_discrete_budget_is_the_expected_index_with_the
         mode, _ = recurrent_action(policy, o, None if i == 0 else prev, None, "mode")
         assert np.array_equal(mode, dist.distribution.probs.numpy().argmax(1))
         prev = state
+
+
+@needs_sb3
+def test_recurrent_ppo_with_a_discrete_budget_and_the_mean_rule(tmp_path):
+    """The default action (budget levels) and rule ("mean") through training, the pickle-free check, the agent
+    and the in-training evaluation's wrapper: rows of a batch are separate episodes, a row's episode start
+    resets that row's state only, and the state passed back continues it."""
+    from sb3_contrib import RecurrentPPO
+
+    from flowgym.agents.learned import recurrent_action
+    from flowgym.lab.train import _RuleModel
+
+    out = str(tmp_path / "rppo-d")
+    train(TrainConfig(out=out, **{**TINY, "algo": "recurrent-ppo", "net_arch": (8,), "eval_freq": 0,
+                                  "checkpoint_freq": 0, "algo_kwargs": {"policy_kwargs": {"lstm_hidden_size": 4}}}))
+    agent = LearnedBudget(out)
+    assert agent.recurrent and not agent.continuous and agent.action_rule == "mean"
+    ep = run_episode(agent, get_scenario("adaptive-switch").env_kwargs(), 0, 200)
+    assert ep.metrics()["completed"] > 0
+    sb3 = RecurrentPPO.load(os.path.join(out, "model.zip"), device="cpu")
+    obs = np.random.default_rng(2).normal(size=(3, 2, *sb3.observation_space.shape)).astype(np.float32)
+    wrapped = _RuleModel(sb3, "mean")
+    state, rows = None, [[None, None], [None, None]]
+    starts = ([True, True], [False, False], [False, True])
+    for t in range(3):
+        got, state = wrapped.predict(obs[t], state, np.array(starts[t]))
+        for r in range(2):  # each row alone, its own state (reset where its episode starts)
+            one, rows[r] = recurrent_action(sb3, obs[t, r:r + 1], None if starts[t][r] else rows[r], [starts[t][r]])
+            assert got[r] == one[0]
+            assert np.allclose(state[0][:, r], rows[r][0][:, 0]) and np.allclose(state[1][:, r], rows[r][1][:, 0])

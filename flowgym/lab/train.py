@@ -56,6 +56,7 @@ from flowgym.agents.learned import (
     ACTION_RULES,
     ALGORITHMS,
     FORMAT_VERSION,
+    LSTM_KWARGS,
     META_FILE,
     MODEL_FILE,
     VECNORM_FILE,
@@ -299,6 +300,10 @@ class TrainConfig:
             raise ValueError(f"net_arch must be a non-empty list of positive layer sizes, got {self.net_arch!r}")
         if not isinstance(self.algo_kwargs, Mapping):
             raise ValueError(f"algo_kwargs must be a mapping, got {self.algo_kwargs!r}")
+        pk = self.algo_kwargs.get("policy_kwargs", {})
+        if not isinstance(pk, Mapping) or set(pk) - set(POLICY_KWARGS):
+            raise ValueError(f"algo_kwargs: policy_kwargs may only hold {', '.join(POLICY_KWARGS)} (what the "
+                             f"model directory records and loads), got {pk!r}")
         if not isinstance(self.env_overrides, Mapping):
             raise ValueError(f"env_overrides must be a mapping, got {self.env_overrides!r}")
         for bad in ("workload", "observation", "max_budget"):
@@ -882,6 +887,11 @@ def _check_safe_copy(out: str, model: Any, norm: Any) -> None:
             want, got = policy_action(model, ours, rule), policy_action(agent.model, theirs, rule)
         if not np.array_equal(np.asarray(want), np.asarray(got)):
             raise RuntimeError(f"the pickle-free copy of the policy in {out!r} acts differently from the SB3 model")
+
+
+#: The ``policy_kwargs`` a training run may set (``algo_kwargs``): those a model directory records and loads back
+#: (``net_arch``; an LSTM's shape) or that only shape the initial weights.
+POLICY_KWARGS = ("net_arch", "log_std_init", "ortho_init", *LSTM_KWARGS)
 
 
 def _algo_kwargs(cfg: TrainConfig, algo_cls: type) -> dict[str, Any]:
