@@ -143,10 +143,15 @@ def policy_action(model: Any, obs: np.ndarray, rule: str = "mean") -> np.ndarray
             dist = policy.get_distribution(t).distribution
         probs = getattr(dist, "probs", None)
         if probs is not None and probs.ndim == 2:
-            p = probs.cpu().numpy().astype(np.float64)
-            return np.rint(p @ np.arange(p.shape[1])).astype(np.int64)
+            return _expected_index(probs)
     action, _ = model.predict(obs, deterministic=True)
     return np.asarray(action)
+
+
+def _expected_index(probs: Any) -> np.ndarray:
+    """The expected index of each row of a batch of discrete distributions (a torch tensor), rounded."""
+    p = probs.cpu().numpy().astype(np.float64)
+    return np.rint(p @ np.arange(p.shape[1])).astype(np.int64)
 
 
 def recurrent_action(model: Any, obs: np.ndarray, state: Any, episode_start: Any,
@@ -175,8 +180,7 @@ def recurrent_action(model: Any, obs: np.ndarray, state: Any, episode_start: Any
             lstm = tuple(torch.as_tensor(x, dtype=torch.float32, device=policy.device) for x in state)
             dist, new = policy.get_distribution(t, lstm, torch.as_tensor(starts, dtype=torch.float32,
                                                                          device=policy.device))
-            p = dist.distribution.probs.cpu().numpy().astype(np.float64)
-        return np.rint(p @ np.arange(p.shape[1])).astype(np.int64), tuple(x.cpu().numpy() for x in new)
+        return _expected_index(dist.distribution.probs), tuple(x.cpu().numpy() for x in new)
     action, state = policy.predict(obs, state=state, episode_start=starts, deterministic=True)
     return np.asarray(action), state
 
@@ -268,9 +272,10 @@ def _load_safe(path: str, meta: dict[str, Any], trust: bool) -> tuple[Any, Any]:
                              f"{'a positive integer' if kind is int else 'true or false'}")
     try:
         state = torch.load(os.path.join(path, POLICY_FILE), map_location="cpu", weights_only=True)
+        policy_cls = cls.policy_aliases[alias]
         if alias == "MlpLstmPolicy":  # the LSTM's shape from the tensors, before building it (a size in
-            _check_lstm_kwargs(kwargs, state)  # the JSON alone could ask for gigabytes)
-        policy = cls.policy_aliases[alias](obs_space, act_space, lambda _: 0.0, **kwargs)
+            _check_lstm_kwargs(policy_cls, kwargs, state)  # the JSON alone could ask for gigabytes)
+        policy = policy_cls(obs_space, act_space, lambda _: 0.0, **kwargs)
         policy.load_state_dict(state)
     except Exception as e:  # an unpickling refusal, a missing or mismatched tensor
         raise ValueError(f"learned agent: {POLICY_FILE} in {path!r} is not this policy's tensors "
@@ -279,19 +284,22 @@ def _load_safe(path: str, meta: dict[str, Any], trust: bool) -> tuple[Any, Any]:
     return policy, norm
 
 
-def _check_lstm_kwargs(kwargs: dict[str, Any], state: Any) -> None:
-    """Raise ``ValueError`` unless the recurrent policy's ``policy_kwargs`` (SB3-contrib's defaults where absent)
+def _check_lstm_kwargs(policy_cls: type, kwargs: dict[str, Any], state: Any) -> None:
+    """Raise ``ValueError`` unless the recurrent policy's ``policy_kwargs`` (``policy_cls``'s defaults where absent)
     describe the LSTMs whose tensors ``state`` holds: hidden size, layer count, a critic LSTM or not."""
+    import inspect
+
     if not isinstance(state, dict):
         raise ValueError("not a mapping of tensors")
-    for name, present in (("lstm_actor", True),
-                          ("lstm_critic", kwargs.get("enable_critic_lstm", True) and not kwargs.get("shared_lstm"))):
+    params = inspect.signature(policy_cls).parameters
+    kwargs = {**{k: params[k].default for k in LSTM_KWARGS}, **kwargs}
+    for name, present in (("lstm_actor", True), ("lstm_critic", kwargs["enable_critic_lstm"] and not kwargs["shared_lstm"])):
         layers = sum(1 for k in state if k.startswith(f"{name}.weight_hh_l"))
         if not present:
             if layers:
                 raise ValueError(f"policy_kwargs ask for no {name} but the tensors hold one")
             continue
-        want_h, want_n = kwargs.get("lstm_hidden_size", 256), kwargs.get("n_lstm_layers", 1)
+        want_h, want_n = kwargs["lstm_hidden_size"], kwargs["n_lstm_layers"]
         w = state.get(f"{name}.weight_hh_l0")
         have_h = None if w is None or w.ndim != 2 else int(w.shape[1])
         if layers != want_n or have_h != want_h:
