@@ -275,6 +275,7 @@ def _load_safe(path: str, meta: dict[str, Any], trust: bool) -> tuple[Any, Any]:
         policy_cls = cls.policy_aliases[alias]
         if alias == "MlpLstmPolicy":  # the LSTM's shape from the tensors, before building it (a size in
             _check_lstm_kwargs(policy_cls, kwargs, state)  # the JSON alone could ask for gigabytes)
+        _check_net_arch(kwargs.get("net_arch"), state)  # the same for the layers' widths
         policy = policy_cls(obs_space, act_space, lambda _: 0.0, **kwargs)
         policy.load_state_dict(state)
     except Exception as e:  # an unpickling refusal, a missing or mismatched tensor
@@ -282,6 +283,32 @@ def _load_safe(path: str, meta: dict[str, Any], trust: bool) -> tuple[Any, Any]:
                          f"({type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''})") from None
     policy.set_training_mode(False)
     return policy, norm
+
+
+def _check_net_arch(net_arch: Any, state: Any) -> None:
+    """Raise ``ValueError`` unless ``net_arch`` (a list of widths, or a dict of such lists under ``pi``, ``vf``,
+    ``qf``) asks only for layers whose weight matrices ``state`` holds: each list no longer than the number of
+    matrices, its first width the output size of one of them, every later layer ``(width, previous width)``
+    one of their shapes. What the policy then builds is bounded by the file's own size: a width in the JSON
+    alone (``[100000, 100000]``) could ask for gigabytes."""
+    if net_arch is None:
+        return
+    if not isinstance(state, dict):
+        raise ValueError("not a mapping of tensors")
+    shapes = [tuple(v.shape) for v in state.values() if getattr(v, "ndim", 0) == 2]
+    if isinstance(net_arch, dict) and set(net_arch) <= {"pi", "vf", "qf"}:
+        lists = list(net_arch.values())
+    else:
+        lists = [net_arch]
+    for widths in lists:
+        if (not isinstance(widths, list) or len(widths) > len(shapes)
+                or any(type(w) is not int or w < 1 for w in widths)):
+            raise ValueError(f"policy_kwargs net_arch={net_arch!r}: expected at most {len(shapes)} positive integer "
+                             "widths (the tensors' weight matrices), or a dict of such lists under pi, vf, qf")
+        for i, w in enumerate(widths):
+            if not any(s[0] == w and (i == 0 or s[1] == widths[i - 1]) for s in shapes):
+                raise ValueError(f"policy_kwargs net_arch={net_arch!r} asks for a layer of width {w}"
+                                 f"{f' after {widths[i - 1]}' if i else ''}; the tensors hold no such weight matrix")
 
 
 def _check_lstm_kwargs(policy_cls: type, kwargs: dict[str, Any], state: Any) -> None:

@@ -68,6 +68,29 @@ def test_policy_kwargs_may_only_hold_net_arch(tmp_path, kwargs):
 
 
 @needs_sb3
+def test_net_arch_must_be_the_tensors_layers(tmp_path):
+    """A width in flowgym_agent.json alone is refused before the policy is built (it could ask for gigabytes);
+    the shipped arch, as a list or a dict, loads."""
+    from flowgym.agents.learned import LearnedBudget
+
+    d = _copy(tmp_path)
+    meta = json.loads((d / "flowgym_agent.json").read_text())
+    arch = meta["policy_kwargs"]["net_arch"]
+    widths = arch["pi"] if isinstance(arch, dict) else arch
+    for bad, word in (([100000, 100000], "width 100000"), ([widths[0], 100000], f"width 100000 after {widths[0]}"),
+                      ([widths[0]] * 10000, "at most"), ({"pi": [100000], "vf": widths}, "width 100000"),
+                      ([64, "64"], "positive integer"), ([0], "positive integer"), ({"pi": 64}, "positive integer")):
+        meta["policy_kwargs"] = {"net_arch": bad}
+        (d / "flowgym_agent.json").write_text(json.dumps(meta))
+        with pytest.raises(ValueError, match="net_arch=") as e:
+            LearnedBudget(str(d))
+        assert word in str(e.value)
+    meta["policy_kwargs"] = {"net_arch": arch}
+    (d / "flowgym_agent.json").write_text(json.dumps(meta))
+    LearnedBudget(str(d))
+
+
+@needs_sb3
 def test_write_safe_stores_normalisation_only_when_observations_were_normalised(tmp_path):
     from flowgym.agents.learned import FORMAT_VERSION, LearnedBudget, write_safe
 
