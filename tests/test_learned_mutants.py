@@ -71,6 +71,8 @@ def test_policy_kwargs_may_only_hold_net_arch(tmp_path, kwargs):
 def test_net_arch_must_be_the_tensors_layers(tmp_path):
     """A width in flowgym_agent.json alone is refused before the policy is built (it could ask for gigabytes);
     the shipped arch, as a list or a dict, loads."""
+    import torch
+
     from flowgym.agents.learned import LearnedBudget
 
     d = _copy(tmp_path)
@@ -79,15 +81,31 @@ def test_net_arch_must_be_the_tensors_layers(tmp_path):
     widths = arch["pi"] if isinstance(arch, dict) else arch
     for bad, word in (([100000, 100000], "width 100000"), ([widths[0], 100000], f"width 100000 after {widths[0]}"),
                       ([widths[0]] * 10000, "at most"), ({"pi": [100000], "vf": widths}, "width 100000"),
-                      ([64, "64"], "positive integer"), ([0], "positive integer"), ({"pi": 64}, "positive integer")):
+                      ([64, "64"], "positive integer"), ([0], "positive integer"), ({"pi": 64}, "positive integer"),
+                      ({"pi": widths, "xx": widths}, "positive integer"),  # an unknown key
+                      ([1, widths[0]], f"width {widths[0]} after 1")):  # (1, w0) is the value head, (w0, 1) no layer
         meta["policy_kwargs"] = {"net_arch": bad}
         (d / "flowgym_agent.json").write_text(json.dumps(meta))
         with pytest.raises(ValueError, match="net_arch=") as e:
             LearnedBudget(str(d))
         assert word in str(e.value)
-    meta["policy_kwargs"] = {"net_arch": arch}
+    # as many layers as the tensors hold matrices passes this check (and fails later, as not the tensors' policy)
+    n = sum(1 for v in torch.load(d / "policy.pt", weights_only=True).values() if v.ndim == 2)
+    for k, word in ((n, "is not this policy's tensors"), (n + 1, "at most")):
+        meta["policy_kwargs"] = {"net_arch": [widths[-1]] * k}
+        (d / "flowgym_agent.json").write_text(json.dumps(meta))
+        with pytest.raises(ValueError, match=word) as e:
+            LearnedBudget(str(d))
+        assert k == n + 1 or "net_arch=" not in str(e.value)
+    meta["policy_kwargs"] = {"net_arch": [1]}  # a width of 1 is a width (the value head's), refused only later
     (d / "flowgym_agent.json").write_text(json.dumps(meta))
-    LearnedBudget(str(d))
+    with pytest.raises(ValueError, match="is not this policy's tensors") as e:
+        LearnedBudget(str(d))
+    assert "net_arch=" not in str(e.value)
+    for good in (arch, {"pi": widths, "vf": widths, "qf": widths}):  # qf is a key SB3 knows (PPO ignores it)
+        meta["policy_kwargs"] = {"net_arch": good}
+        (d / "flowgym_agent.json").write_text(json.dumps(meta))
+        LearnedBudget(str(d))
 
 
 @needs_sb3
