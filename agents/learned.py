@@ -7,6 +7,7 @@ import json
 import math
 import os
 import pickle
+import reprlib
 from typing import Any
 
 import numpy as np
@@ -272,43 +273,77 @@ def _load_safe(path: str, meta: dict[str, Any], trust: bool) -> tuple[Any, Any]:
                              f"{'a positive integer' if kind is int else 'true or false'}")
     try:
         state = torch.load(os.path.join(path, POLICY_FILE), map_location="cpu", weights_only=True)
-        policy_cls = cls.policy_aliases[alias]
-        if alias == "MlpLstmPolicy":  # the LSTM's shape from the tensors, before building it (a size in
-            _check_lstm_kwargs(policy_cls, kwargs, state)  # the JSON alone could ask for gigabytes)
-        _check_net_arch(kwargs.get("net_arch"), state)  # the same for the layers' widths
+    except Exception as e:  # an unpickling refusal, not a file of tensors
+        raise ValueError(f"learned agent: {POLICY_FILE} in {path!r} is not a file of plain tensors "
+                         f"({type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''})") from None
+    if not isinstance(state, dict) or not all(isinstance(v, torch.Tensor) for v in state.values()):
+        raise ValueError(f"learned agent: {POLICY_FILE} in {path!r} does not hold a mapping of names to tensors")
+    policy_cls = cls.policy_aliases[alias]
+    # the sizes the JSON and the normalisation file give must be the tensors', checked before the policy is
+    # built: a size in flowgym_agent.json alone could ask for gigabytes
+    try:
+        if alias == "MlpLstmPolicy":
+            _check_lstm_kwargs(policy_cls, kwargs, state)
+        _check_shapes(policy_cls, obs_space, act_space, kwargs, state)
+    except ValueError as e:
+        raise ValueError(f"learned agent: {META_FILE} and {NORM_FILE} in {path!r} do not describe the tensors in "
+                         f"{POLICY_FILE}: {e}") from None
+    try:
         policy = policy_cls(obs_space, act_space, lambda _: 0.0, **kwargs)
         policy.load_state_dict(state)
-    except Exception as e:  # an unpickling refusal, a missing or mismatched tensor
+    except Exception as e:  # a missing or mismatched tensor
         raise ValueError(f"learned agent: {POLICY_FILE} in {path!r} is not this policy's tensors "
                          f"({type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''})") from None
     policy.set_training_mode(False)
     return policy, norm
 
 
-def _check_net_arch(net_arch: Any, state: Any) -> None:
-    """Raise ``ValueError`` unless ``net_arch`` (a list of widths, or a dict of such lists under ``pi``, ``vf``,
-    ``qf``) asks only for layers whose weight matrices ``state`` holds: each list no longer than the number of
-    matrices, its first width the output size of one of them, every later layer ``(width, previous width)``
-    one of their shapes. What the policy then builds is bounded by the file's own size: a width in the JSON
-    alone (``[100000, 100000]``) could ask for gigabytes."""
+def _check_shapes(policy_cls: type, obs_space: Any, act_space: Any, kwargs: dict[str, Any], state: Any) -> None:
+    """Raise ``ValueError`` unless the sizes an SB3 policy would be built with are those of the weight matrices
+    in ``state``, so that what it builds is bounded by the file's own contents:
+
+    * the observation's size is the input size of some matrix (the first layer's);
+    * the action's size (``n`` of a discrete action, the length of a box) divides the output size of some
+      matrix (the action head's; QR-DQN's is ``n`` times its quantiles);
+    * each list of ``net_arch`` the policy reads (the list itself, or ``pi`` and ``vf`` of an actor-critic,
+      ``pi`` and ``qf`` of the others) asks only for layers it holds: the first ``(width, input)`` with the
+      input the observation's size, the observation's and the action's (a critic), or the LSTM's hidden
+      size, and each later one ``(width, previous width)``, each matrix used once over all the lists."""
+    from collections import Counter
+
+    from stable_baselines3.common.policies import ActorCriticPolicy
+
+    shapes = Counter(tuple(v.shape) for v in state.values() if v.ndim == 2)
+    obs_n, act_n = int(np.prod(obs_space.shape)), int(getattr(act_space, "n", 0) or np.prod(act_space.shape))
+    if not any(s[1] == obs_n for s in shapes):
+        raise ValueError(f"the observation has {obs_n} entries ({NORM_FILE}'s obs_low), which no weight matrix reads")
+    if not any(s[0] % act_n == 0 for s in shapes):
+        raise ValueError(f"the action has size {act_n} (action_n or action_space), which no weight matrix outputs")
+    net_arch = kwargs.get("net_arch")
     if net_arch is None:
         return
-    if not isinstance(state, dict):
-        raise ValueError("not a mapping of tensors")
-    shapes = [tuple(v.shape) for v in state.values() if getattr(v, "ndim", 0) == 2]
-    if isinstance(net_arch, dict) and set(net_arch) <= {"pi", "vf", "qf"}:
-        lists = list(net_arch.values())
+    shown = reprlib.repr(net_arch)
+    if isinstance(net_arch, dict):
+        known = ("pi", "vf") if issubclass(policy_cls, ActorCriticPolicy) else ("pi", "qf")
+        if set(net_arch) - {"pi", "vf", "qf"}:
+            raise ValueError(f"policy_kwargs net_arch={shown}: a dict may only have the keys pi, vf, qf")
+        lists = [net_arch[k] for k in known if k in net_arch]  # the keys this policy reads
     else:
         lists = [net_arch]
+    # a first layer reads the observation, a critic's the observation and the action, a recurrent policy's the
+    # LSTM's output (its hidden size, already checked against the tensors)
+    inputs = {obs_n, obs_n + act_n, *(int(v.shape[1]) for k, v in state.items() if "weight_hh" in k and v.ndim == 2)}
+    left = Counter(shapes)
     for widths in lists:
-        if (not isinstance(widths, list) or len(widths) > len(shapes)
-                or any(type(w) is not int or w < 1 for w in widths)):
-            raise ValueError(f"policy_kwargs net_arch={net_arch!r}: expected at most {len(shapes)} positive integer "
-                             "widths (the tensors' weight matrices), or a dict of such lists under pi, vf, qf")
+        if not isinstance(widths, list) or any(type(w) is not int or w < 1 for w in widths):
+            raise ValueError(f"policy_kwargs net_arch={shown}: expected a list of positive integer widths, or a dict "
+                             "of such lists under pi, vf, qf")
         for i, w in enumerate(widths):
-            if not any(s[0] == w and (i == 0 or s[1] == widths[i - 1]) for s in shapes):
-                raise ValueError(f"policy_kwargs net_arch={net_arch!r} asks for a layer of width {w}"
-                                 f"{f' after {widths[i - 1]}' if i else ''}; the tensors hold no such weight matrix")
+            have = [s for s in left if left[s] and s[0] == w and (s[1] == widths[i - 1] if i else s[1] in inputs)]
+            if not have:
+                raise ValueError(f"policy_kwargs net_arch={shown} asks for a layer of width {w}"
+                                 f"{f' after {widths[i - 1]}' if i else ''} that the tensors do not hold")
+            left[have[0]] -= 1
 
 
 def _check_lstm_kwargs(policy_cls: type, kwargs: dict[str, Any], state: Any) -> None:
@@ -316,8 +351,6 @@ def _check_lstm_kwargs(policy_cls: type, kwargs: dict[str, Any], state: Any) -> 
     describe the LSTMs whose tensors ``state`` holds: hidden size, layer count, a critic LSTM or not."""
     import inspect
 
-    if not isinstance(state, dict):
-        raise ValueError("not a mapping of tensors")
     params = inspect.signature(policy_cls).parameters
     kwargs = {**{k: params[k].default for k in LSTM_KWARGS}, **kwargs}
     for name, present in (("lstm_actor", True), ("lstm_critic", kwargs["enable_critic_lstm"] and not kwargs["shared_lstm"])):

@@ -69,43 +69,71 @@ def test_policy_kwargs_may_only_hold_net_arch(tmp_path, kwargs):
 
 @needs_sb3
 def test_net_arch_must_be_the_tensors_layers(tmp_path):
-    """A width in flowgym_agent.json alone is refused before the policy is built (it could ask for gigabytes);
-    the shipped arch, as a list or a dict, loads."""
-    import torch
-
+    """Sizes in flowgym_agent.json or normalization.npz alone are refused, naming the field, before the policy is
+    built (they could ask for gigabytes); the shipped arch, as a list or a dict, loads."""
     from flowgym.agents.learned import LearnedBudget
 
     d = _copy(tmp_path)
     meta = json.loads((d / "flowgym_agent.json").read_text())
     arch = meta["policy_kwargs"]["net_arch"]
     widths = arch["pi"] if isinstance(arch, dict) else arch
-    for bad, word in (([100000, 100000], "width 100000"), ([widths[0], 100000], f"width 100000 after {widths[0]}"),
-                      ([widths[0]] * 10000, "at most"), ({"pi": [100000], "vf": widths}, "width 100000"),
+    obs_n = len(np.load(d / "normalization.npz")["obs_low"])
+
+    def refused(kwargs, word, **more):
+        m = {**meta, "policy_kwargs": kwargs, **more}
+        (d / "flowgym_agent.json").write_text(json.dumps(m))
+        with pytest.raises(ValueError, match="do not describe the tensors in policy.pt") as e:
+            LearnedBudget(str(d))
+        assert word in str(e.value) and len(str(e.value)) < 1000
+
+    for bad, word in (([100000, 100000], "width 100000 that"), ([widths[0], 100000], f"width 100000 after {widths[0]}"),
+                      ({"pi": [100000], "vf": widths}, "width 100000 that"),
+                      ([widths[0]] + [widths[1]] * 3, f"width {widths[1]} after {widths[1]}"),  # more layers than held
+                      ({"pi": widths, "vf": widths + [widths[-1]]}, f"after {widths[-1]}"),  # pi used them up
+                      ([widths[0]] * 100000, "after"),  # the message stays short
+                      ([1], "width 1 that"),  # (1, w) is the value head: no first layer reads 1 from the observation
+                      ([1, widths[0]], "width 1 that"),
                       ([64, "64"], "positive integer"), ([0], "positive integer"), ({"pi": 64}, "positive integer"),
-                      ({"pi": widths, "xx": widths}, "positive integer"),  # an unknown key
-                      ([1, widths[0]], f"width {widths[0]} after 1")):  # (1, w0) is the value head, (w0, 1) no layer
-        meta["policy_kwargs"] = {"net_arch": bad}
-        (d / "flowgym_agent.json").write_text(json.dumps(meta))
-        with pytest.raises(ValueError, match="net_arch=") as e:
-            LearnedBudget(str(d))
-        assert word in str(e.value)
-    # as many layers as the tensors hold matrices passes this check (and fails later, as not the tensors' policy)
-    n = sum(1 for v in torch.load(d / "policy.pt", weights_only=True).values() if v.ndim == 2)
-    for k, word in ((n, "is not this policy's tensors"), (n + 1, "at most")):
-        meta["policy_kwargs"] = {"net_arch": [widths[-1]] * k}
-        (d / "flowgym_agent.json").write_text(json.dumps(meta))
-        with pytest.raises(ValueError, match=word) as e:
-            LearnedBudget(str(d))
-        assert k == n + 1 or "net_arch=" not in str(e.value)
-    meta["policy_kwargs"] = {"net_arch": [1]}  # a width of 1 is a width (the value head's), refused only later
+                      ({"pi": widths, "xx": widths}, "keys pi, vf, qf")):
+        refused({"net_arch": bad}, word)
+    box = {"kind": "box", "low": [-1.0] * 1000, "high": [1.0] * 1000}
+    refused({"net_arch": arch}, "action has size 1000", action_space=box)
+    for good in (arch, {"pi": widths, "vf": widths}, {"pi": widths, "vf": widths, "qf": [100000]}):  # PPO reads no qf
+        (d / "flowgym_agent.json").write_text(json.dumps({**meta, "policy_kwargs": {"net_arch": good}}))
+        agent = LearnedBudget(str(d))
+        assert [m.out_features for m in agent.model.mlp_extractor.policy_net if hasattr(m, "out_features")] == widths
+    # an observation size that only the normalisation file gives
     (d / "flowgym_agent.json").write_text(json.dumps(meta))
-    with pytest.raises(ValueError, match="is not this policy's tensors") as e:
+    np.savez(d / "normalization.npz", obs_low=np.zeros(10**6, np.int8), obs_high=np.ones(10**6, np.int8))
+    with pytest.raises(ValueError, match="the observation has 1000000 entries"):
         LearnedBudget(str(d))
-    assert "net_arch=" not in str(e.value)
-    for good in (arch, {"pi": widths, "vf": widths, "qf": widths}):  # qf is a key SB3 knows (PPO ignores it)
-        meta["policy_kwargs"] = {"net_arch": good}
-        (d / "flowgym_agent.json").write_text(json.dumps(meta))
-        LearnedBudget(str(d))
+    assert obs_n != 10**6
+
+
+@needs_sb3
+@pytest.mark.parametrize("algo,discrete,arch", [
+    ("ppo", False, {"pi": [8, 4], "vf": [6]}), ("a2c", True, [8]), ("dqn", True, [8, 4]), ("qrdqn", True, [8]),
+    ("sac", False, {"pi": [8], "qf": [16, 4]}), ("td3", False, [8, 4]), ("ddpg", False, []), ("trpo", True, [8]),
+    ("maskable-ppo", True, [8]), ("recurrent-ppo", False, [8])])
+def test_every_known_algorithm_round_trips_without_pickle(tmp_path, algo, discrete, arch):
+    """write_safe's files for each allow-listed algorithm pass the size checks and load to the same tensors."""
+    import torch
+    from gymnasium import spaces
+
+    from flowgym.agents.learned import _load_safe, algorithm_class, describe_action_space, policy_alias, write_safe
+
+    cls = algorithm_class(algo)
+    obs = spaces.Box(-1.0, 1.0, (5,), np.float32)
+    act = spaces.Discrete(3) if discrete else spaces.Box(-1.0, 1.0, (2,), np.float32)
+    extra = {"lstm_hidden_size": 6} if algo == "recurrent-ppo" else {}
+    policy = cls.policy_aliases[policy_alias(cls)](obs, act, lambda _: 1e-3, net_arch=arch, **extra)
+    meta = write_safe(str(tmp_path), policy, None, {"algo": algo, "action_n": 3 if discrete else 0,
+                                                     "action_space": describe_action_space(act)})
+    meta["policy_kwargs"] = {**meta.get("policy_kwargs", {}), **extra}
+    loaded, norm = _load_safe(str(tmp_path), meta, False)
+    want, have = policy.state_dict(), loaded.state_dict()
+    assert norm is None and want.keys() == have.keys()
+    assert all(torch.equal(want[k], have[k]) for k in want)
 
 
 @needs_sb3
