@@ -300,7 +300,8 @@ def _load_safe(path: str, meta: dict[str, Any], trust: bool) -> tuple[Any, Any]:
 
 def _check_shapes(policy_cls: type, obs_space: Any, act_space: Any, kwargs: dict[str, Any], state: Any) -> None:
     """Raise ``ValueError`` unless the sizes an SB3 policy would be built with are those of the weight matrices
-    in ``state``, so that what it builds is bounded by the file's own contents:
+    in ``state``, so that what it builds is a small multiple of the file's own contents at most (a list shared
+    by the actor and the critics, and the target networks, are built once per network):
 
     * the observation's size is the input size of some matrix (the first layer's);
     * the action's size (``n`` of a discrete action, the length of a box) divides the output size of some
