@@ -14,7 +14,11 @@ replay's tail (``tail`` x window slots, for the window's last requests to finish
 arrivals, so the load goes on; without it the tail has no arrivals.
 
 A probe, not an agent of the package: it tracks arrivals and completions from ``SystemView`` snapshots every
-slot, and slot-model scenarios only. Usage (screening seeds 7000-7003; ``--rate-switch`` is
+slot (a request admitted and finished within one slot, an output of one token, is never seen active and is
+drawn like an unfinished one; no report scenario has such outputs), and slot-model scenarios only. The
+unfinished requests' outputs are drawn from every output completed so far, earlier phases' included. With
+``models``, every model acts every slot (each keeps its own held decision), and the picked one's action is
+played. Usage (screening seeds 7000-7003; ``--rate-switch`` is
 ``bench_learned.py --out``'s JSON, for the tuned rate-switch's parameters)::
 
     python benchmarks/learned_experiments/replay_tuning.py --rate-switch results/bench_learned.json \\
@@ -38,7 +42,7 @@ from typing import Any
 import numpy as np
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from anchors import ADAPTIVE_SCENARIOS, held_out, scenario, seeds_of  # noqa: E402
+from anchors import ADAPTIVE_SCENARIOS, held_out, scenario, seeds_of, tuned_rate_switch  # noqa: E402
 
 from flowgym.agents import make_agent  # noqa: E402
 from flowgym.agents.base import Agent  # noqa: E402
@@ -109,6 +113,8 @@ class ReplayTuned(Agent):
         self.kw = {k: v for k, v in env_kwargs.items() if k not in ("workload", "horizon")}
         self.period, self.window, self.warm, self.tail = period, window, warm, tail
         self.margin, self.km, self.repeat, self.models = margin, km, repeat, models
+        if 0.0 not in grid:
+            raise ValueError(f"grid must hold 0 (the shipped generalist itself), got {grid!r}")
         self.cands = [np.array(d, np.float32) for d in itertools.product(grid, grid)]
         self.base = _learned("")
         self.requires = self.base.requires
@@ -142,8 +148,8 @@ class ReplayTuned(Agent):
         if view.t >= self.next_tune:
             self._tune(int(view.t), a)
             self.next_tune = int(view.t) + self.period
-        if self.models:
-            return self.players[self.pick].act(obs, view)
+        if self.models:  # every model acts, so a newly picked one plays its own current decision
+            return [pl.act(obs, view) for pl in self.players][self.pick]
         return np.clip(self.base.act(obs, view) + self.delta, -1, 1).astype(np.float32)
 
     def _tune(self, t: int, a: Any) -> None:
@@ -210,8 +216,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--scenarios", default=None, help="comma-separated (default: the slot-model report scenarios)")
     ap.add_argument("--workers", type=int, default=2)
     args = ap.parse_args(argv)
-    with open(args.rate_switch) as fh:
-        rs = {r["scenario"]: r["rate_switch"] for r in json.load(fh)}
+    rs = tuned_rate_switch(args.rate_switch)
     names = (args.scenarios.split(",") if args.scenarios else
              [n for n in [*ADAPTIVE_SCENARIOS, *held_out()] if scenario(n)[0].get("time_model") is None])
     for n in names:
