@@ -7,6 +7,7 @@ import json
 import math
 import os
 import pickle
+import re
 import reprlib
 from typing import Any
 
@@ -273,9 +274,10 @@ def _load_safe(path: str, meta: dict[str, Any], trust: bool) -> tuple[Any, Any]:
                              f"{'a positive integer' if kind is int else 'true or false'}")
     try:
         state = torch.load(os.path.join(path, POLICY_FILE), map_location="cpu", weights_only=True)
-    except Exception as e:  # an unpickling refusal, not a file of tensors
-        raise ValueError(f"learned agent: {POLICY_FILE} in {path!r} is not a file of plain tensors "
-                         f"({type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''})") from None
+    except Exception as e:  # an unpickling refusal (torch's message has terminal colour codes), not a file of tensors
+        first = re.sub(r"\x1b\[[0-9;]*m", "", str(e).splitlines()[0]) if str(e) else ""
+        raise ValueError(f"learned agent: {POLICY_FILE} in {path!r} is not a file of plain tensors; nothing in it "
+                         f"was run ({type(e).__name__}: {first})") from None
     if not isinstance(state, dict) or not all(isinstance(v, torch.Tensor) for v in state.values()):
         raise ValueError(f"learned agent: {POLICY_FILE} in {path!r} does not hold a mapping of names to tensors")
     policy_cls = cls.policy_aliases[alias]
