@@ -274,10 +274,9 @@ def _load_safe(path: str, meta: dict[str, Any], trust: bool) -> tuple[Any, Any]:
                              f"{'a positive integer' if kind is int else 'true or false'}")
     try:
         state = torch.load(os.path.join(path, POLICY_FILE), map_location="cpu", weights_only=True)
-    except Exception as e:  # an unpickling refusal (torch's message has terminal colour codes), not a file of tensors
-        first = re.sub(r"\x1b\[[0-9;]*m", "", str(e).splitlines()[0]) if str(e) else ""
+    except Exception as e:  # an unpickling refusal, not a file of tensors
         raise ValueError(f"learned agent: {POLICY_FILE} in {path!r} is not a file of plain tensors; nothing in it "
-                         f"was run ({type(e).__name__}: {first})") from None
+                         f"was run ({_brief(e)})") from None
     if not isinstance(state, dict) or not all(isinstance(v, torch.Tensor) for v in state.values()):
         raise ValueError(f"learned agent: {POLICY_FILE} in {path!r} does not hold a mapping of names to tensors")
     policy_cls = cls.policy_aliases[alias]
@@ -294,10 +293,15 @@ def _load_safe(path: str, meta: dict[str, Any], trust: bool) -> tuple[Any, Any]:
         policy = policy_cls(obs_space, act_space, lambda _: 0.0, **kwargs)
         policy.load_state_dict(state)
     except Exception as e:  # a missing or mismatched tensor
-        raise ValueError(f"learned agent: {POLICY_FILE} in {path!r} is not this policy's tensors "
-                         f"({type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''})") from None
+        raise ValueError(f"learned agent: {POLICY_FILE} in {path!r} is not this policy's tensors ({_brief(e)})") from None
     policy.set_training_mode(False)
     return policy, norm
+
+
+def _brief(e: Exception) -> str:
+    """``Type: first line`` of an exception's message, without terminal colour codes (torch's has them)."""
+    first = re.sub(r"\x1b\[[0-9;]*m", "", str(e).splitlines()[0]) if str(e) else ""
+    return f"{type(e).__name__}: {first}"
 
 
 def _check_shapes(policy_cls: type, obs_space: Any, act_space: Any, kwargs: dict[str, Any], state: Any) -> None:
@@ -336,17 +340,16 @@ def _check_shapes(policy_cls: type, obs_space: Any, act_space: Any, kwargs: dict
     # a first layer reads the observation, a critic's the observation and the action, a recurrent policy's the
     # LSTM's output (its hidden size, already checked against the tensors)
     inputs = {obs_n, obs_n + act_n, *(int(v.shape[1]) for k, v in state.items() if "weight_hh" in k and v.ndim == 2)}
-    left = Counter(shapes)
     for widths in lists:
         if not isinstance(widths, list) or any(type(w) is not int or w < 1 for w in widths):
             raise ValueError(f"policy_kwargs net_arch={shown}: expected a list of positive integer widths, or a dict "
                              "of such lists under pi, vf, qf")
         for i, w in enumerate(widths):
-            have = [s for s in left if left[s] and s[0] == w and (s[1] == widths[i - 1] if i else s[1] in inputs)]
+            have = [s for s in shapes if shapes[s] and s[0] == w and (s[1] == widths[i - 1] if i else s[1] in inputs)]
             if not have:
                 raise ValueError(f"policy_kwargs net_arch={shown} asks for a layer of width {w}"
                                  f"{f' after {widths[i - 1]}' if i else ''} that the tensors do not hold")
-            left[have[0]] -= 1
+            shapes[have[0]] -= 1  # each matrix serves one layer
 
 
 def _check_lstm_kwargs(policy_cls: type, kwargs: dict[str, Any], state: Any) -> None:
