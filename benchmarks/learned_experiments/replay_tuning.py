@@ -17,8 +17,7 @@ A probe, not an agent of the package: it tracks arrivals and completions from ``
 slot (a request admitted and finished within one slot, an output of one token, is never seen active and is
 drawn like an unfinished one; no report scenario has such outputs), and slot-model scenarios only. The
 unfinished requests' outputs are drawn from every output completed so far, earlier phases' included. With
-``models``, every model acts every slot (each keeps its own held decision), and the picked one's action is
-played. Usage (screening seeds 7000-7003; ``--rate-switch`` is
+Every candidate acts every slot (each keeps its own held decision), and the picked one's action is played. Usage (screening seeds 7000-7003; ``--rate-switch`` is
 ``bench_learned.py --out``'s JSON, for the tuned rate-switch's parameters)::
 
     python benchmarks/learned_experiments/replay_tuning.py --rate-switch results/bench_learned.json \\
@@ -116,19 +115,24 @@ class ReplayTuned(Agent):
         if 0.0 not in grid:
             raise ValueError(f"grid must hold 0 (the shipped generalist itself), got {grid!r}")
         self.cands = [np.array(d, np.float32) for d in itertools.product(grid, grid)]
-        self.base = _learned("")
-        self.requires = self.base.requires
+        #: the candidate that is kept unless another replays ``margin`` better: the first model, or offset 0
+        self.default = 0 if models else next(i for i, d in enumerate(self.cands) if not d.any())
+        self.requires = _learned("").requires
+
+    def _candidates(self) -> list[Any]:
+        """Fresh agents, one per candidate: the models, or the shipped generalist with each offset."""
+        return [_learned(m) for m in self.models] if self.models else [Offset(_learned(""), d) for d in self.cands]
 
     def reset(self, config: Any, seed: int | None = None) -> None:
         super().reset(config, seed)
-        self.players = [_learned(m) for m in self.models] if self.models else [self.base]
+        self.players = self._candidates()
         for pl in self.players:
             pl.reset(config, seed)
         n = 1 << 14
         self.arr, self.pl, self.out = np.full(n, -1, np.int64), np.zeros(n, np.int64), np.zeros(n, np.int64)
         self.max_id = -1
         self.prev_ids = self.prev_gen = np.zeros(0, np.int64)
-        self.delta, self.pick = np.zeros(2, np.float32), 0
+        self.pick = self.default
         self.next_tune = self.warm
         self.log: list[tuple[int, Any]] = []
 
@@ -148,9 +152,8 @@ class ReplayTuned(Agent):
         if view.t >= self.next_tune:
             self._tune(int(view.t), a)
             self.next_tune = int(view.t) + self.period
-        if self.models:  # every model acts, so a newly picked one plays its own current decision
-            return [pl.act(obs, view) for pl in self.players][self.pick]
-        return np.clip(self.base.act(obs, view) + self.delta, -1, 1).astype(np.float32)
+        # every candidate acts, so a newly picked one plays its own current decision
+        return [pl.act(obs, view) for pl in self.players][self.pick]
 
     def _tune(self, t: int, a: Any) -> None:
         lo = max(0, t - self.window)
@@ -179,22 +182,16 @@ class ReplayTuned(Agent):
         wl = {"kind": "trace", "arrival": np.concatenate([arr0, arr0[ext] + W]).tolist(),
               "prompt_len": np.concatenate([pl, pl[ext]]).tolist(), "output_len": np.concatenate([out, out[ext]]).tolist()}
         kw, H = {**self.kw, "workload": wl}, int(W * (1 + self.tail))
-        cands = [_learned(m) for m in self.models] if self.models else [Offset(_learned(""), d) for d in self.cands]
         scores = []
-        for cand in cands:
+        for cand in self._candidates():
             ep = run_episode(cand, kw, 0, H)
             lg, T = ep.log, ep.series["usage"].size
             mine = lg["arrival"] < W  # the window's own requests, charged up to the replay's end
             end = np.where((lg["finish"] >= 0) & (lg["finish"] <= T), lg["finish"], T)
             scores.append(float((end[mine] - lg["arrival"][mine]).mean()))
-        i0 = 0 if self.models else next(i for i, d in enumerate(self.cands) if not d.any())
         best = int(np.argmin(scores))
-        best = best if scores[best] < (1 - self.margin) * scores[i0] else i0
-        if self.models:
-            self.pick = best
-        else:
-            self.delta = self.cands[best]
-        self.log.append((t, best))
+        self.pick = best if scores[best] < (1 - self.margin) * scores[self.default] else self.default
+        self.log.append((t, self.pick))
 
     def label(self) -> str:
         return "replay-tuned"
