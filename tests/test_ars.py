@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 
 from flowgym.agents.learned import ARRAYS_FILE, META_FILE, NORM_FILE, ArrayPolicy, LearnedBudget
-from flowgym.lab.ars import ARSConfig, _log_scores, train_ars
+from flowgym.lab.ars import ITERATES_FILE, ARSConfig, _log_scores, train_ars
 from flowgym.lab.cli import main
 from flowgym.lab.distributions import RandomMix
 from flowgym.envs.flow_control import FlowControlEnv
@@ -94,6 +94,20 @@ def test_ars_writes_a_model_the_learned_agent_loads(tiny_model):
     assert agent.continuous and agent.action_repeat == 8 and agent.requires["action"] == "log-multiplier"
     with np.load(os.path.join(out, NORM_FILE)) as z:
         assert z["obs_mean"].shape == (20,) and np.all(z["obs_var"] >= 0)
+
+
+def test_ars_records_every_iterate_and_keeps_the_best_evaluated_one(tiny_model):
+    """``iterates.npy``: the start (zero weights) and the weights after each update; the saved policy is
+    the row of the kept update, bit for bit."""
+    out, res = tiny_model
+    its = np.load(os.path.join(out, ITERATES_FILE))
+    assert its.shape == (res.iterations + 1, ArrayPolicy.n_weights([20, 2]))
+    np.testing.assert_array_equal(its[0], 0.0)
+    assert np.all(np.linalg.norm(np.diff(its, axis=0), axis=1) > 0)  # every update moved the weights
+    with np.load(os.path.join(out, NORM_FILE)) as z:
+        kept = ArrayPolicy.from_vector(its[res.best_iteration], [20, 2], z["obs_low"], z["obs_high"]).arrays()
+    with np.load(os.path.join(out, ARRAYS_FILE)) as z:
+        assert sorted(z.files) == sorted(kept) and all(np.array_equal(z[k], kept[k]) for k in kept)
 
 
 def test_ars_trains_the_drain_action_and_the_agent_plays_it(tmp_path):

@@ -62,6 +62,10 @@ __all__ = ["ARSConfig", "ARSResult", "train_ars", "CURVE_COLUMNS"]
 
 #: Columns of an ARS run's ``curves.csv`` (one row per iteration; ``eval_geo_time_in_system`` on
 #: evaluation iterations only).
+#: The policy's weight vector after every update (row 0: the start), ``iterations + 1`` rows, in a run's
+#: directory (not read by the loader).
+ITERATES_FILE = "iterates.npy"
+
 CURVE_COLUMNS = ("iteration", "episodes", "decisions", "wall_seconds", "train_log_time_in_system",
                  "step_norm", "eval_geo_time_in_system")
 
@@ -354,7 +358,8 @@ def _init_from(path: str, sizes: list[int], observation: str) -> tuple[np.ndarra
 
 def train_ars(cfg: ARSConfig | None = None, *, on_iteration: Any = None, **overrides: Any) -> ARSResult:
     """Run the search; write the model directory ``cfg.out`` (``policy.npz``, ``normalization.npz``,
-    ``flowgym_agent.json``, ``curves.csv``); return an :class:`ARSResult`.
+    ``flowgym_agent.json``, ``curves.csv``, and ``iterates.npy``: the weights after every update); return an
+    :class:`ARSResult`.
 
     ``on_iteration(row)`` is called after every iteration with its row of ``curves.csv``.
     """
@@ -434,6 +439,7 @@ def train_ars(cfg: ARSConfig | None = None, *, on_iteration: Any = None, **overr
         rows.append({"iteration": 0, "episodes": cfg.eval_episodes, "decisions": 0, "wall_seconds": 0.0,
                      "eval_geo_time_in_system": best[0]})
         episodes, decisions = cfg.eval_episodes, 0
+        iterates = [theta.copy()]
         for it in range(1, cfg.iterations + 1):
             seeds = [cfg.seed + (it - 1) * cfg.draws + j for j in range(cfg.draws)]
             kws = [draw(s) for s in seeds]
@@ -445,6 +451,7 @@ def train_ars(cfg: ARSConfig | None = None, *, on_iteration: Any = None, **overr
             spread = float(np.std(scores))
             step = cfg.step_size / (cfg.directions * spread) * ((rp - rm) @ deltas) if spread > 0 else np.zeros(n_w)
             theta = theta + step
+            iterates.append(theta.copy())
             episodes += len(vals)
             decisions += sum(int(kw.get("horizon") or 0) for kw in kws) * len(cands) // cfg.action_repeat
             row: dict[str, Any] = {"iteration": it, "episodes": episodes, "decisions": decisions,
@@ -512,6 +519,7 @@ def train_ars(cfg: ARSConfig | None = None, *, on_iteration: Any = None, **overr
 
     with open(os.path.join(cfg.out, META_FILE), "w") as fh:
         json.dump(meta, fh, indent=1, default=_json_default)
+    np.save(os.path.join(cfg.out, ITERATES_FILE), np.stack(iterates))
     with open(os.path.join(cfg.out, "curves.csv"), "w", newline="") as fh:
         w = csv.DictWriter(fh, fieldnames=list(CURVE_COLUMNS), extrasaction="ignore")
         w.writeheader()

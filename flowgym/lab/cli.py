@@ -477,7 +477,7 @@ def _train_ars(args: argparse.Namespace) -> int:
           f"of update {res.best_iteration} (geometric mean time in system {res.best_eval:.2f} on the "
           f"{cfg.eval_episodes} evaluation draws)")
     _print_table(res.table)
-    print(f"wrote {cfg.out}/ (policy.npz, normalization.npz, flowgym_agent.json, curves.csv"
+    print(f"wrote {cfg.out}/ (policy.npz, normalization.npz, flowgym_agent.json, curves.csv, iterates.npy"
           + (", eval.*" if res.table is not None else "") + ")")
     print(f"compare it with the scenario's tuned line-up on held-out seeds: flowgym compare --scenario "
           f'{cfg.scenario} --seeds 900-919 --add-agents "learned:path={cfg.out}"')
