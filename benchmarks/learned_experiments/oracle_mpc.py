@@ -1,0 +1,133 @@
+"""An upper bound for retuning the generalist from the system's current state (docs/training.md, "An oracle
+for retuning from the current state").
+
+The replay probe (``replay_tuning.py``) replays the past from an empty system and loses the backlog the
+window started with. A retune from the *current* state would clone the engine and redraw what a server does
+not know (the output lengths of the requests in the system, the arrivals to come). Before building that,
+this measures what it could gain at best: every ``period`` slots the environment is deep-copied *with* its
+future (the same random stream, so the clone sees the real arrivals and output lengths), each candidate (the
+shipped generalist with an offset on its two log-multipliers, a ``grid`` x ``grid``) is played on its own
+copy for ``lookahead`` slots, and the candidate with the least time in system accrued over them (the sum of
+the requests in the system, slot by slot) is played until the next retune. With ``margin`` offset 0 is kept
+unless a candidate is that much better. Perfect foresight over the lookahead: no server has it, so this is
+a ceiling, not an agent (it holds the environment itself). With ``redraw`` the copies draw the arrivals to
+come afresh from the scenario's workload instead (its law known, its realisation not). Usage (screening seeds 7000-7003)::
+
+    python benchmarks/learned_experiments/oracle_mpc.py --rate-switch results/bench_learned.json \\
+        --variant '{"lookahead": 800}'
+"""
+
+from __future__ import annotations
+
+import argparse
+import copy
+import itertools
+import json
+import multiprocessing as mp
+import os
+import sys
+import time
+from typing import Any
+
+import numpy as np
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from anchors import ADAPTIVE_SCENARIOS, held_out, scenario, seeds_of, tuned_rate_switch  # noqa: E402
+from replay_tuning import Offset, _learned  # noqa: E402
+
+from flowgym.agents import make_agent  # noqa: E402
+from flowgym.lab.evaluation import Episode, env_for, run_episode  # noqa: E402
+
+
+def oracle_episode(kw: dict[str, Any], seed: int, horizon: int | None, period: int = 400, lookahead: int = 800,
+                   grid: tuple[float, ...] = (-0.4, 0.0, 0.4), margin: float = 0.0,
+                   redraw: bool = False) -> tuple[float, list[int]]:
+    """The mean time in system of one episode played by the oracle retune, and the offset picked at each retune.
+
+    ``redraw``: the copies draw the arrivals after the current slot afresh from the workload (a new random
+    stream, the same for every candidate of a retune) instead of seeing the real ones; the requests already
+    in the system keep their real output lengths. Knowledge of the workload's law and of the current state,
+    without the future's realisation (reads the engine's private fields: a diagnostic, not an agent)."""
+    cands = [np.array(d, np.float32) for d in itertools.product(grid, grid)]
+    default = next(i for i, d in enumerate(cands) if not d.any())
+    players = [Offset(_learned(""), d) for d in cands]
+    env = env_for(players[0], kw, horizon)
+    obs, _ = env.reset(seed=seed)
+    for p in players:
+        p.reset(env.config, seed=seed)
+    pick, picks, done, t = default, [], False, 0
+    while not done:
+        if t > 0 and t % period == 0:
+            scores = []
+            for i in range(len(cands)):
+                e2, p2, o2 = copy.deepcopy(env), copy.deepcopy(players[i]), obs
+                if redraw:  # forget the requests generated beyond this slot; draw the rest anew
+                    eng = e2.engine
+                    eng._rng = np.random.default_rng((seed, t))
+                    eng.n_req, eng._gen_t = eng.n_arrived, eng.t + 1
+                acc = 0.0
+                for _ in range(lookahead):
+                    v = e2.view()
+                    acc += v.n_queued + v.n_active
+                    o2, _, term, trunc, _ = e2.step(p2.act(o2, v))
+                    if term or trunc:
+                        break
+                scores.append(acc)
+            best = int(np.argmin(scores))
+            pick = best if scores[best] < (1 - margin) * scores[default] else default
+            picks.append(pick)
+        view = env.view()
+        acts = [p.act(obs, view) for p in players]  # every candidate acts: a new pick plays its own held decision
+        obs, _, term, trunc, _ = env.step(acts[pick])
+        done, t = term or trunc, t + 1
+    ep_log, series = env.request_log(), env.series()
+    ep = Episode("oracle", seed, env.config, ep_log, series, 0.0)
+    return float(ep.metrics(horizon)["mean_time_in_system"]), picks
+
+
+def _job(task: tuple[str, int, str, dict[str, Any]]) -> tuple[str, str, float, float]:
+    name, seed, who, rs = task
+    kw, H = scenario(name)
+    t0 = time.perf_counter()
+    if who in ("shipped", "rate-switch"):
+        agent = _learned("") if who == "shipped" else make_agent("rate-switch", **rs)
+        v = run_episode(agent, kw, seed, H).metrics(H)["mean_time_in_system"]
+    else:
+        v = oracle_episode(kw, seed, H, **json.loads(who))[0]
+    return name, who, float(v), time.perf_counter() - t0
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--rate-switch", required=True, help="bench_learned.py's JSON (the tuned rate-switch parameters)")
+    ap.add_argument("--variant", action="append", default=[], help="oracle_episode's arguments as JSON (repeatable)")
+    ap.add_argument("--scenarios", default=None, help="comma-separated (default: the slot-model report scenarios)")
+    ap.add_argument("--workers", type=int, default=2)
+    args = ap.parse_args(argv)
+    rs = tuned_rate_switch(args.rate_switch)
+    names = (args.scenarios.split(",") if args.scenarios else
+             [n for n in [*ADAPTIVE_SCENARIOS, *held_out()] if scenario(n)[0].get("time_model") is None])
+    whos = ["shipped", "rate-switch", *(args.variant or ["{}"])]
+    tasks = [(n, s, w, rs[n]) for n in names for s in seeds_of(n) for w in whos]
+    with mp.get_context("spawn").Pool(args.workers) as pool:
+        res = pool.map(_job, tasks, chunksize=1)
+    acc: dict[str, dict[str, list[float]]] = {}
+    wall: dict[str, list[float]] = {}
+    for n, w, v, dt in res:
+        acc.setdefault(n, {}).setdefault(w, []).append(v)
+        wall.setdefault(w, []).append(dt)
+    shown = [w for w in whos if w != "rate-switch"]
+    print("scenario | " + " | ".join(shown) + "   (mean time in system / tuned rate-switch)")
+    logs: dict[str, list[float]] = {w: [] for w in shown}
+    for n, d in acc.items():
+        ref = float(np.mean(d["rate-switch"]))
+        for w in shown:
+            logs[w].append(np.log(float(np.mean(d[w])) / ref))
+        print(f"{n} | " + " | ".join(f"{np.exp(logs[w][-1]):.3f}" for w in shown))
+    print("geometric mean | " + " | ".join(f"{np.exp(np.mean(v)):.3f}" for v in logs.values()))
+    print("seconds per episode | " + " | ".join(f"{np.mean(wall[w]):.1f}" for w in shown))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
