@@ -19,24 +19,18 @@ come afresh from the scenario's workload instead (its law known, its realisation
 
 from __future__ import annotations
 
-import argparse
 import copy
 import itertools
-import json
-import multiprocessing as mp
 import os
 import sys
-import time
 from typing import Any
 
 import numpy as np
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from anchors import ADAPTIVE_SCENARIOS, held_out, scenario, seeds_of, tuned_rate_switch  # noqa: E402
-from replay_tuning import Offset, _learned  # noqa: E402
+from replay_tuning import Offset, _learned, screen_variants  # noqa: E402
 
-from flowgym.agents import make_agent  # noqa: E402
-from flowgym.lab.evaluation import Episode, env_for, run_episode  # noqa: E402
+from flowgym.lab.evaluation import Episode, env_for  # noqa: E402
 
 
 def oracle_episode(kw: dict[str, Any], seed: int, horizon: int | None, period: int = 400, lookahead: int = 800,
@@ -85,48 +79,13 @@ def oracle_episode(kw: dict[str, Any], seed: int, horizon: int | None, period: i
     return float(ep.metrics(horizon)["mean_time_in_system"]), picks
 
 
-def _job(task: tuple[str, int, str, dict[str, Any]]) -> tuple[str, str, float, float]:
-    name, seed, who, rs = task
-    kw, H = scenario(name)
-    t0 = time.perf_counter()
-    if who in ("shipped", "rate-switch"):
-        agent = _learned("") if who == "shipped" else make_agent("rate-switch", **rs)
-        v = run_episode(agent, kw, seed, H).metrics(H)["mean_time_in_system"]
-    else:
-        v = oracle_episode(kw, seed, H, **json.loads(who))[0]
-    return name, who, float(v), time.perf_counter() - t0
-
-
 def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--rate-switch", required=True, help="bench_learned.py's JSON (the tuned rate-switch parameters)")
-    ap.add_argument("--variant", action="append", default=[], help="oracle_episode's arguments as JSON (repeatable)")
-    ap.add_argument("--scenarios", default=None, help="comma-separated (default: the slot-model report scenarios)")
-    ap.add_argument("--workers", type=int, default=2)
-    args = ap.parse_args(argv)
-    rs = tuned_rate_switch(args.rate_switch)
-    names = (args.scenarios.split(",") if args.scenarios else
-             [n for n in [*ADAPTIVE_SCENARIOS, *held_out()] if scenario(n)[0].get("time_model") is None])
-    whos = ["shipped", "rate-switch", *(args.variant or ["{}"])]
-    tasks = [(n, s, w, rs[n]) for n in names for s in seeds_of(n) for w in whos]
-    with mp.get_context("spawn").Pool(args.workers) as pool:
-        res = pool.map(_job, tasks, chunksize=1)
-    acc: dict[str, dict[str, list[float]]] = {}
-    wall: dict[str, list[float]] = {}
-    for n, w, v, dt in res:
-        acc.setdefault(n, {}).setdefault(w, []).append(v)
-        wall.setdefault(w, []).append(dt)
-    shown = [w for w in whos if w != "rate-switch"]
-    print("scenario | " + " | ".join(shown) + "   (mean time in system / tuned rate-switch)")
-    logs: dict[str, list[float]] = {w: [] for w in shown}
-    for n, d in acc.items():
-        ref = float(np.mean(d["rate-switch"]))
-        for w in shown:
-            logs[w].append(np.log(float(np.mean(d[w])) / ref))
-        print(f"{n} | " + " | ".join(f"{np.exp(logs[w][-1]):.3f}" for w in shown))
-    print("geometric mean | " + " | ".join(f"{np.exp(np.mean(v)):.3f}" for v in logs.values()))
-    print("seconds per episode | " + " | ".join(f"{np.mean(wall[w]):.1f}" for w in shown))
-    return 0
+    return screen_variants(oracle_value, __doc__.split("\n\n")[0], argv)
+
+
+def oracle_value(kw: dict[str, Any], seed: int, horizon: int | None, **options: Any) -> float:
+    """:func:`oracle_episode`'s mean time in system (the function :func:`screen_variants` plays)."""
+    return oracle_episode(kw, seed, horizon, **options)[0]
 
 
 if __name__ == "__main__":

@@ -197,19 +197,30 @@ class ReplayTuned(Agent):
         return "replay-tuned"
 
 
-def _job(task: tuple[str, int, str, dict[str, Any] | None]) -> tuple[str, str, float, float]:
-    name, seed, who, rs = task
+def replay_episode(kw: dict[str, Any], seed: int, horizon: int | None, **options: Any) -> float:
+    """The mean time in system of one episode of :class:`ReplayTuned` with ``options``."""
+    return run_episode(ReplayTuned(kw, **options), kw, seed, horizon).metrics(horizon)["mean_time_in_system"]
+
+
+def _job(task: tuple[Any, str, int, str, dict[str, Any]]) -> tuple[str, str, float, float]:
+    play, name, seed, who, rs = task
     kw, H = scenario(name)
     t0 = time.perf_counter()
-    agent = (_learned("") if who == "shipped" else make_agent("rate-switch", **rs) if who == "rate-switch"
-             else ReplayTuned(kw, **json.loads(who)))
-    return name, who, run_episode(agent, kw, seed, H).metrics(H)["mean_time_in_system"], time.perf_counter() - t0
+    if who in ("shipped", "rate-switch"):
+        agent = _learned("") if who == "shipped" else make_agent("rate-switch", **rs)
+        v = run_episode(agent, kw, seed, H).metrics(H)["mean_time_in_system"]
+    else:
+        v = play(kw, seed, H, **json.loads(who))
+    return name, who, float(v), time.perf_counter() - t0
 
 
-def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+def screen_variants(play: Any, description: str, argv: list[str] | None = None) -> int:
+    """The command line of a probe whose variants are ``play(kw, seed, horizon, **json) -> mean time in
+    system`` (a module-level function): each variant, the shipped generalist and the tuned rate-switch on
+    the screening seeds of every slot-model report scenario, printed / the tuned rate-switch."""
+    ap = argparse.ArgumentParser(description=description)
     ap.add_argument("--rate-switch", required=True, help="bench_learned.py's JSON (the tuned rate-switch parameters)")
-    ap.add_argument("--variant", action="append", default=[], help="ReplayTuned's arguments as JSON (repeatable)")
+    ap.add_argument("--variant", action="append", default=[], help="the probe's arguments as JSON (repeatable)")
     ap.add_argument("--scenarios", default=None, help="comma-separated (default: the slot-model report scenarios)")
     ap.add_argument("--workers", type=int, default=2)
     args = ap.parse_args(argv)
@@ -219,8 +230,8 @@ def main(argv: list[str] | None = None) -> int:
     for n in names:
         if n not in rs:
             raise SystemExit(f"{n!r} has no tuned rate-switch in {args.rate_switch}")
-    whos = ["shipped", "rate-switch", *args.variant]
-    tasks = [(n, s, w, rs[n]) for n in names for s in seeds_of(n) for w in whos]
+    whos = ["shipped", "rate-switch", *(args.variant or ["{}"])]
+    tasks = [(play, n, s, w, rs[n]) for n in names for s in seeds_of(n) for w in whos]
     with mp.get_context("spawn").Pool(args.workers) as pool:
         res = pool.map(_job, tasks, chunksize=1)
     acc: dict[str, dict[str, list[float]]] = {}
@@ -228,17 +239,21 @@ def main(argv: list[str] | None = None) -> int:
     for n, w, v, dt in res:
         acc.setdefault(n, {}).setdefault(w, []).append(v)
         wall.setdefault(w, []).append(dt)
-    print("scenario | " + " | ".join(w for w in whos if w != "rate-switch") + "   (mean time in system / tuned rate-switch)")
-    logs = {w: [] for w in whos if w != "rate-switch"}
+    shown = [w for w in whos if w != "rate-switch"]
+    print("scenario | " + " | ".join(shown) + "   (mean time in system / tuned rate-switch)")
+    logs: dict[str, list[float]] = {w: [] for w in shown}
     for n, d in acc.items():
         ref = float(np.mean(d["rate-switch"]))
-        r = {w: float(np.mean(v)) / ref for w, v in d.items() if w != "rate-switch"}
-        for w, v in r.items():
-            logs[w].append(np.log(v))
-        print(f"{n} | " + " | ".join(f"{r[w]:.3f}" for w in logs))
+        for w in shown:
+            logs[w].append(np.log(float(np.mean(d[w])) / ref))
+        print(f"{n} | " + " | ".join(f"{np.exp(logs[w][-1]):.3f}" for w in shown))
     print("geometric mean | " + " | ".join(f"{np.exp(np.mean(v)):.3f}" for v in logs.values()))
-    print("seconds per episode | " + " | ".join(f"{np.mean(wall[w]):.1f}" for w in logs))
+    print("seconds per episode | " + " | ".join(f"{np.mean(wall[w]):.1f}" for w in shown))
     return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    return screen_variants(replay_episode, __doc__.split("\n\n")[0], argv)
 
 
 if __name__ == "__main__":
