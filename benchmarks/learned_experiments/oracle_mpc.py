@@ -10,11 +10,12 @@ shipped generalist with an offset on its two log-multipliers, a ``grid`` x ``gri
 copy for ``lookahead`` slots, and the candidate with the least time in system accrued over them (the sum of
 the requests in the system, slot by slot) is played until the next retune. With ``margin`` offset 0 is kept
 unless a candidate is that much better. Perfect foresight over the lookahead: no server has it, so this is
-a ceiling, not an agent (it holds the environment itself). With ``redraw`` the copies draw the arrivals to
-come afresh from the scenario's workload instead (its law known, its realisation not). Usage (screening seeds 7000-7003)::
+a ceiling, not an agent (it holds the environment itself). With ``"future": "law"`` the copies draw the
+arrivals to come afresh from the scenario's workload instead (its law known, its realisation not); with
+``"future": "window"`` they see the last ``window`` slots' arrivals again (the law estimated from the past). Usage (screening seeds 7000-7003)::
 
     python benchmarks/learned_experiments/oracle_mpc.py --rate-switch results/bench_learned.json \\
-        --variant '{"lookahead": 800}'
+        --variant '{"lookahead": 800}' --variant '{"future": "law"}'
 """
 
 from __future__ import annotations
@@ -31,17 +32,32 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from replay_tuning import Offset, _learned, screen_variants  # noqa: E402
 
 from flowgym.lab.evaluation import Episode, env_for  # noqa: E402
+from flowgym.sim.workloads import Trace  # noqa: E402
+
+
+def _window_trace(eng: Any, window: int) -> Trace:
+    """The requests that arrived in the last ``window`` slots, ``window`` slots later (real output lengths)."""
+    t = int(eng.t)
+    ids = np.arange(eng.n_arrived)
+    ids = ids[eng.arrival[ids] > t - window]
+    cls = (eng.cls[ids], ) if eng.m > 0 else ()
+    return Trace(eng.arrival[ids] + window, eng.prompt[ids], eng.output[ids], *cls,
+                 **({"num_classes": eng.m} if eng.m > 0 else {}))
 
 
 def oracle_episode(kw: dict[str, Any], seed: int, horizon: int | None, period: int = 400, lookahead: int = 800,
                    grid: tuple[float, ...] = (-0.4, 0.0, 0.4), margin: float = 0.0,
-                   redraw: bool = False) -> tuple[float, list[int]]:
+                   future: str = "real", window: int = 1200) -> tuple[float, list[int]]:
     """The mean time in system of one episode played by the oracle retune, and the offset picked at each retune.
 
-    ``redraw``: the copies draw the arrivals after the current slot afresh from the workload (a new random
-    stream, the same for every candidate of a retune) instead of seeing the real ones; the requests already
-    in the system keep their real output lengths. Knowledge of the workload's law and of the current state,
-    without the future's realisation (reads the engine's private fields: a diagnostic, not an agent)."""
+    ``future``: what the copies see after the current slot. ``"real"``: the real arrivals (perfect
+    foresight). ``"law"``: arrivals drawn afresh from the workload (a new random stream, the same for every
+    candidate of a retune): the workload's law without its realisation. ``"window"``: the arrivals of the
+    last ``window`` slots again, shifted by ``window`` (their arrival slots, prompts and real output
+    lengths): the law estimated from the recent past. In every case the requests already in the system keep
+    their real output lengths (reads the engine's private fields: a diagnostic, not an agent)."""
+    if future not in ("real", "law", "window"):
+        raise ValueError(f"future must be 'real', 'law' or 'window', got {future!r}")
     cands = [np.array(d, np.float32) for d in itertools.product(grid, grid)]
     default = next(i for i, d in enumerate(cands) if not d.any())
     players = [Offset(_learned(""), d) for d in cands]
@@ -53,12 +69,16 @@ def oracle_episode(kw: dict[str, Any], seed: int, horizon: int | None, period: i
     while not done:
         if t > 0 and t % period == 0:
             scores = []
+            past = _window_trace(env.engine, window) if future == "window" else None
             for i in range(len(cands)):
                 e2, p2, o2 = copy.deepcopy(env), copy.deepcopy(players[i]), obs
-                if redraw:  # forget the requests generated beyond this slot; draw the rest anew
+                if future != "real":  # forget the requests generated beyond this slot; draw the rest anew
                     eng = e2.engine
-                    eng._rng = np.random.default_rng((seed, t))
                     eng.n_req, eng._gen_t = eng.n_arrived, eng.t + 1
+                    if past is None:
+                        eng._rng = np.random.default_rng((seed, t))
+                    else:
+                        eng.workload = past
                 acc = 0.0
                 for _ in range(lookahead):
                     v = e2.view()
