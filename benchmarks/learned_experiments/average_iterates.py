@@ -1,7 +1,7 @@
 """The mean of an ARS run's iterates as a model (docs/training.md, "The mean of the iterates").
 
 ``flowgym train --algo ars`` keeps the update whose policy scored best on the 12 selection draws, one
-iterate of a search that wanders on a plateau after about 20 of its 80 updates. The mean of the
+iterate of a search that wanders on a plateau after about 30 of its 80 updates. The mean of the
 iterates over a window of updates (Polyak-Ruppert averaging) averages that wandering out. This writes
 it as a model directory beside the run's: the run's files, with ``policy.npz`` the weights averaged over
 the updates ``first..last`` of its ``iterates.npy`` (row ``u`` is the weights after update ``u``) and the

@@ -1,5 +1,5 @@
-"""An upper bound for retuning the generalist from the system's current state (docs/training.md, "An oracle
-for retuning from the current state").
+"""An upper bound for retuning the generalist from the system's current state (docs/training.md, "What
+retuning from the current state could gain at best").
 
 The replay probe (``replay_tuning.py``) replays the past from an empty system and loses the backlog the
 window started with. A retune from the *current* state would clone the engine and redraw what a server does
@@ -12,7 +12,9 @@ the requests in the system, slot by slot) is played until the next retune. With 
 unless a candidate is that much better. Perfect foresight over the lookahead: no server has it, so this is
 a ceiling, not an agent (it holds the environment itself). With ``"future": "law"`` the copies draw the
 arrivals to come afresh from the scenario's workload instead (its law known, its realisation not); with
-``"future": "window"`` they see the last ``window`` slots' arrivals again (the law estimated from the past). Usage (screening seeds 7000-7003)::
+``"future": "window"`` they see the last ``window`` slots' arrivals again (the law estimated from the past).
+The docs' finding: the gain is the law's (a phased scenario's law holds its phase schedule); with the past
+as the forecast the retune loses to the generalist. Usage (screening seeds 7000-7003)::
 
     python benchmarks/learned_experiments/oracle_mpc.py --rate-switch results/bench_learned.json \\
         --variant '{"lookahead": 800}' --variant '{"future": "law"}'
@@ -40,7 +42,7 @@ def _window_trace(eng: Any, window: int) -> Trace:
     t = int(eng.t)
     ids = np.arange(eng.n_arrived)
     ids = ids[eng.arrival[ids] > t - window]
-    cls = (eng.cls[ids], ) if eng.m > 0 else ()
+    cls = (eng.cls[ids],) if eng.m > 0 else ()
     return Trace(eng.arrival[ids] + window, eng.prompt[ids], eng.output[ids], *cls,
                  **({"num_classes": eng.m} if eng.m > 0 else {}))
 

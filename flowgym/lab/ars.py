@@ -58,16 +58,16 @@ from flowgym.agents.learned import (
     describe_action_space,
 )
 
-__all__ = ["ARSConfig", "ARSResult", "train_ars", "CURVE_COLUMNS"]
+__all__ = ["ARSConfig", "ARSResult", "train_ars", "CURVE_COLUMNS", "ITERATES_FILE"]
 
 #: Columns of an ARS run's ``curves.csv`` (one row per iteration; ``eval_geo_time_in_system`` on
 #: evaluation iterations only).
+CURVE_COLUMNS = ("iteration", "episodes", "decisions", "wall_seconds", "train_log_time_in_system",
+                 "step_norm", "eval_geo_time_in_system")
+
 #: The policy's weight vector after every update (row 0: the start), ``iterations + 1`` rows, in a run's
 #: directory (not read by the loader).
 ITERATES_FILE = "iterates.npy"
-
-CURVE_COLUMNS = ("iteration", "episodes", "decisions", "wall_seconds", "train_log_time_in_system",
-                 "step_norm", "eval_geo_time_in_system")
 
 
 @dataclass
