@@ -435,7 +435,7 @@ def train_ars(cfg: ARSConfig | None = None, *, on_iteration: Any = None, **overr
 
         bar = Progress(cfg.iterations, enabled=cfg.progress)
         rows: list[dict[str, Any]] = []
-        best = (evaluate(theta), 0, theta.copy())
+        best = (evaluate(theta), 0)  # the best evaluation and its update (its weights: iterates[update])
         rows.append({"iteration": 0, "episodes": cfg.eval_episodes, "decisions": 0, "wall_seconds": 0.0,
                      "eval_geo_time_in_system": best[0]})
         episodes, decisions = cfg.eval_episodes, 0
@@ -463,7 +463,7 @@ def train_ars(cfg: ARSConfig | None = None, *, on_iteration: Any = None, **overr
                 episodes += cfg.eval_episodes
                 row["eval_geo_time_in_system"] = e
                 if e < best[0]:
-                    best = (e, it, theta.copy())
+                    best = (e, it)
             rows.append(row)
             bar.update(f"iteration {it}, best {best[0]:.2f} at {best[1]}")
             if on_iteration is not None:
@@ -473,7 +473,7 @@ def train_ars(cfg: ARSConfig | None = None, *, on_iteration: Any = None, **overr
         runner.close()
     wall = time.perf_counter() - t0
 
-    policy = ArrayPolicy.from_vector(best[2], sizes, obs_low, obs_high)
+    policy = ArrayPolicy.from_vector(iterates[best[1]], sizes, obs_low, obs_high)
     seed_ranges = cfg.seed_ranges()
     norm_from: Any = list(seed_ranges["normalisation"])
     if start is not None:
