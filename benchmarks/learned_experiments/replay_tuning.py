@@ -16,7 +16,7 @@ arrivals, so the load goes on; without it the tail has no arrivals.
 A probe, not an agent of the package: it tracks arrivals and completions from ``SystemView`` snapshots every
 slot (a request admitted and finished within one slot, an output of one token, is never seen active and is
 drawn like an unfinished one; no report scenario has such outputs), and slot-model scenarios only. The
-unfinished requests' outputs are drawn from every output completed so far, earlier phases' included. With
+unfinished requests' outputs are drawn from every output completed so far, earlier phases' included.
 Every candidate acts every slot (each keeps its own held decision), and the picked one's action is played. Usage (screening seeds 7000-7003; ``--rate-switch`` is
 ``bench_learned.py --out``'s JSON, for the tuned rate-switch's parameters)::
 
