@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import csv
 import json
 import math
 import os
@@ -11,7 +12,7 @@ import sys
 import numpy as np
 import pytest
 
-from flowgym.agents.learned import ARRAYS_FILE, META_FILE, NORM_FILE, ArrayPolicy, LearnedBudget
+from flowgym.agents.learned import ARRAYS_FILE, DEFAULT_MODEL, META_FILE, NORM_FILE, ArrayPolicy, LearnedBudget
 from flowgym.lab.ars import ITERATES_FILE, ARSConfig, _log_scores, train_ars
 from flowgym.lab.cli import main
 from flowgym.lab.distributions import RandomMix
@@ -512,3 +513,31 @@ def test_a_model_whose_action_size_and_anchors_disagree_is_refused_by_name(tiny_
     with pytest.raises(ValueError, match=r"flowgym_agent.json in .* records action_space=.* but agent_env_options "
                                          r"multiplier_of='rate', whose action has 1 float"):
         LearnedBudget(str(bad))
+
+
+def test_init_shipped_tunes_the_shipped_generalist_on_a_scenario_file(tmp_path):
+    """``--init shipped`` starts a search on one scenario (a file) at the shipped generalist: update 0's
+    evaluation is the shipped model's own time in system on the selection seed, and the search runs from there."""
+    from flowgym.agents import make_agent
+    from flowgym.lab.scenarios import get_scenario
+
+    data = get_scenario("adaptive-mix").to_dict()
+    data["name"] = "my-workload"
+    data["env"]["horizon"] = 300
+    path = tmp_path / "my-workload.json"
+    path.write_text(json.dumps(data))
+    out = str(tmp_path / "tuned")
+    assert main(["train", "--quiet", "--algo", "ars", "--scenario", str(path), "--init", "shipped",
+                 "--iterations", "2", "--directions", "2", "--draws", "1", "--eval-every", "1",
+                 "--eval-episodes", "1", "--final-eval-seeds", "0", "--out", out]) == 0
+    kw = get_scenario(str(path)).tune_env_kwargs()
+    shipped = run_episode(make_agent("learned"), kw, 20_000, 300).metrics()["mean_time_in_system"]
+    meta = json.load(open(os.path.join(out, META_FILE)))
+    assert meta["best_eval_time_in_system"] <= shipped
+    rows = list(csv.DictReader(open(os.path.join(out, "curves.csv"))))
+    assert float(rows[0]["eval_geo_time_in_system"]) == pytest.approx(shipped, rel=1e-12)
+    assert meta["hyperparameters"]["init"] == "shipped" and meta["trained_on"] == "scenario"
+    with np.load(os.path.join(out, NORM_FILE)) as a, np.load(os.path.join(DEFAULT_MODEL, NORM_FILE)) as b:
+        np.testing.assert_array_equal(a["obs_mean"], b["obs_mean"])
+    with pytest.raises(ValueError, match="init must be a model directory of flowgym train --algo ars or 'shipped'"):
+        ARSConfig(init="shipping").validate()

@@ -50,6 +50,7 @@ import numpy as np
 
 from flowgym.agents.learned import (
     ARRAYS_FILE,
+    DEFAULT_MODEL,
     FORMAT_VERSION,
     META_FILE,
     NORM_FILE,
@@ -90,7 +91,9 @@ class ARSConfig:
     #: decides, so the search starts from that model's policy exactly). A model of a shorter load
     #: observation whose features begin this search's (``"load-v2"`` to ``"load-v3"``) starts with zero
     #: weights on the new features and its own normalisation of the old ones (the new ones are
-    #: normalised as in a fresh search), so again update 0 plays that model's policy.
+    #: normalised as in a fresh search), so again update 0 plays that model's policy. ``"shipped"``: the
+    #: shipped generalist (``flowgym/data/models/generalist``), to tune it to one scenario
+    #: (docs/training.md, "Tune the generalist to your workload").
     init: str | None = None
     #: Updates of the policy.
     iterations: int = 80
@@ -195,8 +198,15 @@ class ARSConfig:
             make_distribution(self.distribution)
         if not self.out:
             raise ValueError("out (the output directory) must be given")
-        if self.init is not None and not (isinstance(self.init, (str, os.PathLike)) and os.path.isdir(self.init)):
-            raise ValueError(f"init must be a model directory of flowgym train --algo ars, got {self.init!r}")
+        if self.init is not None and not (isinstance(self.init, (str, os.PathLike)) and os.path.isdir(self.init_path)):
+            raise ValueError(f"init must be a model directory of flowgym train --algo ars or 'shipped', got {self.init!r}")
+
+    @property
+    def init_path(self) -> str | None:
+        """The directory of :attr:`init` (``"shipped"`` resolved to the shipped generalist's)."""
+        if self.init is None:
+            return None
+        return DEFAULT_MODEL if self.init == "shipped" else os.fspath(self.init)
 
     def seed_ranges(self) -> dict[str, tuple[int, int]]:
         """The first and last seed of each use (a use with no seed has last < first)."""
@@ -397,7 +407,7 @@ def train_ars(cfg: ARSConfig | None = None, *, on_iteration: Any = None, **overr
     n_w = ArrayPolicy.n_weights(sizes)
     rng = np.random.default_rng(cfg.seed)
     theta = np.zeros(n_w)
-    start = None if cfg.init is None else _init_from(cfg.init, sizes, cfg.observation)
+    start = None if cfg.init is None else _init_from(cfg.init_path, sizes, cfg.observation)
     if start is not None:
         theta = start[0]
     elif cfg.hidden:  # a network needs random hidden weights (the output layer starts at zero: every k = 1.41)

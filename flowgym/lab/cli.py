@@ -804,7 +804,8 @@ def build_parser() -> argparse.ArgumentParser:
     t.add_argument("--init", default=None, metavar="DIR",
                    help="(ars) start the search from the weights and normalisation of an earlier --algo ars model "
                    "(same observation and hidden layers; new action outputs copy its last, so --multiplier-of "
-                   "max-drain from a max-head model starts at that model's policy)")
+                   "max-drain from a max-head model starts at that model's policy); 'shipped': the shipped "
+                   "generalist, e.g. to tune it to --scenario FILE (docs/training.md)")
     t.add_argument("--eval-every", type=int, default=None,
                    help=f"(ars) evaluate every N updates on the fixed draws; the best is kept (default {a.eval_every})")
     t.add_argument("--norm-draws", type=int, default=None,
