@@ -16,8 +16,11 @@ paired bootstrap interval::
 
     python benchmarks/learned_experiments/per_scenario.py --rate-switch results/bench_learned.json \\
         --out runs/per-scenario [--scenarios H4-short-phases,H8-overload-then-light] [--iterations 12]
+    python benchmarks/learned_experiments/per_scenario.py --out runs/per-scenario --cosines
 
-Models already in ``--out`` are not searched again (delete one to redo it).
+Models already in ``--out`` are not searched again (delete one to redo it). ``--cosines`` prints instead the
+cosine between every two scenarios' weight changes (tuned minus the generalist's weights): changes that point
+opposite ways are what one zero-shot policy cannot make at once without telling the loads apart.
 """
 
 from __future__ import annotations
@@ -93,13 +96,34 @@ def report(name: str, model: str, refs: dict[str, Any], seeds: list[int], backen
             "generalist / rate-switch": ratio_ci(per["generalist"], per["rate-switch (tuned)"])}
 
 
+def cosines(out: str) -> list[str]:
+    """The cosine between the weight changes of every two tuned models in ``out`` (those that moved)."""
+    def flat(path: str) -> np.ndarray:
+        with np.load(os.path.join(path, "policy.npz"), allow_pickle=False) as z:
+            return np.concatenate([z[k].ravel() for k in sorted(z.files)])
+
+    base = flat(GENERALIST)
+    moved = {}
+    for name in sorted(os.listdir(out)):
+        if os.path.exists(os.path.join(out, name, "policy.npz")):
+            d = flat(os.path.join(out, name)) - base
+            if np.linalg.norm(d) > 0:
+                moved[name] = d / np.linalg.norm(d)
+    names = list(moved)
+    lines = ["| | " + " | ".join(names) + " |", "|---|" + "---:|" * len(names)]
+    for a in names:
+        lines.append(f"| {a} | " + " | ".join(f"{moved[a] @ moved[b]:.2f}" for b in names) + " |")
+    lines.append(f"(two unrelated directions in {base.size} weights: cosines of about +-{1 / np.sqrt(base.size):.2f})")
+    return lines
+
+
 def _cell(r: tuple[float, float, float]) -> str:
     return f"{r[0]:.3f}" if not np.isfinite(r[1]) else f"{r[0]:.3f} [{r[1]:.2f}, {r[2]:.2f}]"
 
 
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--rate-switch", required=True, help="bench_learned.py's JSON (tuned rate-switch, best fixed)")
+    ap.add_argument("--rate-switch", help="bench_learned.py's JSON (tuned rate-switch, best fixed; not with --cosines)")
     ap.add_argument("--out", required=True, help="directory of the tuned models and report.json")
     ap.add_argument("--scenarios", default="", help="comma-separated (default: every scenario of the JSON)")
     ap.add_argument("--iterations", type=int, default=12)
@@ -109,7 +133,13 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--eval-episodes", type=int, default=2)
     ap.add_argument("--seeds", type=int, default=20, help="report seeds 0..N-1")
     ap.add_argument("--workers", type=int, default=2)
+    ap.add_argument("--cosines", action="store_true", help="print the cosines of the weight changes in --out, then stop")
     args = ap.parse_args(argv)
+    if args.cosines:
+        print("\n".join(cosines(args.out)))
+        return 0
+    if not args.rate_switch:
+        ap.error("--rate-switch is needed (bench_learned.py --out's JSON)")
     with open(args.rate_switch) as fh:
         refs = {r["scenario"]: r for r in json.load(fh)}
     names = [n for n in args.scenarios.split(",") if n] or list(refs)
