@@ -115,6 +115,19 @@ def held_out() -> dict[str, dict[str, Any]]:
     return out
 
 
+def scenario_arguments(name: str) -> tuple[dict[str, Any], dict[str, Any], int | None, bool]:
+    """``(report arguments, tuning arguments, horizon, finite)`` of a scenario of this benchmark: a held-out one
+    (tuned and reported on the same arguments, 4,000 slots) or a named one (the Azure replay is tuned on its
+    first half hour, a finite trace run to its end: horizon ``None``)."""
+    ho = held_out()
+    if name in ho:
+        kw = dict(ho[name])
+        return kw, kw, kw["horizon"], False
+    sc = get_scenario(name)
+    kw, finite = sc.env_kwargs(), sc.finite
+    return kw, sc.tune_env_kwargs(), (None if finite else kw.get("horizon")), finite
+
+
 def phases(env_kwargs: dict[str, Any]) -> tuple[list[float], float] | None:
     """``(phase start times, period)`` of a workload whose streams share one periodic step schedule."""
     wl = env_kwargs.get("workload", {})
@@ -183,13 +196,7 @@ def bench_scenario(name: str, model: str | None, seeds: list[int], tune_seeds: l
     """Tune the references, run everything on the report seeds; the rows and the ratios."""
     t0 = time.perf_counter()
     ho = held_out()
-    if name in ho:
-        kw = dict(ho[name])
-        tune_kw, H, finite = kw, kw["horizon"], False
-    else:
-        sc = get_scenario(name)
-        kw, tune_kw, finite = sc.env_kwargs(), sc.tune_env_kwargs(), sc.finite
-        H = None if finite else kw.get("horizon")  # tuned and reported over the whole episode
+    kw, tune_kw, H, finite = scenario_arguments(name)  # a finite trace: tuned and reported over the whole episode
     report = [seeds[0]] if finite else seeds
     tune_seeds = tune_seeds[:1] if finite else tune_seeds
     b, _ = tune(AgentSpec("flow-control", {}, tune=("b", FIXED_GRID)), tune_kw, tune_seeds, H, backend=backend)

@@ -533,10 +533,14 @@ def test_init_shipped_tunes_the_shipped_generalist_on_a_scenario_file(tmp_path):
     kw = get_scenario(str(path)).tune_env_kwargs()
     shipped = run_episode(make_agent("learned"), kw, 20_000, 300).metrics()["mean_time_in_system"]
     meta = json.load(open(os.path.join(out, META_FILE)))
-    assert meta["best_eval_time_in_system"] <= shipped
     rows = list(csv.DictReader(open(os.path.join(out, "curves.csv"))))
     assert float(rows[0]["eval_geo_time_in_system"]) == pytest.approx(shipped, rel=1e-12)
+    iterates = np.load(os.path.join(out, ITERATES_FILE))
+    shipped_weights = np.concatenate([np.concatenate([w.ravel(), b]) for w, b in LearnedBudget(DEFAULT_MODEL).model.layers])
+    np.testing.assert_array_equal(iterates[0], shipped_weights)  # the search started at the shipped weights
+    assert not np.array_equal(iterates[-1], iterates[0])  # and moved from them
     assert meta["hyperparameters"]["init"] == "shipped" and meta["trained_on"] == "scenario"
+    assert meta["seeds"]["normalisation"] == f"from {DEFAULT_MODEL}"
     with np.load(os.path.join(out, NORM_FILE)) as a, np.load(os.path.join(DEFAULT_MODEL, NORM_FILE)) as b:
         np.testing.assert_array_equal(a["obs_mean"], b["obs_mean"])
     with pytest.raises(ValueError, match="init must be a model directory of flowgym train --algo ars or 'shipped'"):

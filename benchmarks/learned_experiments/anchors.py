@@ -54,7 +54,7 @@ from typing import Any
 import numpy as np
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-from bench_learned import held_out  # noqa: E402
+from bench_learned import held_out, scenario_arguments  # noqa: E402
 
 from flowgym.agents import make_agent  # noqa: E402
 from flowgym.agents.base import Agent  # noqa: E402
@@ -83,12 +83,8 @@ class RateMultiple(Agent):
 
 def scenario(name: str) -> tuple[dict[str, Any], int | None]:
     """A scenario's environment arguments and the horizon the benchmark reports it at."""
-    ho = held_out()
-    if name in ho:
-        return ho[name], ho[name]["horizon"]
-    sc = get_scenario(name)
-    kw = sc.env_kwargs()
-    return kw, (None if sc.finite else kw.get("horizon"))
+    kw, _, H, _ = scenario_arguments(name)
+    return kw, H
 
 
 RULES: dict[str, Any] = {

@@ -37,51 +37,52 @@ import numpy as np
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from anchors import scenario  # noqa: E402
-from bench_learned import held_out, ratio_ci  # noqa: E402
+from bench_learned import _fmt, ratio_ci, scenario_arguments  # noqa: E402
 
+from flowgym.agents.learned import ARRAYS_FILE, DEFAULT_MODEL, META_FILE  # noqa: E402
 from flowgym.lab.ars import ARSConfig, train_ars  # noqa: E402
 from flowgym.lab.evaluation import evaluate  # noqa: E402
-from flowgym.lab.scenarios import ADAPTIVE_SCENARIOS, AgentSpec, get_scenario  # noqa: E402
+from flowgym.lab.scenarios import AgentSpec  # noqa: E402
 
-GENERALIST = os.path.join(os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))),
-                          "flowgym", "data", "models", "generalist")
+#: The search's settings that a model already in ``--out`` must share to be reused.
+BUDGET = ("iterations", "directions", "draws", "eval_every", "eval_episodes")
 
 
 class _Fixed:
-    """A distribution that is always one scenario (its seeds vary the arrivals); picklable."""
+    """A distribution that is always one scenario's arguments (its seeds vary the arrivals); picklable. The
+    model's ``flowgym_agent.json`` records it under ``trained_on`` (its ``scenario`` field stays the
+    generalist's ``adaptive-mix``, whose agent options the generalist was trained with)."""
 
-    def __init__(self, kw: dict[str, Any]) -> None:
-        self.kw = kw
+    def __init__(self, name: str, kw: dict[str, Any]) -> None:
+        self.name, self.kw = name, kw
 
     def __call__(self, rng: np.random.Generator) -> dict[str, Any]:
         return copy.deepcopy(self.kw)
 
-
-def tuning_kwargs(name: str) -> tuple[dict[str, Any], bool]:
-    """The arguments the references were tuned on (the Azure replay's tuning half hour) and whether the
-    workload is a finite trace (one episode whatever the seed)."""
-    if name in held_out():
-        return dict(held_out()[name]), False
-    sc = get_scenario(name)
-    return sc.tune_env_kwargs(), sc.finite
+    def to_spec(self) -> dict[str, Any]:
+        return {"kind": "fixed", "scenario": self.name, "arguments": "the scenario's tuning arguments"}
 
 
-def tune_model(name: str, out: str, args: argparse.Namespace) -> float:
-    """Search from the generalist on scenario ``name``; the wall seconds."""
-    kw, finite = tuning_kwargs(name)
+def _budget(args: argparse.Namespace, finite: bool) -> dict[str, int]:
+    """The search's settings (a finite trace is one episode whatever the seed: one draw, one evaluation)."""
+    b = {k: int(getattr(args, k)) for k in BUDGET}
+    if finite:
+        b.update(draws=1, eval_episodes=1)
+    return b
+
+
+def tune_model(name: str, out: str, budget: dict[str, int], workers: int) -> float:
+    """Search from the shipped generalist on scenario ``name``'s tuning arguments; the wall seconds."""
+    _, kw, _, _ = scenario_arguments(name)
     t0 = time.perf_counter()
-    train_ars(ARSConfig(distribution=_Fixed(kw), init=GENERALIST, iterations=args.iterations,
-                        directions=args.directions, draws=1 if finite else args.draws, eval_every=args.eval_every,
-                        eval_episodes=1 if finite else args.eval_episodes, workers=args.workers,
-                        final_eval_seeds=0, out=out, progress=False))
+    train_ars(ARSConfig(distribution=_Fixed(name, kw), init="shipped", workers=workers, final_eval_seeds=0,
+                        out=out, progress=False, **budget))
     return time.perf_counter() - t0
 
 
 def report(name: str, model: str, refs: dict[str, Any], seeds: list[int], backend: str) -> dict[str, Any]:
     """Mean time in system of the tuned model and the references on the report seeds, and the ratios."""
-    kw, H = scenario(name)
-    finite = H is None and name in ADAPTIVE_SCENARIOS
+    kw, _, H, finite = scenario_arguments(name)
     specs = [AgentSpec("learned", {"path": model}, label="tuned here"),
              AgentSpec("learned", {}, label="generalist"),
              AgentSpec("rate-switch", refs["rate_switch"], label="rate-switch (tuned)"),
@@ -99,13 +100,13 @@ def report(name: str, model: str, refs: dict[str, Any], seeds: list[int], backen
 def cosines(out: str) -> list[str]:
     """The cosine between the weight changes of every two tuned models in ``out`` (those that moved)."""
     def flat(path: str) -> np.ndarray:
-        with np.load(os.path.join(path, "policy.npz"), allow_pickle=False) as z:
+        with np.load(os.path.join(path, ARRAYS_FILE), allow_pickle=False) as z:
             return np.concatenate([z[k].ravel() for k in sorted(z.files)])
 
-    base = flat(GENERALIST)
+    base = flat(DEFAULT_MODEL)
     moved = {}
     for name in sorted(os.listdir(out)):
-        if os.path.exists(os.path.join(out, name, "policy.npz")):
+        if os.path.exists(os.path.join(out, name, ARRAYS_FILE)):
             d = flat(os.path.join(out, name)) - base
             if np.linalg.norm(d) > 0:
                 moved[name] = d / np.linalg.norm(d)
@@ -115,10 +116,6 @@ def cosines(out: str) -> list[str]:
         lines.append(f"| {a} | " + " | ".join(f"{moved[a] @ moved[b]:.2f}" for b in names) + " |")
     lines.append(f"(two unrelated directions in {base.size} weights: cosines of about +-{1 / np.sqrt(base.size):.2f})")
     return lines
-
-
-def _cell(r: tuple[float, float, float]) -> str:
-    return f"{r[0]:.3f}" if not np.isfinite(r[1]) else f"{r[0]:.3f} [{r[1]:.2f}, {r[2]:.2f}]"
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -143,21 +140,29 @@ def main(argv: list[str] | None = None) -> int:
     with open(args.rate_switch) as fh:
         refs = {r["scenario"]: r for r in json.load(fh)}
     names = [n for n in args.scenarios.split(",") if n] or list(refs)
+    unknown = [n for n in names if n not in refs]
+    if unknown:
+        ap.error(f"--scenarios: {', '.join(unknown)} not in {args.rate_switch} (it has {', '.join(refs)})")
     os.makedirs(args.out, exist_ok=True)
     rows = []
     for name in names:
         model = os.path.join(args.out, name)
+        budget = _budget(args, scenario_arguments(name)[3])
         wall = None
-        if not os.path.exists(os.path.join(model, "policy.npz")):
-            wall = tune_model(name, model, args)
-        with open(os.path.join(model, "flowgym_agent.json")) as fh:
+        if not os.path.exists(os.path.join(model, ARRAYS_FILE)):
+            wall = tune_model(name, model, budget, args.workers)
+        with open(os.path.join(model, META_FILE)) as fh:
             meta = json.load(fh)
+        had = {k: meta["hyperparameters"].get(k) for k in BUDGET}
+        if had != budget:
+            ap.error(f"{model} was searched with {had}, not {budget}: delete it or give its settings")
         row = report(name, model, refs[name], list(range(args.seeds)), "process" if args.workers > 1 else "serial")
-        row.update({"search_seconds": wall, "kept_update": meta.get("best_iteration")})
+        row.update({"search_seconds": wall, "kept_update": meta.get("best_iteration"), "budget": budget,
+                    "episodes": meta.get("episodes")})
         rows.append(row)
-        print(f"{name}: tuned / rate-switch {_cell(row['tuned / rate-switch'])}, / generalist "
-              f"{_cell(row['tuned / generalist'])}, / best fixed {_cell(row['tuned / best fixed'])}; generalist "
-              f"/ rate-switch {_cell(row['generalist / rate-switch'])}"
+        print(f"{name}: tuned / rate-switch {_fmt(row['tuned / rate-switch'])}, / generalist "
+              f"{_fmt(row['tuned / generalist'])}, / best fixed {_fmt(row['tuned / best fixed'])}; generalist "
+              f"/ rate-switch {_fmt(row['generalist / rate-switch'])}"
               + ("" if wall is None else f" (search {wall:.0f} s)"), flush=True)
         with open(os.path.join(args.out, "report.json"), "w") as fh:
             json.dump(rows, fh, indent=1)

@@ -198,6 +198,8 @@ class ARSConfig:
             make_distribution(self.distribution)
         if not self.out:
             raise ValueError("out (the output directory) must be given")
+        if self.init == "shipped" and not os.path.isdir(DEFAULT_MODEL):
+            raise ValueError(f"init='shipped': the shipped generalist is not at {DEFAULT_MODEL} (a broken install?)")
         if self.init is not None and not (isinstance(self.init, (str, os.PathLike)) and os.path.isdir(self.init_path)):
             raise ValueError(f"init must be a model directory of flowgym train --algo ars or 'shipped', got {self.init!r}")
 
@@ -487,7 +489,7 @@ def train_ars(cfg: ARSConfig | None = None, *, on_iteration: Any = None, **overr
     seed_ranges = cfg.seed_ranges()
     norm_from: Any = list(seed_ranges["normalisation"])
     if start is not None:
-        norm_from = f"from {cfg.init}" + ("" if len(start[1][0]) == sizes[0] else f"; its new inputs from {norm_from}")
+        norm_from = f"from {cfg.init_path}" + ("" if len(start[1][0]) == sizes[0] else f"; its new inputs from {norm_from}")
     np.savez(os.path.join(cfg.out, ARRAYS_FILE), **policy.arrays())
     np.savez(os.path.join(cfg.out, NORM_FILE), obs_low=obs_low, obs_high=obs_high, obs_mean=mean, obs_var=var,
              epsilon=np.float64(eps), clip_obs=np.float64(clip))

@@ -801,7 +801,7 @@ def build_parser() -> argparse.ArgumentParser:
     t.add_argument("--step-size", type=float, default=None, help=f"(ars) step size (default {a.step_size})")
     t.add_argument("--hidden", type=_int_list("--hidden", 1, "8"), default=None,
                    help="(ars) hidden layer sizes of the policy (default: none, a linear policy)")
-    t.add_argument("--init", default=None, metavar="DIR",
+    t.add_argument("--init", default=None, metavar="DIR|shipped",
                    help="(ars) start the search from the weights and normalisation of an earlier --algo ars model "
                    "(same observation and hidden layers; new action outputs copy its last, so --multiplier-of "
                    "max-drain from a max-head model starts at that model's policy); 'shipped': the shipped "
