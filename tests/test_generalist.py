@@ -668,7 +668,8 @@ def test_shipped_generalist_loads_and_runs_without_training():
             continue
         if key not in ("out", "workers", "progress", "distribution"):
             assert hp[key] == (list(value) if isinstance(value, tuple) else value), key
-    # today's default distribution (a field added since, phase_overload_p, is missing there and reads as its default)
+    # today's default distribution (fields added since, phase_overload_p and shared_lengths_p, are missing there
+    # and read as their defaults)
     now = make_distribution("random-mix").to_spec()
     assert {k: now[k] for k in agent.meta["trained_on"]} == agent.meta["trained_on"]
     assert make_distribution(agent.meta["trained_on"]) == make_distribution("random-mix")
@@ -964,3 +965,32 @@ def test_continuous_generalist_trains_saves_and_reloads_with_the_same_actions(tm
     for bad in ({"kind": "box", "low": [1.0], "high": [-1.0]}, {"kind": "box", "low": [0.0]}, {"kind": "ring"}):
         with pytest.raises(ValueError, match="action_space="):
             action_space_of({"action_n": 0, "action_space": bad})
+
+
+def test_random_mix_shared_lengths_only_when_asked_and_the_default_draws_unchanged():
+    """``shared_lengths_p``: a switching draw's streams share the first one's lengths (phases differ in load
+    only); 0, the default, tosses no coin, so the draws are those from before the field."""
+    base, every, some = (RandomMix(trace_p=0.0), RandomMix(trace_p=0.0, shared_lengths_p=1.0),
+                         RandomMix(trace_p=0.0, shared_lengths_p=0.3))
+    n_mix = n_shared = 0
+    for s in range(200):
+        d0 = base(np.random.default_rng(s))
+        assert RandomMix(trace_p=0.0, shared_lengths_p=0.0)(np.random.default_rng(s)) == d0
+        d1 = every(np.random.default_rng(s))
+        if d0["workload"]["kind"] != "mix":
+            assert d1 == d0  # a stationary draw tosses no coin
+            continue
+        n_mix += 1
+        lengths = [st["lengths"] for st in d1["workload"]["streams"]]
+        assert all(x == lengths[0] for x in lengths), s
+        streams = some(np.random.default_rng(s))["workload"]["streams"]
+        n_shared += all(st["lengths"] == streams[0]["lengths"] for st in streams)
+    assert n_mix > 100
+    assert 0.2 < n_shared / n_mix < 0.4  # 0.3, and a chance of equal draws that is nil for continuous lengths
+    h = hashlib.sha256()
+    for s in range(60):
+        h.update(json.dumps(RandomMix()(np.random.default_rng(s)), sort_keys=True).encode())
+    assert h.hexdigest() == "2039ecf1b28e2a569a66f64888a203a8d3b4736976f011c861227c0a56ffe447"
+    assert RandomMix.from_spec({"kind": "random-mix", "shared_lengths_p": 0.3}).shared_lengths_p == 0.3
+    with pytest.raises(ValueError, match="random-mix: shared_lengths_p must be a probability in \\[0, 1\\], got -0.1"):
+        RandomMix(shared_lengths_p=-0.1)

@@ -15,6 +15,7 @@ same workloads.
 
 from __future__ import annotations
 
+import copy
 import dataclasses
 import functools
 import math
@@ -65,6 +66,10 @@ class RandomMix:
       probability ``overload_p`` for a stationary draw: the paper's overloaded regime; with
       probability ``phase_overload_p``, default 0, for a stream of a draw that takes turns, so
       that an overload phase can end in a light one), its rate ``rho * M / E[w]``;
+    * with probability ``shared_lengths_p`` (default 0) the streams of a draw that takes turns share the
+      first stream's lengths, so its phases differ in load only, not in request mix (the kind of load
+      of ``adaptive-switch``, ``adaptive-diurnal``); the coin is tossed only when it is above 0, so the
+      draws of 0 are those from before the field;
     * with probability ``trace_p`` the draw is instead a **piece of an Azure trace** (``conv`` or
       ``code``, real timestamps and lengths): from a start time uniform in the first 90% of
       ``trace_window`` (seconds of the original trace, at least 100 s wide and within both traces;
@@ -83,6 +88,7 @@ class RandomMix:
     stationary_p: float = 0.3
     overload_p: float = 0.4
     phase_overload_p: float = 0.0
+    shared_lengths_p: float = 0.0
     phase_range: tuple[int, int] = (200, 3000)
     phase_scale: str = "log"
     background_p: float = 0.3
@@ -188,12 +194,17 @@ class RandomMix:
         durations = ([int(rng.integers(lo, hi + 1)) for _ in range(n)] if self.phase_scale == "uniform"
                      else [min(int(hi), max(int(lo), int(round(_loguniform(rng, lo, hi))))) for _ in range(n)])
         period = float(sum(durations))
+        # tossed only when asked, so that the draws of 0 are those from before the field
+        shared = not stationary and self.shared_lengths_p > 0 and rng.random() < self.shared_lengths_p
         streams: list[dict[str, Any]] = []
         start = 0.0
         out_per_slot = 0.0  # mean output tokens arriving per slot (the slowdown reward's scale)
         for k in range(n):
-            lengths = ({"kind": "azure", "trace": str(rng.choice(["conv", "code"]))} if azure[k]
-                       else self._lengths(rng, M))
+            if shared and k > 0:
+                lengths = copy.deepcopy(streams[0]["lengths"])
+            else:
+                lengths = ({"kind": "azure", "trace": str(rng.choice(["conv", "code"]))} if azure[k]
+                           else self._lengths(rng, M))
             if stationary:
                 rho_range = self.overload_rho_range if rng.random() < self.overload_p else self.rho_range
             else:  # the coin is tossed only when phase_overload_p > 0, so the draws of 0 are those from before it
