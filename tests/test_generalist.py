@@ -347,6 +347,15 @@ def _phase_loads(d):
     return out
 
 
+def _assert_default_draws_unchanged() -> None:
+    """``RandomMix()``'s draws of seeds 0-59 are those of the code that trained the shipped model (commit
+    9c2bd93), fingerprinted then: a field added since with its default tosses no coin."""
+    h = hashlib.sha256()
+    for s in range(60):
+        h.update(json.dumps(RandomMix()(np.random.default_rng(s)), sort_keys=True).encode())
+    assert h.hexdigest() == "2039ecf1b28e2a569a66f64888a203a8d3b4736976f011c861227c0a56ffe447"
+
+
 def test_random_mix_overloaded_phases_only_when_asked_and_the_default_draws_unchanged():
     base, zero = RandomMix(trace_p=0.0), RandomMix(trace_p=0.0, phase_overload_p=0.0)
     every, some = RandomMix(trace_p=0.0, phase_overload_p=1.0), RandomMix(trace_p=0.0, phase_overload_p=0.3)
@@ -367,12 +376,7 @@ def test_random_mix_overloaded_phases_only_when_asked_and_the_default_draws_unch
     assert n_mix > 100
     # P(rho > 1.15) = 0.3 * (1.5 - 1.15) / (1.5 - 1.0) = 0.21 per phase
     assert 0.14 < over / total < 0.28
-    # 0 (the default) tosses no coin: the draws of seeds 0-59 are those of the code before the field
-    # (commit 9c2bd93, which trained the shipped model), fingerprinted then
-    h = hashlib.sha256()
-    for s in range(60):
-        h.update(json.dumps(RandomMix()(np.random.default_rng(s)), sort_keys=True).encode())
-    assert h.hexdigest() == "2039ecf1b28e2a569a66f64888a203a8d3b4736976f011c861227c0a56ffe447"
+    _assert_default_draws_unchanged()  # 0 (the default) tosses no coin
     assert RandomMix.from_spec({"kind": "random-mix", "phase_overload_p": 0.3}).phase_overload_p == 0.3
     with pytest.raises(ValueError, match="random-mix: phase_overload_p must be a probability in \\[0, 1\\], got 1.5"):
         RandomMix(phase_overload_p=1.5)
@@ -987,10 +991,7 @@ def test_random_mix_shared_lengths_only_when_asked_and_the_default_draws_unchang
         n_shared += all(st["lengths"] == streams[0]["lengths"] for st in streams)
     assert n_mix > 100
     assert 0.2 < n_shared / n_mix < 0.4  # 0.3, and a chance of equal draws that is nil for continuous lengths
-    h = hashlib.sha256()
-    for s in range(60):
-        h.update(json.dumps(RandomMix()(np.random.default_rng(s)), sort_keys=True).encode())
-    assert h.hexdigest() == "2039ecf1b28e2a569a66f64888a203a8d3b4736976f011c861227c0a56ffe447"
+    _assert_default_draws_unchanged()
     assert RandomMix.from_spec({"kind": "random-mix", "shared_lengths_p": 0.3}).shared_lengths_p == 0.3
     with pytest.raises(ValueError, match="random-mix: shared_lengths_p must be a probability in \\[0, 1\\], got -0.1"):
         RandomMix(shared_lengths_p=-0.1)
