@@ -18,7 +18,8 @@ paired bootstrap interval::
         --out runs/per-scenario [--scenarios H4-short-phases,H8-overload-then-light] [--iterations 12]
     python benchmarks/learned_experiments/per_scenario.py --out runs/per-scenario --cosines
 
-Models already in ``--out`` are not searched again (delete one to redo it). ``--cosines`` prints instead the
+Models already in ``--out`` are not searched again (delete one to redo it; one searched with other settings is
+refused), and ``--out``'s ``report.json`` keeps the rows of earlier runs into it, each scenario's replaced by a new one. ``--cosines`` prints instead the
 cosine between every two scenarios' weight changes (tuned minus the generalist's weights): changes that point
 opposite ways are what one zero-shot policy cannot make at once without telling the loads apart.
 """
@@ -144,6 +145,11 @@ def main(argv: list[str] | None = None) -> int:
     if unknown:
         ap.error(f"--scenarios: {', '.join(unknown)} not in {args.rate_switch} (it has {', '.join(refs)})")
     os.makedirs(args.out, exist_ok=True)
+    path = os.path.join(args.out, "report.json")
+    kept: dict[str, Any] = {}  # the rows of earlier runs into --out, replaced scenario by scenario
+    if os.path.exists(path):
+        with open(path) as fh:
+            kept = {r["scenario"]: r for r in json.load(fh)}
     rows = []
     for name in names:
         model = os.path.join(args.out, name)
@@ -164,11 +170,13 @@ def main(argv: list[str] | None = None) -> int:
               f"{_fmt(row['tuned / generalist'])}, / best fixed {_fmt(row['tuned / best fixed'])}; generalist "
               f"/ rate-switch {_fmt(row['generalist / rate-switch'])}"
               + ("" if wall is None else f" (search {wall:.0f} s)"), flush=True)
-        with open(os.path.join(args.out, "report.json"), "w") as fh:
-            json.dump(rows, fh, indent=1)
+        kept[name] = row
+        with open(path, "w") as fh:
+            json.dump(list(kept.values()), fh, indent=1)
     gm = {k: float(np.exp(np.mean([np.log(r[k][0]) for r in rows])))
           for k in ("tuned / rate-switch", "tuned / generalist", "tuned / best fixed", "generalist / rate-switch")}
-    print("geometric means over " + str(len(rows)) + ": " + ", ".join(f"{k} {v:.3f}" for k, v in gm.items()))
+    print(f"geometric means over the {len(rows)} scenarios of this run ({len(kept)} in {path}): "
+          + ", ".join(f"{k} {v:.3f}" for k, v in gm.items()))
     return 0
 
 
