@@ -536,8 +536,10 @@ def test_init_shipped_tunes_the_shipped_generalist_on_a_scenario_file(tmp_path):
     rows = list(csv.DictReader(open(os.path.join(out, "curves.csv"))))
     assert float(rows[0]["eval_geo_time_in_system"]) == pytest.approx(shipped, rel=1e-12)
     iterates = np.load(os.path.join(out, ITERATES_FILE))
-    shipped_weights = np.concatenate([np.concatenate([w.ravel(), b]) for w, b in LearnedBudget(DEFAULT_MODEL).model.layers])
-    np.testing.assert_array_equal(iterates[0], shipped_weights)  # the search started at the shipped weights
+    with np.load(os.path.join(DEFAULT_MODEL, NORM_FILE)) as z:  # the search started at the shipped weights
+        first = ArrayPolicy.from_vector(iterates[0], [20, 2], z["obs_low"], z["obs_high"]).arrays()
+    with np.load(os.path.join(DEFAULT_MODEL, ARRAYS_FILE)) as z:
+        assert sorted(z.files) == sorted(first) and all(np.array_equal(z[k], first[k]) for k in first)
     assert not np.array_equal(iterates[-1], iterates[0])  # and moved from them
     assert meta["hyperparameters"]["init"] == "shipped" and meta["trained_on"] == "scenario"
     assert meta["seeds"]["normalisation"] == f"from {DEFAULT_MODEL}"
