@@ -487,7 +487,7 @@ def test_a_load_search_writes_a_17_feature_model_that_acts_as_its_candidate(tmp_
     agent = LearnedBudget(out)
     assert agent.obs_shape == (17,)
     assert _selection_score(agent) == pytest.approx(res.best_eval, rel=1e-12)
-    with pytest.raises(ValueError, match="observation must be 'load', 'load-v2' or 'load-v3', got 'flat'"):
+    with pytest.raises(ValueError, match="observation must be 'load', 'load-v2', 'load-v3' or 'load-v4', got 'flat'"):
         ARSConfig(observation="flat").validate()
 
 

@@ -19,7 +19,9 @@ from flowgym.sim.estimators import (
     LOAD_FEATURES,
     LOAD_FEATURES_V2,
     LOAD_FEATURES_V3,
+    LOAD_FEATURES_V4,
     RATE_TIME_CONSTANTS,
+    SWING_TIME_CONSTANT,
     LoadTracker,
 )
 
@@ -260,8 +262,8 @@ def test_features_by_hand():
     assert tr.features(eng, version=2)[19] == pytest.approx(math.log(1 / l), rel=1e-6)
     eng.n_queued = 0  # an empty queue: 0
     assert tr.features(eng, version=2)[19] == 0.0
-    with pytest.raises(ValueError, match=r"version must be one of \[1, 2, 3\], got 4"):
-        tr.features(eng, version=4)
+    with pytest.raises(ValueError, match=r"version must be one of \[1, 2, 3, 4\], got 5"):
+        tr.features(eng, version=5)
 
 
 def test_v3_backlog_averages_start_at_the_backlog_then_move_by_one_over_tau():
@@ -288,6 +290,44 @@ def test_v3_backlog_averages_start_at_the_backlog_then_move_by_one_over_tau():
         np.testing.assert_allclose(v[20:], want, rtol=1e-6)
     tr.reset_state()
     np.testing.assert_array_equal(tr.backlogs, [0.0, 0.0])
+
+
+def test_v4_swings_are_bias_corrected_means_of_fast_against_slow_gaps():
+    """Version 4: the 22 of version 3, then the moving means (time constant 1024, divided by the moving
+    sum of weights, so the first point's mean is its own value) of ``|rate_32 - rate_512|`` (each
+    ``log(1 + rate / safe budget)``), of ``|log(arriving prompt mean, tau 32 / tau 512)|`` and of
+    ``|length_trend|``. A constant load has swings of 0."""
+    eng = _Eng(prompts=[10, 30], last_arrivals=2)
+    tr = LoadTracker(1000, cap=4.0)  # nothing known: the safe budget is the cap, 4
+    tr.reset(eng)
+    v = tr.features(eng, version=4)
+    assert v.shape == (len(LOAD_FEATURES_V4),) == (25,) and LOAD_FEATURES_V4[:22] == LOAD_FEATURES_V3
+    assert LOAD_FEATURES_V4[22:] == ("rate_swing", "prompt_swing", "length_swing")
+    np.testing.assert_array_equal(v[:22], tr.features(eng, version=3))
+    np.testing.assert_array_equal(v[22:], [0.0, 0.0, 0.0])  # every rate 2, every prompt mean 20
+    eng.t = 1
+    eng.arrive(70)  # slot 1: one arrival of prompt 70
+    tr.update(eng, 0)
+    r32, r512 = 2 + (1 - 2) / 32, 2 + (1 - 2) / 512
+    x_rate = abs(math.log1p(r32 / 4) - math.log1p(r512 / 4))
+    fast = (31 / 32 * 40 + 70) / (31 / 32 * 2 + 1)
+    slow = (511 / 512 * 40 + 70) / (511 / 512 * 2 + 1)
+    x_prompt = abs(math.log(fast / slow))
+    g = 1 - 1 / SWING_TIME_CONSTANT
+    v = tr.features(eng, version=4)
+    np.testing.assert_allclose(v[22:], [x_rate / (1 + g), x_prompt / (1 + g), 0.0], rtol=1e-6)
+    assert x_rate > 1e-4 and x_prompt > 1e-3  # both moved
+    eng.last_arrivals = 0
+    for t, lo in ((2, 100), (3, 50)):  # one request completes in each: l + o = 100, then 50
+        eng.t, eng.last_completed_tokens = t, lo
+        tr.update(eng, 1)
+    fast = (15 / 16 * 100 + 50) / (15 / 16 + 1)  # the moving means of l + o (tau 16 and 64)
+    slow = (63 / 64 * 100 + 50) / (63 / 64 + 1)
+    x_len = abs(math.log(fast / slow))  # slot 2's is 0 (one completion: fast = slow)
+    assert x_len > 1e-3 and x_len == pytest.approx(abs(tr.features(eng, version=2)[13]), rel=1e-6)
+    assert tr.features(eng, version=4)[24] == pytest.approx(x_len / (1 + g + g * g + g ** 3), rel=1e-6)
+    tr.reset_state()
+    np.testing.assert_array_equal(tr.swings, [0.0, 0.0, 0.0])
 
 
 def test_v2_head_rate_feature_reads_the_rate_when_the_head_arrived():

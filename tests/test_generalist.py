@@ -160,7 +160,7 @@ def test_load_v2_observation_is_the_17_features_and_three_more():
         o1, *_ = v1.step(a)
         o2, *_ = v2.step(a)
     assert queued > 50  # the queue was not empty for most of the run, so its feature was exercised
-    with pytest.raises(ValueError, match="'load', 'load-v2' or 'load-v3', got 'load3'"):
+    with pytest.raises(ValueError, match="'load', 'load-v2', 'load-v3' or 'load-v4', got 'load3'"):
         FlowControlEnv(observation="load3", **kw)
 
 
@@ -188,6 +188,35 @@ def test_load_v3_observation_is_the_20_features_and_the_backlog_averages():
         o3, *_ = v3.step(a)
         avg += (float(o2[2]) - avg) / np.array([64.0, 1024.0])
     assert spread > 0.1  # the backlog moved, so the two averages told it apart
+
+
+def test_load_v4_observation_is_the_22_features_and_the_swings():
+    """``observation="load-v4"``: a ``Box(-16, 16, (25,))`` whose first 22 entries are the ``"load-v3"``
+    observation of the same run, then the tracker's three swings; a Poisson load at a constant rate swings
+    a little (noise), one whose rate jumps swings several times more in ``rate_swing``."""
+    from gymnasium.utils.env_checker import check_env
+
+    kw = dict(M=8000, horizon=600, action="log-multiplier", multiplier_of="max-head", multipliers=(0.5, 4.0),
+              max_budget=128)
+    v3 = FlowControlEnv(observation="load-v3", workload=_iid(9.0), **kw)
+    v4 = FlowControlEnv(observation="load-v4", workload=_iid(9.0), **kw)
+    assert v4.observation_space.shape == (25,)
+    check_env(FlowControlEnv(observation="load-v4", workload=_iid(9.0), **kw), skip_render_check=True)
+    o3, _ = v3.reset(seed=4)
+    o4, _ = v4.reset(seed=4)
+    a = np.array([0.0, -0.5], np.float32)
+    for _ in range(599):
+        np.testing.assert_array_equal(o3, o4[:22])
+        np.testing.assert_allclose(o4[22:], v4.tracker.swings, rtol=1e-6)
+        o3, *_ = v3.step(a)
+        o4, *_ = v4.step(a)
+    steady = float(o4[22])
+    jump = {**_iid(1.0), "rate": {"kind": "steps", "times": [0, 300], "rates": [2.0, 18.0]}}
+    env = FlowControlEnv(observation="load-v4", workload=jump, **kw)
+    o, _ = env.reset(seed=4)
+    for _ in range(599):
+        o, *_ = env.step(a)
+    assert 0 < steady and float(o[22]) > 3 * steady
 
 
 def test_multiplier_action_is_k_times_the_safe_budget():
@@ -230,7 +259,7 @@ def test_multiplier_step_admits_at_most_the_budget():
         ({"action": "log-multiplier", "multipliers": (1.0,)}, "needs two of them, got \\(1.0,\\)"),
         ({"action": "log-multiplier", "per_class_budget": True, "output_length_known": True},
          "action='log-multiplier' sets one global budget"),
-        ({"observation": "scale-free"}, "observation must be 'dict', 'flat', 'load', 'load-v2' or 'load-v3'"),
+        ({"observation": "scale-free"}, "observation must be 'dict', 'flat', 'load', 'load-v2', 'load-v3' or 'load-v4'"),
         ({"multipliers": (2.0, 1.0)}, "multipliers must be positive finite numbers in ascending order"),
         ({"multipliers": ()}, "multipliers must be"),
         ({"multipliers": (0.0, 1.0)}, "multipliers must be"),
@@ -531,10 +560,10 @@ def test_generalist_pipeline_end_to_end(tmp_path):
     e2 = run_episode(again, kw, seed=9, horizon=200)
     assert np.array_equal(e1.series["admitted"], e2.series["admitted"])
     assert e1.metrics()["mean_time_in_system"] == e2.metrics()["mean_time_in_system"]
-    with pytest.raises(ValueError, match="distribution= needs observation='load', 'load-v2' or 'load-v3'"):
+    with pytest.raises(ValueError, match="distribution= needs observation='load', 'load-v2', 'load-v3' or 'load-v4'"):
         TrainConfig.generalist(observation="flat").validate()
     TrainConfig.generalist(observation="load-v2").validate()  # the SB3 path takes the 20 features too
-    with pytest.raises(ValueError, match="observation must be 'flat', 'load', 'load-v2' or 'load-v3', got 'load3'"):
+    with pytest.raises(ValueError, match="observation must be 'flat', 'load', 'load-v2', 'load-v3' or 'load-v4', got 'load3'"):
         TrainConfig.generalist(observation="load3").validate()
     with pytest.raises(ValueError, match="budget_levels are the actions of action='budget'"):
         TrainConfig.generalist(budget_levels=(0, 1, 2)).validate()

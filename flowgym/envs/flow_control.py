@@ -89,7 +89,8 @@ class FlowControlConfig:
     #: ``"load"`` (one ``Box`` of the 17 scale-free load features of
     #: :mod:`flowgym.sim.estimators`: the same meaning at any ``M``, rate or length scale) or
     #: ``"load-v2"`` (those 17 and 3 more: :data:`~flowgym.sim.estimators.LOAD_FEATURES_V2`) or
-    #: ``"load-v3"`` (those 20 and 2 more: :data:`~flowgym.sim.estimators.LOAD_FEATURES_V3`).
+    #: ``"load-v3"`` (those 20 and 2 more: :data:`~flowgym.sim.estimators.LOAD_FEATURES_V3`) or
+    #: ``"load-v4"`` (those 22 and 3 more: :data:`~flowgym.sim.estimators.LOAD_FEATURES_V4`).
     observation: str = "dict"
     #: ``"budget"`` (the action is ``B_t``) or ``"multiplier"`` (the action is the index ``a`` of
     #: ``multipliers``; ``B_t = clip(round(multipliers[a] * M / E_hat[w]), 1, max_budget)`` with the
@@ -333,7 +334,10 @@ class FlowControlEnv(gym.Env[Any, Any]):
     generalist reads it), and with ``observation="load-v2"`` a ``Box(-16, 16, (20,))``: those and
     :data:`~flowgym.sim.estimators.LOAD_FEATURES_V2`'s three more; with ``observation="load-v3"`` a
     ``Box(-16, 16, (22,))``: those 20 and the backlog's moving averages over 64 and 1024 slots
-    (:data:`~flowgym.sim.estimators.LOAD_FEATURES_V3`). Output lengths enter them only
+    (:data:`~flowgym.sim.estimators.LOAD_FEATURES_V3`); with ``observation="load-v4"`` a
+    ``Box(-16, 16, (25,))``: those 22 and how much the arrival rate, the arriving prompts and the
+    completed lengths swung over about the last 1,000 slots
+    (:data:`~flowgym.sim.estimators.LOAD_FEATURES_V4`). Output lengths enter them only
     once a request has completed.
 
     ## Rewards

@@ -196,7 +196,7 @@ class FlatObservation:
 
 
 #: The load observations and the :meth:`~flowgym.sim.estimators.LoadTracker.features` version of each.
-LOAD_OBSERVATIONS = {"load": 1, "load-v2": 2, "load-v3": 3}
+LOAD_OBSERVATIONS = {"load": 1, "load-v2": 2, "load-v3": 3, "load-v4": 4}
 
 
 class LoadObservation:
@@ -207,7 +207,9 @@ class LoadObservation:
     same 17 and three more (the head-era rate, the completion rate, the queue's prompt length
     against the arrivals'); ``version=3`` (``observation="load-v3"``):
     :data:`~flowgym.sim.estimators.LOAD_FEATURES_V3`, the 20 and two moving averages of the backlog
-    (time constants 64 and 1024). Each clipped to ``[-16, 16]``. None of them has a unit of tokens,
+    (time constants 64 and 1024); ``version=4`` (``observation="load-v4"``):
+    :data:`~flowgym.sim.estimators.LOAD_FEATURES_V4`, the 22 and how much the arrival rate, the arriving
+    prompts and the completed lengths have swung over about the last 1,000 decision points. Each clipped to ``[-16, 16]``. None of them has a unit of tokens,
     requests or slots, so one policy can read systems of any ``M``, request rate and length scale
     (the generalist model is trained on it).
     """

@@ -115,7 +115,8 @@ class ARSConfig:
     #: The policy's observation: ``"load-v2"`` (the 17 load features and three more:
     #: :data:`~flowgym.sim.estimators.LOAD_FEATURES_V2`; the default since ars9, 2026-11-26) or
     #: ``"load"`` (the 17, as every generalist before) or ``"load-v3"`` (the 20 and two moving averages
-    #: of the backlog, :data:`~flowgym.sim.estimators.LOAD_FEATURES_V3`).
+    #: of the backlog, :data:`~flowgym.sim.estimators.LOAD_FEATURES_V3`) or ``"load-v4"`` (those 22 and
+    #: how much the load swung over about the last 1,000 slots, :data:`~flowgym.sim.estimators.LOAD_FEATURES_V4`).
     observation: str = "load-v2"
     #: Largest budget (the cap of ``k * rate``).
     max_budget: int = 256

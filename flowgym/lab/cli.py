@@ -697,8 +697,9 @@ def build_parser() -> argparse.ArgumentParser:
     t.add_argument("--observation", choices=["flat", *LOAD_OBSERVATIONS], default=None,
                    help="the policy's observation: the environment's flat one (default with --scenario and an SB3 "
                    "algorithm), the 17 scale-free load features (load; the SB3 default on a distribution), those "
-                   "and three more (load-v2; the default of --algo ars, the generalist) or those 20 and two moving "
-                   "averages of the backlog (load-v3)")
+                   "and three more (load-v2; the default of --algo ars, the generalist), those 20 and two moving "
+                   "averages of the backlog (load-v3), or those 22 and how much the load swung over about the last "
+                   "1,000 slots (load-v4)")
     t.add_argument("--action", choices=["budget", "multiplier", "log-multiplier"], default=None,
                    help="the policy's action: a budget (or a budget level's index; default with --scenario), the "
                    "index of a multiplier (of the arrival rate on a distribution; --multiplier-of), or "

@@ -183,11 +183,12 @@ class TrainConfig:
     #: (:class:`flowgym.lab.distributions.RandomMix`), its mapping ``{"kind": "random-mix", ...}`` or a
     #: callable ``rng -> FlowControl-v0 arguments``; a new draw every episode, evaluation during
     #: training on fixed draws (seeds ``eval_seed..``). The scenario is then only the report scenario
-    #: of the final table (zero-shot). Needs a load observation (``"load"``, ``"load-v2"``, ``"load-v3"``). ``None``: train on the scenario.
+    #: of the final table (zero-shot). Needs a load observation (``"load"``, ``"load-v2"``, ``"load-v3"``, ``"load-v4"``). ``None``: train on the scenario.
     distribution: Any = None
     #: The policy's observation: ``"flat"`` (the environment's flat observation), ``"load"`` (the
     #: scale-free load features, :mod:`flowgym.sim.estimators`; any ``M``, rate and length scale) or
-    #: ``"load-v2"`` (those and three more) or ``"load-v3"`` (those and the backlog's moving averages).
+    #: ``"load-v2"`` (those and three more) or ``"load-v3"`` (those and the backlog's moving averages) or
+    #: ``"load-v4"`` (those and how much the load swung over the last thousand slots).
     observation: str = "flat"
     #: The policy's action: ``"budget"`` (a budget, or the index of one of ``budget_levels``) or
     #: ``"multiplier"`` (the index of a multiplier ``k`` of the online safe budget ``M / E_hat[w]``

@@ -34,7 +34,7 @@ from typing import Any
 import numpy as np
 
 __all__ = ["LoadTracker", "RATE_TIME_CONSTANTS", "BACKLOG_TIME_CONSTANTS", "LOAD_FEATURES", "LOAD_FEATURES_V2",
-           "LOAD_FEATURES_V3", "FEATURE_VERSIONS", "RATE_MEMORY"]
+           "LOAD_FEATURES_V3", "LOAD_FEATURES_V4", "SWING_TIME_CONSTANT", "FEATURE_VERSIONS", "RATE_MEMORY"]
 
 #: Time constants (decision points) of the arrival-rate moving averages.
 RATE_TIME_CONSTANTS = (8.0, 32.0, 128.0, 512.0)
@@ -78,8 +78,24 @@ LOAD_FEATURES_V3 = LOAD_FEATURES_V2 + (
     "backlog_1024",  # backlog_slots, moving average with time constant 1024
 )
 
+#: Time constant (decision points) of the moving means of the swings in ``version=4``.
+SWING_TIME_CONSTANT = 1024.0
+
+#: Names of the features of ``version=4`` (``observation="load-v4"``): :data:`LOAD_FEATURES_V3`, then how
+#: much the load has *swung* over the last thousand or so decision points: moving means (time constant
+#: :data:`SWING_TIME_CONSTANT`, bias-corrected, so a mean over what was seen early on) of the absolute gap
+#: between a fast and a slow estimate. A stationary load, however heavy, reads near 0 in all three; a mix
+#: that changes reads high in ``prompt_swing`` or ``length_swing``; a rate that changes, in ``rate_swing``.
+#: No feature before says this: each reads the load now (or a moving mean of it), so a burst and the
+#: start of a long overload look alike to them for hundreds of slots.
+LOAD_FEATURES_V4 = LOAD_FEATURES_V3 + (
+    "rate_swing",  # mean of |rate_32 - rate_512| (each log(1 + rate / safe budget))
+    "prompt_swing",  # mean of |log(mean arriving prompt, time constant 32 / the same, 512)|
+    "length_swing",  # mean of |length_trend|: |log(fast / slow moving mean of completed l + o)|
+)
+
 #: The feature names of each version of :meth:`LoadTracker.features` (the one place that lists the versions).
-FEATURE_VERSIONS = {1: LOAD_FEATURES, 2: LOAD_FEATURES_V2, 3: LOAD_FEATURES_V3}
+FEATURE_VERSIONS = {1: LOAD_FEATURES, 2: LOAD_FEATURES_V2, 3: LOAD_FEATURES_V3, 4: LOAD_FEATURES_V4}
 
 
 class LoadTracker:
@@ -101,6 +117,7 @@ class LoadTracker:
         self._a = 1.0 / np.asarray(RATE_TIME_CONSTANTS)
         self._ab = 1.0 / np.asarray(BACKLOG_TIME_CONSTANTS)
         self.backlogs = np.zeros(len(BACKLOG_TIME_CONSTANTS))
+        self.swings = np.zeros(3)  # rate_swing, prompt_swing, length_swing (bias-corrected means)
         self.rates = np.zeros(len(RATE_TIME_CONSTANTS))
         self._rh = np.zeros(RATE_MEMORY)  # rate_32 at decision point t, at index t % RATE_MEMORY
         self._rt = np.full(RATE_MEMORY, -1, np.int64)  # the t stored there (-1: none)
@@ -110,6 +127,11 @@ class LoadTracker:
         """Forget everything (the state of an empty system)."""
         self.rates[:] = 0.0
         self.backlogs[:] = 0.0
+        self.swings[:] = 0.0
+        self._swS = [0.0, 0.0, 0.0]  # moving sums of the swings, and of their weights
+        self._swN = 0.0
+        self._pA = [0.0, 0.0]  # arriving prompt tokens, time constants 32 and 512
+        self._pN = [0.0, 0.0]  # arrivals, the same
         self._rt[:] = -1
         self._head_rate = 0.0
         self._started = False
@@ -149,13 +171,23 @@ class LoadTracker:
         self._A2 = (1 - d) * self._A2 + (s * s / n if n else 0.0)
         self._Af = (15 / 16) * self._Af + s
         self._Nf = (15 / 16) * self._Nf + n
+        pa, pn = self._pA, self._pN
         if k:
             hi = eng.n_arrived
-            self._lA = (1 - d) * self._lA + float(eng.prompt[hi - k : hi].sum())
+            tok = float(eng.prompt[hi - k : hi].sum())
+            self._lA = (1 - d) * self._lA + tok
             self._lN = (1 - d) * self._lN + k
+            pa[0] = (31 / 32) * pa[0] + tok
+            pn[0] = (31 / 32) * pn[0] + k
+            pa[1] = (511 / 512) * pa[1] + tok
+            pn[1] = (511 / 512) * pn[1] + k
         else:
             self._lA *= 1 - d
             self._lN *= 1 - d
+            pa[0] *= 31 / 32
+            pn[0] *= 31 / 32
+            pa[1] *= 511 / 512
+            pn[1] *= 511 / 512
         self._held, self._nact, self._queued = eng.held, eng.n_active, eng.n_queued
         t = int(eng.t)
         i = t % RATE_MEMORY
@@ -171,6 +203,28 @@ class LoadTracker:
             self.backlogs[:] = b
         else:
             self.backlogs += (b - self.backlogs) * self._ab
+        self._swing()
+
+    def _swing(self) -> None:
+        """Add this decision point's swings to their moving means (``version=4``)."""
+        bs = self._safe
+        r = self.rates
+        x_rate = abs(math.log1p(r[1] / bs) - math.log1p(r[3] / bs))
+        pa, pn = self._pA, self._pN
+        x_prompt = 0.0
+        if pn[0] > 1e-6 and pn[1] > 1e-6:
+            x_prompt = abs(math.log(max(pa[0] / pn[0], 1.0) / max(pa[1] / pn[1], 1.0)))
+        s = self._A / self._N if self._N > 1e-6 else 1.0
+        sf = self._Af / self._Nf if self._Nf > 1e-6 else s
+        x_len = abs(math.log(max(sf, 1.0) / max(s, 1.0)))
+        g = 1.0 - 1.0 / SWING_TIME_CONSTANT
+        S = self._swS
+        S[0] = g * S[0] + x_rate
+        S[1] = g * S[1] + x_prompt
+        S[2] = g * S[2] + x_len
+        self._swN = n = g * self._swN + 1.0
+        sw = self.swings
+        sw[0], sw[1], sw[2] = S[0] / n, S[1] / n, S[2] / n
 
     # ------------------------------------------------------------------ estimates
 
@@ -235,7 +289,8 @@ class LoadTracker:
     def features(self, eng: Any, out: np.ndarray | None = None, version: int = 1) -> np.ndarray:
         """The scale-free features as float32 (into ``out`` if given): :data:`LOAD_FEATURES` with
         ``version=1``, :data:`LOAD_FEATURES_V2` with ``version=2``, :data:`LOAD_FEATURES_V3` with
-        ``version=3`` (each version's features start with the previous one's)."""
+        ``version=3``, :data:`LOAD_FEATURES_V4` with ``version=4`` (each version's features start with the
+        previous one's)."""
         if version not in FEATURE_VERSIONS:
             raise ValueError(f"load features: version must be one of {sorted(FEATURE_VERSIONS)}, got {version!r}")
         M = self.M
@@ -265,6 +320,8 @@ class LoadTracker:
             v[19] = math.log(max(eng.queued_prompt_tokens / q, 1.0) / max(l_in, 1.0)) if q else 0.0
         if version >= 3:
             v[20], v[21] = self.backlogs.tolist()
+        if version >= 4:
+            v[22], v[23], v[24] = self.swings.tolist()
         return v
 
 
