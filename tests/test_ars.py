@@ -226,6 +226,38 @@ def test_init_from_a_shorter_observation_widens_only_the_first_layer_of_a_networ
         assert b["w0"].shape == (1, 22) and b["w1"].shape == (2, 1)
 
 
+def test_search_new_inputs_moves_only_the_new_features_weights_and_the_biases(tiny_model, tmp_path):
+    """``search="new-inputs"``: every iterate keeps the init model's weights on its own 20 inputs (bit for
+    bit) and moves only the weights on the 5 inputs ``load-v4`` adds and the two output biases; with a hidden
+    layer only the first layer's new columns and the last layer's biases move. It needs ``init`` and a
+    longer observation than the model's."""
+    out, _ = tiny_model
+    warm = str(tmp_path / "v4")
+    train_ars(out=warm, init=out, observation="load-v4", search="new-inputs", **TINY)
+    it = np.load(os.path.join(warm, ITERATES_FILE))
+    moved = np.any(it != it[0], axis=0).reshape(-1)
+    w = moved[:2 * 25].reshape(2, 25)
+    assert not w[:, :20].any() and w[:, 20:].all() and moved[50:].all()
+    with np.load(os.path.join(out, ARRAYS_FILE)) as a, np.load(os.path.join(warm, ARRAYS_FILE)) as b:
+        np.testing.assert_array_equal(a["w0"], b["w0"][:, :20])
+    h = str(tmp_path / "h")
+    train_ars(out=h, hidden=(1,), **TINY)
+    hw = str(tmp_path / "h4")
+    train_ars(out=hw, init=h, hidden=(1,), observation="load-v4", search="new-inputs", **TINY)
+    it = np.load(os.path.join(hw, ITERATES_FILE))
+    moved = np.any(it != it[0], axis=0)
+    want = np.zeros(ArrayPolicy.n_weights([25, 1, 2]), bool)
+    want[20:25] = True  # the first layer's one row: its new columns
+    want[-2:] = True  # the output biases
+    np.testing.assert_array_equal(moved, want)
+    with pytest.raises(ValueError, match="search='new-inputs' needs init"):
+        ARSConfig(search="new-inputs").validate()
+    with pytest.raises(ValueError, match="search must be 'all' or 'new-inputs', got 'some'"):
+        ARSConfig(search="some").validate()
+    with pytest.raises(ValueError, match="there is no new input to search"):
+        train_ars(out=str(tmp_path / "same"), init=out, search="new-inputs", **TINY)
+
+
 def test_same_config_same_model_whatever_the_workers(tiny_model, tmp_path):
     out, _ = tiny_model
     other = str(tmp_path / "w2")

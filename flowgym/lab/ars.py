@@ -95,6 +95,12 @@ class ARSConfig:
     #: shipped generalist (``flowgym/data/models/generalist``), to tune it to one scenario
     #: (docs/training.md, "Tune the generalist to your workload").
     init: str | None = None
+    #: Which weights the search moves: ``"all"``, or ``"new-inputs"``: only the weights on the inputs
+    #: :attr:`init`'s model lacks (a longer load observation than its own) and the output biases, the
+    #: rest held at that model's. A search of a few numbers (8 for ``load-v2`` to ``"load-v4"``) that
+    #: asks what the new features add to that policy, without moving the policy elsewhere on the
+    #: plateau of the training distribution (docs/training.md, "How much the load swings").
+    search: str = "all"
     #: Updates of the policy.
     iterations: int = 80
     #: Random directions per update (each run twice: ``+`` and ``-``).
@@ -203,6 +209,10 @@ class ARSConfig:
             raise ValueError(f"init='shipped': the shipped generalist is not at {DEFAULT_MODEL} (a broken install?)")
         if self.init is not None and not (isinstance(self.init, (str, os.PathLike)) and os.path.isdir(self.init_path)):
             raise ValueError(f"init must be a model directory of flowgym train --algo ars or 'shipped', got {self.init!r}")
+        if self.search not in ("all", "new-inputs"):
+            raise ValueError(f"search must be 'all' or 'new-inputs', got {self.search!r}")
+        if self.search == "new-inputs" and self.init is None:
+            raise ValueError("search='new-inputs' needs init (the model whose other weights are held)")
 
     @property
     def init_path(self) -> str | None:
@@ -369,6 +379,26 @@ def _init_from(path: str, sizes: list[int], observation: str) -> tuple[np.ndarra
     return np.concatenate(parts), norm
 
 
+def _new_input_mask(sizes: list[int], n_old: int) -> np.ndarray:
+    """1 on the first layer's weights from inputs ``n_old..`` and on the last layer's biases, 0 elsewhere
+    (the layout of :meth:`ArrayPolicy.from_vector`: per layer, its ``(out, in)`` weights row by row, then
+    its biases). Raises ``ValueError`` if there is no new input."""
+    if n_old >= sizes[0]:
+        raise ValueError(f"search='new-inputs': the init model reads all {sizes[0]} inputs of this search's "
+                         "observation; there is no new input to search (use a longer load observation)")
+    mask = np.zeros(ArrayPolicy.n_weights(sizes))
+    k = 0
+    for li, (a, b) in enumerate(zip(sizes[:-1], sizes[1:])):
+        if li == 0:
+            w = mask[k:k + a * b].reshape(b, a)  # a view
+            w[:, n_old:] = 1.0
+        k += a * b
+        if li == len(sizes) - 2:
+            mask[k:k + b] = 1.0
+        k += b
+    return mask
+
+
 def train_ars(cfg: ARSConfig | None = None, *, on_iteration: Any = None, **overrides: Any) -> ARSResult:
     """Run the search; write the model directory ``cfg.out`` (``policy.npz``, ``normalization.npz``,
     ``flowgym_agent.json``, ``curves.csv``, and ``iterates.npy``: the weights after every update); return an
@@ -411,8 +441,11 @@ def train_ars(cfg: ARSConfig | None = None, *, on_iteration: Any = None, **overr
     rng = np.random.default_rng(cfg.seed)
     theta = np.zeros(n_w)
     start = None if cfg.init is None else _init_from(cfg.init_path, sizes, cfg.observation)
+    mask = None  # the weights the search moves (None: all)
     if start is not None:
         theta = start[0]
+        if cfg.search == "new-inputs":
+            mask = _new_input_mask(sizes, len(start[1][0]))
     elif cfg.hidden:  # a network needs random hidden weights (the output layer starts at zero: every k = 1.41)
         k = 0
         for a, b in zip(sizes[:-2], sizes[1:-1]):
@@ -457,6 +490,8 @@ def train_ars(cfg: ARSConfig | None = None, *, on_iteration: Any = None, **overr
             seeds = [cfg.seed + (it - 1) * cfg.draws + j for j in range(cfg.draws)]
             kws = [draw(s) for s in seeds]
             deltas = rng.normal(size=(cfg.directions, n_w))
+            if mask is not None:
+                deltas *= mask
             cands = [theta + cfg.noise * d for d in deltas] + [theta - cfg.noise * d for d in deltas]
             vals = runner.map(_episode, [(c, norm, s, kw) for c in cands for s, kw in zip(seeds, kws)])
             scores = _log_scores(vals, len(cands), cfg.draws)

@@ -430,7 +430,8 @@ _SB3_ONLY = ("n_envs", "vec_env", "learning_rate", "n_steps", "batch_size", "n_e
              "clip_range", "ent_coef", "vf_coef", "max_grad_norm", "net_arch", "log_std_init", "algo_kwargs",
              "action_rule", "budget_levels", "norm_obs", "norm_reward", "clip_obs", "eval_freq", "checkpoint_freq",
              "select", "torch_threads", "device", "total_timesteps", "trials", "address")
-_ARS_ONLY = ("iterations", "directions", "draws", "noise", "step_size", "hidden", "eval_every", "norm_draws", "init")
+_ARS_ONLY = ("iterations", "directions", "draws", "noise", "step_size", "hidden", "eval_every", "norm_draws", "init",
+             "search")
 
 
 def _train_ars(args: argparse.Namespace) -> int:
@@ -449,7 +450,7 @@ def _train_ars(args: argparse.Namespace) -> int:
         print(f"error: {', '.join(given)} configure the SB3 algorithms (add --algo ppo, or another, to train with "
               "SB3); --algo ars, the default without --scenario, trains a numpy policy on the load "
               "features with the log-multiplier action (its options: --iterations, --directions, --draws, --noise, "
-              "--step-size, --hidden, --eval-every, --norm-draws, --init; docs/training.md)", file=sys.stderr)
+              "--step-size, --hidden, --eval-every, --norm-draws, --init, --search; docs/training.md)", file=sys.stderr)
         return 2
     kw: dict[str, Any] = {}
     for k in ("scenario", "rate", "observation", "multipliers", "multiplier_of", "max_budget", "action_repeat", "eval_episodes",
@@ -807,6 +808,9 @@ def build_parser() -> argparse.ArgumentParser:
                    "(same observation and hidden layers; new action outputs copy its last, so --multiplier-of "
                    "max-drain from a max-head model starts at that model's policy); 'shipped': the shipped "
                    "generalist, e.g. to tune it to --scenario FILE (docs/training.md)")
+    t.add_argument("--search", choices=["all", "new-inputs"], default=None,
+                   help="(ars) the weights the search moves: all (default), or new-inputs: with --init and a longer "
+                   "--observation than that model's, only the weights on the new features and the output biases")
     t.add_argument("--eval-every", type=int, default=None,
                    help=f"(ars) evaluate every N updates on the fixed draws; the best is kept (default {a.eval_every})")
     t.add_argument("--norm-draws", type=int, default=None,
