@@ -699,6 +699,9 @@ def test_shipped_generalist_loads_and_runs_without_training():
         if key == "init" and key not in hp:  # a setting added since (default None: no earlier model)
             assert value is None
             continue
+        if key == "search" and key not in hp:  # added since (default "all": every weight searched, as then)
+            assert value == "all"
+            continue
         if key not in ("out", "workers", "progress", "distribution"):
             assert hp[key] == (list(value) if isinstance(value, tuple) else value), key
     # today's default distribution (fields added since, phase_overload_p and shared_lengths_p, are missing there

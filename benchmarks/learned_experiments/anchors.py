@@ -30,6 +30,13 @@ anchor gives the budget::
 Part 4 (``regret``): a model's time in system on draws of the training distribution over the best
 of six fixed two-anchor pairs chosen per draw with hindsight (where it could still gain).
 
+Part 6 (``swings``): how much each scenario's load swings under a model (the three features ``load-v4``
+adds: moving means over about 1,000 slots of how far a fast estimate of the arrival rate, the arriving
+prompt and the completed length is from a slow one), and as much for new draws of the training
+distribution (``--draws``)::
+
+    python benchmarks/learned_experiments/anchors.py swings H4-short-phases adaptive-high --draws 24
+
 Part 5 (``pairs``): the best constant head-era two-anchor pair of each scenario named, on the screening
 seeds and picked on them (hindsight), over the tuned rate-switch: what one constant of the generalist's
 own action reaches (about 35 s a scenario)::
@@ -292,6 +299,46 @@ def plays(names: list[str], seed: int, model: str | None = None) -> list[str]:
     return out
 
 
+def _swings(kw: dict[str, Any], seed: int, H: int | None, model: str | None) -> np.ndarray:
+    """The mean of the tracker's three swings (``load-v4``), read every 50 decision points over the last
+    three quarters of one episode under a model (the first quarter is the swings' warm-up)."""
+    from flowgym.lab.evaluation import env_for
+
+    agent = make_agent("learned", **({} if model is None else {"path": model}))
+    env = env_for(agent, kw, H)
+    obs, _ = env.reset(seed=seed)
+    agent.reset(env.config, seed=seed)
+    seen, done, t = [], False, 0
+    while not done:
+        obs, _, te, tr, _ = env.step(agent.act(obs, env.view()))
+        done, t = te or tr, t + 1
+        if t % 50 == 0:
+            seen.append(env.tracker.swings.copy())
+    x = np.array(seen)
+    return x[len(x) // 4:].mean(axis=0)
+
+
+def swings(names: list[str], seeds: list[int], draws: int, model: str | None = None) -> list[str]:
+    """How much each scenario's load swings (``load-v4``'s three features, mean over seeds) and, with ``draws``,
+    as much for new draws of the training distribution (seeds 33000..), one line each."""
+    from flowgym.lab.distributions import RandomMix
+
+    out = ["| load | rate_swing | prompt_swing | length_swing |", "|---|---:|---:|---:|"]
+    for name in names:
+        kw, H = scenario(name)
+        m = np.mean([_swings(kw, s, H, model) for s in seeds], axis=0)
+        out.append(f"| {name} | " + " | ".join(f"{v:.3f}" for v in m) + " |")
+    dist = RandomMix()
+    for seed in range(33000, 33000 + draws):
+        kw = dict(dist(np.random.default_rng(seed)))
+        w = kw["workload"]
+        kind = "trace piece" if w.get("kind") in ("azure", "trace") else (
+            "switching" if w.get("kind") == "mix" else "stationary")
+        m = _swings(kw, seed, None, model)
+        out.append(f"| draw {seed} ({kind}) | " + " | ".join(f"{v:.3f}" for v in m) + " |")
+    return out
+
+
 def phases(name: str, cycle: float, on: float, rs: dict[str, Any], models: list[str]) -> list[str]:
     """Summed time in system (slots, mean over :data:`SEEDS`) of the requests arriving in each phase of a
     two-phase cycle (phase A: ``arrival % cycle < on``), for the tuned rate-switch, the fixed head-era
@@ -387,6 +434,11 @@ def main(argv: list[str] | None = None) -> int:
     pl.add_argument("scenarios", nargs="+")
     pl.add_argument("--seed", type=int, default=SEEDS[0])
     pl.add_argument("--model", default=None, help="model directory (default: the shipped generalist)")
+    sw = sub.add_parser("swings")
+    sw.add_argument("scenarios", nargs="*")
+    sw.add_argument("--seeds", default="7000,7001", help="comma-separated seeds of each scenario")
+    sw.add_argument("--draws", type=int, default=0, help="also this many RandomMix draws (seeds 33000..)")
+    sw.add_argument("--model", default=None, help="model directory (default: the shipped generalist)")
     ph = sub.add_parser("phases")
     ph.add_argument("scenario")
     ph.add_argument("cycle", type=float, help="the cycle's length (slots)")
@@ -424,6 +476,9 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     if args.cmd == "pairs":
         print("\n".join(best_pairs(args.scenarios, tuned_rate_switch(args.rate_switch))))
+        return 0
+    if args.cmd == "swings":
+        print("\n".join(swings(args.scenarios, [int(s) for s in args.seeds.split(",")], args.draws, args.model)))
         return 0
     if args.cmd == "plays":
         print("\n".join(plays(args.scenarios, args.seed, args.model)))

@@ -97,7 +97,7 @@ class ARSConfig:
     init: str | None = None
     #: Which weights the search moves: ``"all"``, or ``"new-inputs"``: only the weights on the inputs
     #: :attr:`init`'s model lacks (a longer load observation than its own) and the output biases, the
-    #: rest held at that model's. A search of a few numbers (8 for ``load-v2`` to ``"load-v4"``) that
+    #: rest held at that model's. A search of a few numbers (12 for a ``load-v2`` model and ``"load-v4"``) that
     #: asks what the new features add to that policy, without moving the policy elsewhere on the
     #: plateau of the training distribution (docs/training.md, "How much the load swings").
     search: str = "all"
