@@ -318,16 +318,50 @@ def test_v4_swings_are_bias_corrected_means_of_fast_against_slow_gaps():
     np.testing.assert_allclose(v[22:], [x_rate / (1 + g), x_prompt / (1 + g), 0.0], rtol=1e-6)
     assert x_rate > 1e-4 and x_prompt > 1e-3  # both moved
     eng.last_arrivals = 0
+    xs_rate, safes = [0.0, x_rate], []
     for t, lo in ((2, 100), (3, 50)):  # one request completes in each: l + o = 100, then 50
         eng.t, eng.last_completed_tokens = t, lo
         tr.update(eng, 1)
+        bs = tr.safe_budget()  # this decision point's: the rate swing reads it, not the last one's
+        safes.append(bs)
+        xs_rate.append(abs(math.log1p(tr.rates[1] / bs) - math.log1p(tr.rates[3] / bs)))
+    assert safes == [0.5, 0.5]  # the first completion made E[w] known: the safe budget fell from 4 to its floor
+    weights = [g ** 3, g * g, g, 1.0]  # slots 0..3
     fast = (15 / 16 * 100 + 50) / (15 / 16 + 1)  # the moving means of l + o (tau 16 and 64)
     slow = (63 / 64 * 100 + 50) / (63 / 64 + 1)
     x_len = abs(math.log(fast / slow))  # slot 2's is 0 (one completion: fast = slow)
     assert x_len > 1e-3 and x_len == pytest.approx(abs(tr.features(eng, version=2)[13]), rel=1e-6)
-    assert tr.features(eng, version=4)[24] == pytest.approx(x_len / (1 + g + g * g + g ** 3), rel=1e-6)
-    tr.reset_state()
+    v = tr.features(eng, version=4)
+    # no arrivals at slots 2-3: both prompt means decay alike, so the prompt gap stays slot 1's
+    want = [np.dot(weights, xs_rate), x_prompt * (g * g + g + 1), x_len]
+    np.testing.assert_allclose(v[22:], np.array(want) / sum(weights), rtol=1e-6)
+    tr.reset_state()  # forgets the sums too: a new run's first swings are its own values
     np.testing.assert_array_equal(tr.swings, [0.0, 0.0, 0.0])
+    eng2 = _Eng(prompts=[10, 30], last_arrivals=2)
+    tr.reset(eng2)
+    eng2.t = 1
+    eng2.arrive(70)
+    tr.update(eng2, 0)
+    np.testing.assert_allclose(tr.features(eng2, version=4)[22:], [x_rate / (1 + g), x_prompt / (1 + g), 0.0],
+                               rtol=1e-6)
+    eng2.t = 2
+    eng2.arrive(20)  # slot 2: now the fast and slow prompt sums differ before the update
+    tr.update(eng2, 0)
+    f, fn = 31 / 32 * (31 / 32 * 40 + 70) + 20, 31 / 32 * (31 / 32 * 2 + 1) + 1
+    sl, sn = 511 / 512 * (511 / 512 * 40 + 70) + 20, 511 / 512 * (511 / 512 * 2 + 1) + 1
+    x2 = abs(math.log((f / fn) / (sl / sn)))
+    assert tr.features(eng2, version=4)[23] == pytest.approx((g * x_prompt + x2) / (1 + g + g * g), rel=1e-6)
+    # no arrival for 500 slots: the prompt gap stays x2 (both sums decay alike) until the fast count falls
+    # below 1e-6 (after about 470 slots), then it counts as 0: a stale mean is no evidence of a swing
+    eng2.last_arrivals = 0
+    n_of = lambda k: (1 - g ** k) / (1 - g)  # noqa: E731  (the moving sum of weights after k points)
+    gaps = []
+    for t in range(3, 503):
+        before = float(tr.swings[1]) * n_of(t)
+        eng2.t = t
+        tr.update(eng2, 0)
+        gaps.append(float(tr.swings[1]) * n_of(t + 1) - g * before)
+    assert gaps[0] == pytest.approx(x2, rel=1e-6) and abs(gaps[-1]) < 1e-9
 
 
 def test_v2_head_rate_feature_reads_the_rate_when_the_head_arrived():

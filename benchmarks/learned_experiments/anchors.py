@@ -30,18 +30,18 @@ anchor gives the budget::
 Part 4 (``regret``): a model's time in system on draws of the training distribution over the best
 of six fixed two-anchor pairs chosen per draw with hindsight (where it could still gain).
 
+Part 5 (``pairs``): the best constant head-era two-anchor pair of each scenario named, on the screening
+seeds and picked on them (hindsight), over the tuned rate-switch: what one constant of the generalist's
+own action reaches (about 35 s a scenario)::
+
+    python benchmarks/learned_experiments/anchors.py pairs H8-overload-then-light H4-short-phases --rate-switch results/bench_learned.json
+
 Part 6 (``swings``): how much each scenario's load swings under a model (the three features ``load-v4``
 adds: moving means over about 1,000 slots of how far a fast estimate of the arrival rate, the arriving
 prompt and the completed length is from a slow one), and as much for new draws of the training
 distribution (``--draws``)::
 
     python benchmarks/learned_experiments/anchors.py swings H4-short-phases adaptive-high --draws 24
-
-Part 5 (``pairs``): the best constant head-era two-anchor pair of each scenario named, on the screening
-seeds and picked on them (hindsight), over the tuned rate-switch: what one constant of the generalist's
-own action reaches (about 35 s a scenario)::
-
-    python benchmarks/learned_experiments/anchors.py pairs H8-overload-then-light H4-short-phases --rate-switch results/bench_learned.json
 
 (``screen`` about a minute on 2 cores, after ``python benchmarks/bench_learned.py --out
 results/bench_learned`` has tuned the rate-switch, about 18 minutes; ``trace`` and ``plays``

@@ -3,7 +3,8 @@
 :class:`RandomizedFlowControlEnv` takes a *sampler* (``rng -> FlowControl-v0 arguments``,
 e.g. :class:`flowgym.lab.distributions.RandomMix`) and fixed arguments applied over every
 draw (the observation and action types). Spaces must not depend on the draw: use the
-scale-free ``observation="load"`` or ``"load-v2"`` (the flat and dict observations carry ``M`` in their
+scale-free load observations (``observation="load"``, ``"load-v2"``, ``"load-v3"`` or ``"load-v4"``: the
+keys of :data:`flowgym.envs.spaces.LOAD_OBSERVATIONS`; the flat and dict observations carry ``M`` in their
 bounds, so they are refused) and a budget or multiplier action with a fixed range.
 
 The draw is a pure function of the reset seed: ``reset(seed=s)`` reseeds the sampler's

@@ -209,8 +209,8 @@ class LoadObservation:
     :data:`~flowgym.sim.estimators.LOAD_FEATURES_V3`, the 20 and two moving averages of the backlog
     (time constants 64 and 1024); ``version=4`` (``observation="load-v4"``):
     :data:`~flowgym.sim.estimators.LOAD_FEATURES_V4`, the 22 and how much the arrival rate, the arriving
-    prompts and the completed lengths have swung over about the last 1,000 decision points. Each clipped to ``[-16, 16]``. None of them has a unit of tokens,
-    requests or slots, so one policy can read systems of any ``M``, request rate and length scale
+    prompts and the completed lengths have swung over about the last 1,000 decision points. Each
+    clipped to ``[-16, 16]``. None of them has a unit of tokens, requests or slots, so one policy can read systems of any ``M``, request rate and length scale
     (the generalist model is trained on it).
     """
 
