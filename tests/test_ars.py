@@ -228,9 +228,9 @@ def test_init_from_a_shorter_observation_widens_only_the_first_layer_of_a_networ
 
 def test_search_new_inputs_moves_only_the_new_features_weights_and_the_biases(tiny_model, tmp_path):
     """``search="new-inputs"``: every iterate keeps the init model's weights on its own 20 inputs (bit for
-    bit) and moves only the weights on the 5 inputs ``load-v4`` has beyond ``load-v2`` and the two output biases; with a hidden
-    layer only the first layer's new columns and the last layer's biases move. It needs ``init`` and a
-    longer observation than the model's."""
+    bit) and moves only the weights on the 5 inputs ``load-v4`` has beyond ``load-v2`` and the two output
+    biases; with a hidden layer only the first layer's new columns and the last layer's biases move. It
+    needs ``init`` and a longer observation than the model's."""
     out, _ = tiny_model
     warm = str(tmp_path / "v4")
     train_ars(out=warm, init=out, observation="load-v4", search="new-inputs", **TINY)

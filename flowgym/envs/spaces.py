@@ -210,8 +210,8 @@ class LoadObservation:
     (time constants 64 and 1024); ``version=4`` (``observation="load-v4"``):
     :data:`~flowgym.sim.estimators.LOAD_FEATURES_V4`, the 22 and how much the arrival rate, the arriving
     prompts and the completed lengths have swung over about the last 1,000 decision points. Each
-    clipped to ``[-16, 16]``. None of them has a unit of tokens, requests or slots, so one policy can read systems of any ``M``, request rate and length scale
-    (the generalist model is trained on it).
+    clipped to ``[-16, 16]``. None of them has a unit of tokens, requests or slots, so one policy can
+    read systems of any ``M``, request rate and length scale (the generalist model is trained on it).
     """
 
     BOUND = 16.0
