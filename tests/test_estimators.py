@@ -298,7 +298,11 @@ def test_v4_swings_are_bias_corrected_means_of_fast_against_slow_gaps():
     ``log(1 + rate / safe budget)``), of ``|log(arriving prompt mean, tau 32 / tau 512)|`` and of
     ``|length_trend|``. A constant load has swings of 0."""
     eng = _Eng(prompts=[10, 30], last_arrivals=2)
-    tr = LoadTracker(1000, cap=4.0)  # nothing known: the safe budget is the cap, 4
+    off = LoadTracker(1000, cap=4.0)  # by default the swings are not kept (nothing to pay where unread)
+    off.reset(eng)
+    with pytest.raises(ValueError, match=r"version 4 reads the swings, which this tracker does not keep"):
+        off.features(eng, version=4)
+    tr = LoadTracker(1000, cap=4.0, swings=True)  # nothing known: the safe budget is the cap, 4
     tr.reset(eng)
     v = tr.features(eng, version=4)
     assert v.shape == (len(LOAD_FEATURES_V4),) == (25,) and LOAD_FEATURES_V4[:22] == LOAD_FEATURES_V3
@@ -362,6 +366,23 @@ def test_v4_swings_are_bias_corrected_means_of_fast_against_slow_gaps():
         tr.update(eng2, 0)
         gaps.append(float(tr.swings[1]) * n_of(t + 1) - g * before)
     assert gaps[0] == pytest.approx(x2, rel=1e-6) and abs(gaps[-1]) < 1e-9
+
+
+def test_a_tracker_without_swings_computes_none_and_the_same_other_features():
+    """``swings=False`` (the default, and the environment's unless ``observation="load-v4"``) skips the
+    swings' work; every feature of versions 1-3 is the same as with them."""
+    on, off = LoadTracker(1000, cap=4.0, swings=True), LoadTracker(1000, cap=4.0)
+    eng = _Eng(prompts=[10, 30], last_arrivals=2, n_queued=2, lanes=[_Lane(range(2))], queued_prompt_tokens=40)
+    for tr in (on, off):
+        tr.reset(eng)
+    for t, (arrivals, lo) in enumerate([((70,), 0), ((), 100), ((20, 5), 50)], start=1):
+        eng.t, eng.last_completed_tokens = t, lo
+        eng.arrive(*arrivals)
+        for tr in (on, off):
+            tr.update(eng, 1 if lo else 0)
+        np.testing.assert_array_equal(on.features(eng, version=3), off.features(eng, version=3))
+    np.testing.assert_array_equal(off.swings, [0.0, 0.0, 0.0])
+    assert on.swings.min() > 0  # the same run did swing
 
 
 def test_v2_head_rate_feature_reads_the_rate_when_the_head_arrived():

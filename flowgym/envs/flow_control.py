@@ -534,7 +534,8 @@ class FlowControlEnv(gym.Env[Any, Any]):
         #: Online load estimates (safe budget, scale-free features); only kept when used.
         self.tracker: LoadTracker | None = None
         if cfg.observation in LOAD_OBSERVATIONS or cfg.action != "budget":
-            self.tracker = LoadTracker(cfg.M, cap=float(cfg.max_budget))
+            self.tracker = LoadTracker(cfg.M, cap=float(cfg.max_budget),
+                                       swings=LOAD_OBSERVATIONS.get(cfg.observation, 0) >= 4)
         self._obs_type: Any
         if cfg.observation in LOAD_OBSERVATIONS:
             assert self.tracker is not None

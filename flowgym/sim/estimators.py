@@ -105,19 +105,23 @@ class LoadTracker:
         M: KV-cache budget in tokens.
         cap: largest safe budget reported (and the safe budget before anything is known).
         length_window: time constant (decision points) of the moving means of lengths.
+        swings: keep the moving means of the swings (:data:`LOAD_FEATURES_V4`'s three; needed for
+            ``features(version=4)``). Off by default: they cost work every slot, which only version 4 reads
+            (the environment keeps them for ``observation="load-v4"`` only).
 
     Call :meth:`reset` with the engine after its first arrivals, then
     :meth:`update` at every later decision point (after ``serve`` and ``arrive``).
     """
 
-    def __init__(self, M: int, *, cap: float = 256.0, length_window: float = 64.0) -> None:
+    def __init__(self, M: int, *, cap: float = 256.0, length_window: float = 64.0, swings: bool = False) -> None:
         self.M = int(M)
+        self.keeps_swings = bool(swings)
+        self._g = 1.0 - 1.0 / SWING_TIME_CONSTANT
         self.cap = float(cap)
         self._d = 1.0 / float(length_window)
         self._a = 1.0 / np.asarray(RATE_TIME_CONSTANTS)
         self._ab = 1.0 / np.asarray(BACKLOG_TIME_CONSTANTS)
         self.backlogs = np.zeros(len(BACKLOG_TIME_CONSTANTS))
-        self.swings = np.zeros(3)  # rate_swing, prompt_swing, length_swing (bias-corrected means)
         self.rates = np.zeros(len(RATE_TIME_CONSTANTS))
         self._rh = np.zeros(RATE_MEMORY)  # rate_32 at decision point t, at index t % RATE_MEMORY
         self._rt = np.full(RATE_MEMORY, -1, np.int64)  # the t stored there (-1: none)
@@ -127,7 +131,6 @@ class LoadTracker:
         """Forget everything (the state of an empty system)."""
         self.rates[:] = 0.0
         self.backlogs[:] = 0.0
-        self.swings[:] = 0.0
         self._swS = [0.0, 0.0, 0.0]  # moving sums of the swings, and of their weights
         self._swN = 0.0
         self._pA = [0.0, 0.0]  # arriving prompt tokens, time constants 32 and 512
@@ -171,23 +174,10 @@ class LoadTracker:
         self._A2 = (1 - d) * self._A2 + (s * s / n if n else 0.0)
         self._Af = (15 / 16) * self._Af + s
         self._Nf = (15 / 16) * self._Nf + n
-        pa, pn = self._pA, self._pN
-        if k:
-            hi = eng.n_arrived
-            tok = float(eng.prompt[hi - k : hi].sum())
-            self._lA = (1 - d) * self._lA + tok
-            self._lN = (1 - d) * self._lN + k
-            pa[0] = (31 / 32) * pa[0] + tok
-            pn[0] = (31 / 32) * pn[0] + k
-            pa[1] = (511 / 512) * pa[1] + tok
-            pn[1] = (511 / 512) * pn[1] + k
-        else:
-            self._lA *= 1 - d
-            self._lN *= 1 - d
-            pa[0] *= 31 / 32
-            pn[0] *= 31 / 32
-            pa[1] *= 511 / 512
-            pn[1] *= 511 / 512
+        hi = eng.n_arrived
+        tok = float(eng.prompt[hi - k : hi].sum()) if k else 0.0  # the new arrivals' prompt tokens
+        self._lA = (1 - d) * self._lA + tok
+        self._lN = (1 - d) * self._lN + k
         self._held, self._nact, self._queued = eng.held, eng.n_active, eng.n_queued
         t = int(eng.t)
         i = t % RATE_MEMORY
@@ -203,28 +193,41 @@ class LoadTracker:
             self.backlogs[:] = b
         else:
             self.backlogs += (b - self.backlogs) * self._ab
-        self._swing()
+        if self.keeps_swings:
+            self._swing(tok, k)
 
-    def _swing(self) -> None:
-        """Add this decision point's swings to their moving means (``version=4``)."""
+    def _swing(self, tok: float, k: int) -> None:
+        """Add this decision point's swings to their moving sums (``version=4``): ``tok`` prompt tokens
+        arrived in ``k`` requests."""
+        pa, pn = self._pA, self._pN  # arriving prompt tokens and requests, time constants 32 and 512
+        pa[0] = (31 / 32) * pa[0] + tok
+        pn[0] = (31 / 32) * pn[0] + k
+        pa[1] = (511 / 512) * pa[1] + tok
+        pn[1] = (511 / 512) * pn[1] + k
         bs = self._safe
         r = self.rates
         x_rate = abs(math.log1p(r[1] / bs) - math.log1p(r[3] / bs))
-        pa, pn = self._pA, self._pN
         x_prompt = 0.0
         if pn[0] > 1e-6 and pn[1] > 1e-6:
             x_prompt = abs(math.log(max(pa[0] / pn[0], 1.0) / max(pa[1] / pn[1], 1.0)))
-        s = self._A / self._N if self._N > 1e-6 else 1.0
-        sf = self._Af / self._Nf if self._Nf > 1e-6 else s
-        x_len = abs(math.log(max(sf, 1.0) / max(s, 1.0)))
-        g = 1.0 - 1.0 / SWING_TIME_CONSTANT
-        S = self._swS
+        g, S = self._g, self._swS
         S[0] = g * S[0] + x_rate
         S[1] = g * S[1] + x_prompt
-        S[2] = g * S[2] + x_len
-        self._swN = n = g * self._swN + 1.0
-        sw = self.swings
-        sw[0], sw[1], sw[2] = S[0] / n, S[1] / n, S[2] / n
+        S[2] = g * S[2] + abs(self._length_trend())
+        self._swN = g * self._swN + 1.0
+
+    @property
+    def swings(self) -> np.ndarray:
+        """``rate_swing``, ``prompt_swing``, ``length_swing``: the moving sums over the sum of their weights
+        (zeros before the first decision point, or when the tracker does not keep them)."""
+        n = self._swN
+        return np.array(self._swS) / n if n else np.zeros(3)
+
+    def _length_trend(self) -> float:
+        """``log(fast / slow moving mean of completed l + o)`` (0 before the first completion)."""
+        s = self.mean_length or 1.0
+        sf = self._Af / self._Nf if self._Nf > 1e-6 else s
+        return math.log(max(sf, 1.0) / max(s, 1.0))
 
     # ------------------------------------------------------------------ estimates
 
@@ -293,11 +296,13 @@ class LoadTracker:
         previous one's)."""
         if version not in FEATURE_VERSIONS:
             raise ValueError(f"load features: version must be one of {sorted(FEATURE_VERSIONS)}, got {version!r}")
+        if version >= 4 and not self.keeps_swings:
+            raise ValueError("load features: version 4 reads the swings, which this tracker does not keep "
+                             "(LoadTracker(..., swings=True))")
         M = self.M
         bs = self.safe_budget()
         w = self.work or 1.0
         s = self.mean_length or 1.0
-        sf = self._Af / self._Nf if self._Nf > 1e-6 else s
         q = eng.n_queued
         age = eng.t - _head_arrival(eng) if q else 0
         v = out if out is not None else np.empty(len(FEATURE_VERSIONS[version]), np.float32)
@@ -309,7 +314,7 @@ class LoadTracker:
         for i, r in enumerate(self.rates.tolist()):
             v[5 + i] = min(r * w / M, 8.0)
             v[9 + i] = math.log1p(r / bs)
-        v[13] = math.log(max(sf, 1.0) / max(s, 1.0))
+        v[13] = self._length_trend()
         v[14] = math.log1p(max(age, 0) / max(s, 1.0))
         v[15] = min(100.0 * self._waste / M, 10.0)
         v[16] = math.log1p(eng.n_active / bs / max(s, 1.0))
@@ -321,7 +326,8 @@ class LoadTracker:
         if version >= 3:
             v[20], v[21] = self.backlogs.tolist()
         if version >= 4:
-            v[22], v[23], v[24] = self.swings.tolist()
+            n = self._swN or 1.0
+            v[22], v[23], v[24] = (x / n for x in self._swS)
         return v
 
 
