@@ -332,7 +332,7 @@ def swings(names: list[str], seeds: list[int], draws: int, model: str | None = N
     for seed in range(33000, 33000 + draws):
         kw = dict(dist(np.random.default_rng(seed)))
         w = kw["workload"]
-        kind = "trace piece" if w.get("kind") in ("azure", "trace") else (
+        kind = "trace piece" if w.get("kind") == "azure" else (
             "switching" if w.get("kind") == "mix" else "stationary")
         m = _swings(kw, seed, None, model)
         out.append(f"| draw {seed} ({kind}) | " + " | ".join(f"{v:.3f}" for v in m) + " |")
