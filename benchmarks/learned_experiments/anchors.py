@@ -306,6 +306,7 @@ def _swings(kw: dict[str, Any], seed: int, H: int | None, model: str | None) -> 
 
     agent = make_agent("learned", **({} if model is None else {"path": model}))
     env = env_for(agent, kw, H)
+    env.tracker.keeps_swings = True  # the environment keeps them for a load-v4 observation only
     obs, _ = env.reset(seed=seed)
     agent.reset(env.config, seed=seed)
     seen, done, t = [], False, 0
