@@ -43,6 +43,12 @@ distribution (``--draws``)::
 
     python benchmarks/learned_experiments/anchors.py swings H4-short-phases adaptive-high --draws 24
 
+Part 7 (``ranges``): how often each scenario drives a model's normalised inputs beyond 3 and 5 spreads from
+their means, against new draws of the training distribution pooled (``--draws``): whether a report scenario
+asks the linear policy to extrapolate::
+
+    python benchmarks/learned_experiments/anchors.py ranges H4-short-phases H8-overload-then-light --draws 48
+
 (``screen`` about a minute on 2 cores, after ``python benchmarks/bench_learned.py --out
 results/bench_learned`` has tuned the rate-switch, about 18 minutes; ``trace`` and ``plays``
 seconds). The results are in docs/training.md, "Two anchors".
@@ -340,6 +346,57 @@ def swings(names: list[str], seeds: list[int], draws: int, model: str | None = N
     return out
 
 
+def _normalised(kw: dict[str, Any], seed: int, H: int | None, model: str | None) -> np.ndarray:
+    """The model's normalised observation (as its policy reads it) at every decision point of one episode."""
+    from flowgym.lab.evaluation import env_for
+
+    agent = make_agent("learned", **({} if model is None else {"path": model}))
+    env = env_for(agent, kw, H)
+    obs, _ = env.reset(seed=seed)
+    agent.reset(env.config, seed=seed)
+    seen, done = [], False
+    while not done:
+        if agent.decides_next:
+            seen.append(agent.normalize(obs))
+        obs, _, te, tr, _ = env.step(agent.act(obs, env.view()))
+        done = te or tr
+    return np.abs(np.array(seen, dtype=np.float64))
+
+
+def ranges(names: list[str], seed: int, draws: int, model: str | None = None) -> list[str]:
+    """How far outside its normalisation each scenario (and, with ``draws``, new draws of the training
+    distribution, seeds 33000..) drives the model's inputs: the share of decision points where some
+    normalised feature is beyond 3 and beyond 5 (in spreads from the mean), and the two features most often
+    beyond 3. A scenario far more often out there than the training draws would be one the linear policy
+    extrapolates on."""
+    from flowgym.lab.distributions import RandomMix
+
+    from flowgym.sim.estimators import FEATURE_VERSIONS
+
+    observation = make_agent("learned", **({} if model is None else {"path": model})).requires.get("observation")
+    version = {"load": 1, "load-v2": 2, "load-v3": 3, "load-v4": 4}.get(str(observation))
+    names_of = FEATURE_VERSIONS[version] if version else None
+    out = ["| load | some \\|z\\| > 3 | some \\|z\\| > 5 | most often beyond 3 |", "|---|---:|---:|---|"]
+
+    def row(label: str, z: np.ndarray) -> str:
+        share = (z > 3).mean(axis=0)
+        top = [int(i) for i in np.argsort(-share)[:2] if share[i] > 0]
+        name = (lambda i: names_of[i] if names_of and i < len(names_of) else f"feature {i}")
+        return (f"| {label} | {(z > 3).any(axis=1).mean():.3f} | {(z > 5).any(axis=1).mean():.3f} | "
+                + ", ".join(f"{name(i)} {share[i]:.3f}" for i in top) + " |")
+
+    for n in names:
+        kw, H = scenario(n)
+        out.append(row(n, _normalised(kw, seed, H, model)))
+    dist, zs = RandomMix(), []
+    for s in range(33000, 33000 + draws):
+        kw = dict(dist(np.random.default_rng(s)))
+        zs.append(_normalised(kw, s, None, model))
+    if zs:
+        out.append(row(f"{draws} draws of RandomMix() (seeds 33000-{33000 + draws - 1}), pooled", np.concatenate(zs)))
+    return out
+
+
 def phases(name: str, cycle: float, on: float, rs: dict[str, Any], models: list[str]) -> list[str]:
     """Summed time in system (slots, mean over :data:`SEEDS`) of the requests arriving in each phase of a
     two-phase cycle (phase A: ``arrival % cycle < on``), for the tuned rate-switch, the fixed head-era
@@ -440,6 +497,11 @@ def main(argv: list[str] | None = None) -> int:
     sw.add_argument("--seeds", default="7000,7001", help="comma-separated seeds of each scenario")
     sw.add_argument("--draws", type=int, default=0, help="also this many RandomMix draws (seeds 33000..)")
     sw.add_argument("--model", default=None, help="model directory (default: the shipped generalist)")
+    rn = sub.add_parser("ranges")
+    rn.add_argument("scenarios", nargs="*")
+    rn.add_argument("--seed", type=int, default=SEEDS[0])
+    rn.add_argument("--draws", type=int, default=0, help="also this many RandomMix draws (seeds 33000..), pooled")
+    rn.add_argument("--model", default=None, help="model directory (default: the shipped generalist)")
     ph = sub.add_parser("phases")
     ph.add_argument("scenario")
     ph.add_argument("cycle", type=float, help="the cycle's length (slots)")
@@ -480,6 +542,9 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     if args.cmd == "swings":
         print("\n".join(swings(args.scenarios, [int(s) for s in args.seeds.split(",")], args.draws, args.model)))
+        return 0
+    if args.cmd == "ranges":
+        print("\n".join(ranges(args.scenarios, args.seed, args.draws, args.model)))
         return 0
     if args.cmd == "plays":
         print("\n".join(plays(args.scenarios, args.seed, args.model)))
