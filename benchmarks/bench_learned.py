@@ -191,16 +191,12 @@ def ratio_ci(a: np.ndarray, b: np.ndarray, n_boot: int = 4000, seed: int = 0) ->
     return r, float(lo), float(hi)
 
 
-def bench_scenario(name: str, model: str | None, seeds: list[int], tune_seeds: list[int],
-                   backend: str, other_model: str | None = None) -> dict[str, Any]:
-    """Tune the references, run everything on the report seeds; the rows and the ratios."""
-    t0 = time.perf_counter()
-    ho = held_out()
-    kw, tune_kw, H, finite = scenario_arguments(name)  # a finite trace: tuned and reported over the whole episode
-    report = [seeds[0]] if finite else seeds
-    tune_seeds = tune_seeds[:1] if finite else tune_seeds
+def tune_fixed_and_rate_switch(tune_kw: dict[str, Any], tune_seeds: Sequence[int], H: int | None,
+                               backend: str) -> tuple[Any, dict[str, Any]]:
+    """The best fixed budget over :data:`FIXED_GRID` and the rate-switch tuned from it by coordinate search
+    (thresholds at quantiles of the arrival-rate signal it reads, under the best fixed budget), on the
+    tuning seeds: ``(b, rate-switch parameters)``."""
     b, _ = tune(AgentSpec("flow-control", {}, tune=("b", FIXED_GRID)), tune_kw, tune_seeds, H, backend=backend)
-    # rate-switch thresholds at quantiles of the arrival-rate signal it reads (under the best fixed budget)
     from flowgym.envs.flow_control import FlowControlEnv
 
     env = FlowControlEnv(**{**tune_kw, "max_budget": max(int(b), 1)})
@@ -215,6 +211,18 @@ def bench_scenario(name: str, model: str | None, seeds: list[int], tune_seeds: l
     rs = coordinate_search("rate-switch", {"high": b, "low": b, "threshold": thr_grid[len(thr_grid) // 2]},
                            {"low": LOW_GRID, "high": FIXED_GRID, "threshold": thr_grid}, tune_kw, tune_seeds, H,
                            backend)
+    return b, rs
+
+
+def bench_scenario(name: str, model: str | None, seeds: list[int], tune_seeds: list[int],
+                   backend: str, other_model: str | None = None) -> dict[str, Any]:
+    """Tune the references, run everything on the report seeds; the rows and the ratios."""
+    t0 = time.perf_counter()
+    ho = held_out()
+    kw, tune_kw, H, finite = scenario_arguments(name)  # a finite trace: tuned and reported over the whole episode
+    report = [seeds[0]] if finite else seeds
+    tune_seeds = tune_seeds[:1] if finite else tune_seeds
+    b, rs = tune_fixed_and_rate_switch(tune_kw, tune_seeds, H, backend)
     cons, _ = tune(AgentSpec("sglang-reserve", {}, tune=("schedule_conservativeness", SGLANG_GRID)), tune_kw,
                    tune_seeds, H, backend=backend)
     specs = [

@@ -789,6 +789,52 @@ def test_benchmark_uses_the_compare_path_and_its_held_out_scenarios_build():
     assert cells[cols.index("/ two-anchor 1.4/1")] == "0.800" and cells[cols.index("/ safe-budget k=2")] == "0.700"
 
 
+def test_the_sweeps_beyond_the_report_build_their_scenarios_deterministically(monkeypatch):
+    """benchmarks/learned_experiments' stationary and non-stationary sweeps: every scenario builds, the same
+    seed draws the same one, the shapes they promise are there, and they tune with the benchmark's code."""
+    import importlib.util
+    import json
+    import pathlib
+    import sys
+
+    root = pathlib.Path(__file__).resolve().parents[1] / "benchmarks"
+    sys.path[:0] = [str(root), str(root / "learned_experiments")]
+    try:
+        mods = {}
+        for name in ("stationary_sweep", "nonstationary_sweep", "bench_learned"):
+            spec = importlib.util.spec_from_file_location(name, root / "learned_experiments" / f"{name}.py"
+                                                          if name != "bench_learned" else root / f"{name}.py")
+            mods[name] = importlib.util.module_from_spec(spec)
+            spec.loader.exec_module(mods[name])
+    finally:
+        del sys.path[:2]
+    st, ns = mods["stationary_sweep"], mods["nonstationary_sweep"]
+    sc = st.scenarios()
+    assert len(sc) == len(st.MIXES) * len(st.CACHES) * len(st.LOADS) == 32
+    for kw in list(sc.values())[::7]:
+        FlowControlEnv(**kw).reset(seed=0)
+    assert all(isinstance(kw["workload"]["rate"], float) for kw in sc.values())  # stationary: one constant rate
+    drawn = [ns.draw(s) for s in range(9000, 9016)]
+    assert json.dumps(drawn) == json.dumps([ns.draw(s) for s in range(9000, 9016)])  # same seed, same scenario
+    assert {label.split()[0] for label, _ in drawn} == {"turns", "burst", "overload"}
+    for label, kw in drawn:
+        FlowControlEnv(**kw).reset(seed=0)
+        M = kw["M"]
+        if M < 24000:  # the families of tens of thousands of tokens only in a large cache
+            assert not any(f in label for f in ns.LARGE_ONLY), label
+    assert ns.tune_fixed_and_rate_switch.__module__ == "bench_learned"
+    # references kept in the --refs cache are read back, not tuned again, for the same report seeds only
+    cache = {"9000": {"seeds": [8000, 8001], "b": 7, "rate_switch": {"high": 9, "low": 2, "threshold": 1.5},
+                      "tis": {k: [10.0, 12.0] for k in ns.REFERENCES}}}
+    b, rs, per = ns.references(9000, drawn[0][1], [8000, 8001], "serial", cache)
+    assert b == 7 and rs["high"] == 9 and per["best fixed"].tolist() == [10.0, 12.0]
+    called = []
+    monkeypatch.setattr(ns, "tune_fixed_and_rate_switch",
+                        lambda *a: called.append(a) or (3, {"high": 3, "low": 3, "threshold": 1.0}))
+    b, rs, per = ns.references(9000, drawn[0][1], [8000], "serial", cache)  # other seeds: tuned and run anew
+    assert called and b == 3 and cache["9000"]["seeds"] == [8000] and len(per["rate-switch (tuned)"]) == 1
+
+
 def test_both_anchors_in_one_action():
     env = FlowControlEnv(M=8000, workload=_iid(6.0), horizon=100, action="multiplier", multiplier_of="both",
                          multipliers=(1.0, 2.0), max_budget=256)
