@@ -11,7 +11,7 @@ time in system with its 95% paired bootstrap interval::
 
     python benchmarks/learned_experiments/stationary_sweep.py [--model DIR] [--seeds 10] [--backend process]
 
-About 10-15 minutes on 2 cores. Results: docs/training.md, "Stationary loads beyond the three".
+About 15 minutes on one core. Results: docs/training.md, "Beyond the report scenarios".
 """
 
 from __future__ import annotations
