@@ -789,26 +789,27 @@ def test_benchmark_uses_the_compare_path_and_its_held_out_scenarios_build():
     assert cells[cols.index("/ two-anchor 1.4/1")] == "0.800" and cells[cols.index("/ safe-budget k=2")] == "0.700"
 
 
-def test_the_sweeps_beyond_the_report_build_their_scenarios_deterministically(monkeypatch):
+def test_the_sweeps_beyond_the_report_build_their_scenarios_deterministically(monkeypatch, tmp_path):
     """benchmarks/learned_experiments' stationary and non-stationary sweeps: every scenario builds, the same
-    seed draws the same one, the shapes they promise are there, and they tune with the benchmark's code."""
+    seed draws the same one, the shapes they promise are there, the --refs cache is read only for the same
+    scenario and report seeds and is merged on write; anchors.py ranges names the features it counts."""
     import importlib.util
     import json
     import pathlib
     import sys
 
     root = pathlib.Path(__file__).resolve().parents[1] / "benchmarks"
+    saved = list(sys.path)
     sys.path[:0] = [str(root), str(root / "learned_experiments")]
     try:
         mods = {}
-        for name in ("stationary_sweep", "nonstationary_sweep", "bench_learned"):
-            spec = importlib.util.spec_from_file_location(name, root / "learned_experiments" / f"{name}.py"
-                                                          if name != "bench_learned" else root / f"{name}.py")
+        for name in ("stationary_sweep", "nonstationary_sweep", "anchors"):
+            spec = importlib.util.spec_from_file_location(name, root / "learned_experiments" / f"{name}.py")
             mods[name] = importlib.util.module_from_spec(spec)
             spec.loader.exec_module(mods[name])
     finally:
-        del sys.path[:2]
-    st, ns = mods["stationary_sweep"], mods["nonstationary_sweep"]
+        sys.path[:] = saved  # the scripts insert their own paths too
+    st, ns, anchors = mods["stationary_sweep"], mods["nonstationary_sweep"], mods["anchors"]
     sc = st.scenarios()
     assert len(sc) == len(st.MIXES) * len(st.CACHES) * len(st.LOADS) == 32
     for kw in list(sc.values())[::7]:
@@ -819,20 +820,35 @@ def test_the_sweeps_beyond_the_report_build_their_scenarios_deterministically(mo
     assert {label.split()[0] for label, _ in drawn} == {"turns", "burst", "overload"}
     for label, kw in drawn:
         FlowControlEnv(**kw).reset(seed=0)
-        M = kw["M"]
-        if M < 24000:  # the families of tens of thousands of tokens only in a large cache
+        if kw["M"] < 24000:  # the families of tens of thousands of tokens only in a large cache
             assert not any(f in label for f in ns.LARGE_ONLY), label
-    assert ns.tune_fixed_and_rate_switch.__module__ == "bench_learned"
-    # references kept in the --refs cache are read back, not tuned again, for the same report seeds only
-    cache = {"9000": {"seeds": [8000, 8001], "b": 7, "rate_switch": {"high": 9, "low": 2, "threshold": 1.5},
-                      "tis": {k: [10.0, 12.0] for k in ns.REFERENCES}}}
-    b, rs, per = ns.references(9000, drawn[0][1], [8000, 8001], "serial", cache)
-    assert b == 7 and rs["high"] == 9 and per["best fixed"].tolist() == [10.0, 12.0]
+    # the --refs cache: read back for the same scenario and report seeds, tuned anew otherwise
+    kw0, kw1 = drawn[0][1], drawn[1][1]
+    entry = {"key": ns.reference_key(kw0), "seeds": [8000, 8001], "b": 7,
+             "rate_switch": {"high": 9, "low": 2, "threshold": 1.5}, "tis": {k: [10.0, 12.0] for k in ns.REFERENCES}}
     called = []
     monkeypatch.setattr(ns, "tune_fixed_and_rate_switch",
                         lambda *a: called.append(a) or (3, {"high": 3, "low": 3, "threshold": 1.0}))
-    b, rs, per = ns.references(9000, drawn[0][1], [8000], "serial", cache)  # other seeds: tuned and run anew
-    assert called and b == 3 and cache["9000"]["seeds"] == [8000] and len(per["rate-switch (tuned)"]) == 1
+    cache = {"9000": dict(entry)}
+    b, rs, per = ns.references(9000, kw0, [8000, 8001], "serial", cache)
+    assert not called and b == 7 and rs["high"] == 9 and per["best fixed"].tolist() == [10.0, 12.0]
+    assert ns.reference_key(kw1) != ns.reference_key(kw0)
+    b, rs, per = ns.references(9000, kw1, [8000, 8001], "serial", cache)  # another scenario under the same seed
+    assert len(called) == 1 and b == 3 and cache["9000"]["key"] == ns.reference_key(kw1)
+    b, rs, per = ns.references(9000, kw1, [8000], "serial", cache)  # other report seeds
+    assert len(called) == 2 and cache["9000"]["seeds"] == [8000] and len(per["rate-switch (tuned)"]) == 1
+    path = str(tmp_path / "refs.json")
+    ns.save_references(path, {"9000": entry})
+    ns.save_references(path, {"9001": cache["9000"]})  # a second sweep's entry joins the first's
+    with open(path) as fh:
+        assert sorted(json.load(fh)) == ["9000", "9001"]
+    # ranges: one row per load, the features named by the model's observation
+    rows = anchors.ranges(["S1-stationary"], 7000, 0)
+    from flowgym.sim.estimators import LOAD_FEATURES_V2
+
+    assert len(rows) == 3 and rows[2].startswith("| S1-stationary | ")
+    named = rows[2].split("|")[4].strip()
+    assert named == "" or named.split(",")[0].split()[0] in LOAD_FEATURES_V2
 
 
 def test_both_anchors_in_one_action():

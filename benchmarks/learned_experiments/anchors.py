@@ -45,7 +45,7 @@ distribution (``--draws``)::
 
 Part 7 (``ranges``): how often each scenario drives a model's normalised inputs beyond 3 and 5 spreads from
 their means, against new draws of the training distribution pooled (``--draws``): whether a report scenario
-asks the linear policy to extrapolate::
+asks the linear policy to extrapolate (results: docs/training.md, "Beyond the report scenarios")::
 
     python benchmarks/learned_experiments/anchors.py ranges H4-short-phases H8-overload-then-light --draws 48
 

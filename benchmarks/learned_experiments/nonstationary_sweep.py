@@ -4,13 +4,14 @@
 budget) on eleven non-stationary scenarios, a few of them hand-made. The maintainers' hidden ones are more
 of that kind, so this sweep draws many: each scenario is made by :func:`draw` from one seed (9000..) and
 used by no training, selection or other choice. The generator was written before any result, from a menu
-of request mixes unlike ``RandomMix``'s (fixed families: chat, code, mid-length, long generations, long
-prompts, reasoning) and three shapes of load:
+of fixed request families of the kinds H1-H8 use (chat, code, mid-length, long generations, long prompts,
+reasoning; not ``RandomMix``'s drawn lengths) and three shapes of load:
 
-* ``turns``: 2 or 3 streams taking turns over a period of 600-3,000 slots (each stream's share of it
-  0.2-0.6 of the rest), each at ``rho`` 0.7-0.97 while on (the H1-H5 kind);
+* ``turns``: 2 or 3 streams taking turns over a period of 600-3,000 slots (each stream's share of it in
+  proportion to a weight drawn in 0.2-0.6), each at ``rho`` 0.7-0.97 while on (the H1-H5 kind);
 * ``burst``: a base stream always on at ``rho`` 0.3-0.6 and a burst stream on for 15-35% of a period of
-  600-2,000 slots at ``rho`` 0.4-0.7 on top of it (H7's kind: the burst overloads);
+  600-2,000 slots at ``rho`` 0.4-0.7 on top of it (H7's kind; the two together 0.7-1.3, so some bursts
+  overload and some do not);
 * ``overload``: a stream at ``rho`` 1.02-1.15 for 30-60% of a period of 1,000-3,000 slots, then another at
   0.4-0.7 (H8's kind).
 
@@ -32,6 +33,7 @@ of the two models). Results: docs/training.md, "Beyond the report scenarios".
 from __future__ import annotations
 
 import argparse
+import hashlib
 import json
 import math
 import os
@@ -41,8 +43,9 @@ from typing import Any
 import numpy as np
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-from bench_learned import _rate, _stream, ratio_ci, tune_fixed_and_rate_switch  # noqa: E402
+from bench_learned import FIXED_GRID, LOW_GRID, _rate, _stream, ratio_ci, tune_fixed_and_rate_switch  # noqa: E402
 
+import flowgym  # noqa: E402
 from flowgym.lab.evaluation import evaluate  # noqa: E402
 from flowgym.lab.scenarios import AgentSpec  # noqa: E402
 
@@ -101,22 +104,46 @@ def draw(seed: int) -> tuple[str, dict[str, Any]]:
 REFERENCES = ("best fixed", "rate-switch (tuned)", "two-anchor")
 
 
+def reference_key(kw: dict[str, Any]) -> str:
+    """What the cached references of a scenario depend on: its arguments, the tuning's seeds, grids and
+    horizon, the untuned rule's parameters and the package's version (a hash: a change of any makes the
+    cache miss, so it is tuned again rather than read stale)."""
+    what = {"kw": kw, "tune_seeds": TUNE_SEEDS, "horizon": HORIZON, "fixed_grid": FIXED_GRID, "low_grid": LOW_GRID,
+            "two_anchor": [1.4, 1.0], "flowgym": getattr(flowgym, "__version__", "?")}
+    return hashlib.sha256(json.dumps(what, sort_keys=True, default=float).encode()).hexdigest()[:16]
+
+
 def references(seed: int, kw: dict[str, Any], seeds: list[int], backend: str,
                cache: dict[str, Any]) -> tuple[Any, dict[str, Any], dict[str, np.ndarray]]:
     """The scenario's tuned best fixed budget and rate-switch and the references' time in system on the report
-    seeds: from ``cache`` (keyed by the scenario's seed) when it holds them for these report seeds, else tuned
-    and run, and stored in it."""
+    seeds: from ``cache`` (keyed by the scenario's seed) when it holds them for this scenario
+    (:func:`reference_key`) and these report seeds, else tuned and run, and stored in it."""
+    key = reference_key(kw)
     hit = cache.get(str(seed))
-    if hit is None or hit["seeds"] != seeds:
+    if hit is None or hit.get("key") != key or hit["seeds"] != seeds:
         b, rs = tune_fixed_and_rate_switch(kw, TUNE_SEEDS, HORIZON, backend)
         specs = [AgentSpec("flow-control", {"b": b}, label="best fixed"),
                  AgentSpec("rate-switch", rs, label="rate-switch (tuned)"),
                  AgentSpec("two-anchor", {"k_rate": 1.4, "k_safe": 1.0}, label="two-anchor")]
         table = evaluate(specs, kw, seeds, [HORIZON], backend=backend)
-        hit = {"seeds": seeds, "b": b, "rate_switch": rs,
+        hit = {"key": key, "seeds": seeds, "b": b, "rate_switch": rs,
                "tis": {lab: [r["mean_time_in_system"] for r in table.rows if r["agent"] == lab] for lab in REFERENCES}}
         cache[str(seed)] = json.loads(json.dumps(hit, default=float))
     return hit["b"], hit["rate_switch"], {k: np.asarray(v, dtype=np.float64) for k, v in hit["tis"].items()}
+
+
+def save_references(path: str, cache: dict[str, Any]) -> None:
+    """Merge ``cache`` into the JSON file at ``path`` (re-read first, so that two sweeps over different seeds
+    can share one file) and replace it atomically."""
+    merged: dict[str, Any] = {}
+    if os.path.exists(path):
+        with open(path) as fh:
+            merged = json.load(fh)
+    merged.update(cache)
+    tmp = f"{path}.{os.getpid()}.tmp"
+    with open(tmp, "w") as fh:
+        json.dump(merged, fh, indent=1)
+    os.replace(tmp, path)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -147,8 +174,7 @@ def main(argv: list[str] | None = None) -> int:
         label, kw = draw(s)
         b, rs, per = references(s, kw, seeds, args.backend, cache)
         if args.refs:
-            with open(args.refs, "w") as fh:
-                json.dump(cache, fh, indent=1)
+            save_references(args.refs, {str(s): cache[str(s)]})
         specs = [AgentSpec("learned", {} if args.model is None else {"path": args.model}, label="learned")]
         if other:
             specs.append(AgentSpec("learned", {} if args.other_model == "shipped" else {"path": args.other_model},
