@@ -6,8 +6,8 @@ scenarios may hold others, so this sweep measures the goal on a grid of single-s
 fixed before any result: four request mixes (chat, mid-length, long generations, long prompts), two
 cache sizes and four loads from light to overloaded, 32 scenarios. Per scenario the best fixed budget is
 tuned on seeds 1000-1001 over ``bench_learned.FIXED_GRID`` (as the benchmark does), then the model and that
-budget run on the report seeds 8000.. (used by no training, selection or tuning; the non-stationary sweep reports on them too); the ratio of mean
-time in system with its 95% paired bootstrap interval::
+budget run on the report seeds 8000.. (used by no training, selection or tuning; the non-stationary sweep
+reports on them too); the ratio of mean time in system with its 95% paired bootstrap interval::
 
     python benchmarks/learned_experiments/stationary_sweep.py [--model DIR] [--seeds 10] [--backend process]
 
