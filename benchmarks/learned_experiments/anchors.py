@@ -369,12 +369,12 @@ def ranges(names: list[str], seed: int, draws: int, model: str | None = None) ->
     normalised feature is beyond 3 and beyond 5 (in spreads from the mean), and the two features most often
     beyond 3. A scenario far more often out there than the training draws would be one the linear policy
     extrapolates on."""
+    from flowgym.envs.spaces import LOAD_OBSERVATIONS
     from flowgym.lab.distributions import RandomMix
-
     from flowgym.sim.estimators import FEATURE_VERSIONS
 
     observation = make_agent("learned", **({} if model is None else {"path": model})).requires.get("observation")
-    version = {"load": 1, "load-v2": 2, "load-v3": 3, "load-v4": 4}.get(str(observation))
+    version = LOAD_OBSERVATIONS.get(str(observation))
     names_of = FEATURE_VERSIONS[version] if version else None
     out = ["| load | some \\|z\\| > 3 | some \\|z\\| > 5 | most often beyond 3 |", "|---|---:|---:|---|"]
 
