@@ -161,3 +161,24 @@ def test_make_agent_lists_valid_parameters():
 
     with pytest.raises(ValueError, match=r"has no parameter 'bb'; its parameters: b, cap"):
         make_agent("flow-control", bb=3)
+
+
+def test_compare_bound_puts_every_agent_above_the_lower_bound(tmp_path, capsys):
+    out = tmp_path / "res"
+    assert main(["compare", "--scenario", "adaptive-high", "--horizons", "300,600", "--seeds", "2", "--no-tune",
+                 "--agents", "flow-control:b=13;mc", "--bound", "--no-plots", "--quiet", "--out", str(out)]) == 0
+    text = capsys.readouterr().out
+    assert "lower bound on mean time in system, any schedule of these requests (T=300)" in text
+    assert "(T=600)" in text
+    data = json.loads((out / "adaptive-high.json").read_text())
+    rows = data["lower_bound"]
+    assert {(r["seed"], r["horizon"]) for r in rows} == {(0, 300), (0, 600), (1, 300), (1, 600)}
+    for r in data["rows"]:  # every agent, seed and horizon at or above that seed's bound
+        b = next(x for x in rows if x["seed"] == r["seed"] and x["horizon"] == r["horizon"])
+        assert b["service"] <= b["bound"] <= r["mean_time_in_system"] + 1e-9
+
+
+def test_compare_bound_refuses_continuous_time(capsys):
+    assert main(["compare", "--scenario", "paper-realdata-low", "--bound", "--no-plots", "--quiet"]) == 2
+    err = capsys.readouterr().err
+    assert "--bound is for the slot model" in err and "paper-realdata-low" in err

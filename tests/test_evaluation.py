@@ -185,3 +185,22 @@ def test_a_run_that_stops_at_the_iteration_cap_is_named_in_the_table():
     stuck = [line for line in text.splitlines() if line.startswith("! ")]
     assert stuck == ["! flow-control b=0: did not drain on 2 of 2 seeds: stopped at the iteration cap (4,000 "
                      "iterations) with 40 requests unfinished on average, counted in time in system up to the cap"]
+
+
+def test_lower_bounds_hold_for_every_agent_and_do_not_depend_on_whose_requests():
+    from flowgym.lab.evaluation import lower_bounds
+    from flowgym.lab.scenarios import AgentSpec, get_scenario
+
+    kw = get_scenario("adaptive-high").env_kwargs()
+    specs = [AgentSpec("flow-control", {"b": 4}), AgentSpec("flow-control", {"b": 64}), AgentSpec("mc", {})]
+    table = evaluate(specs, kw, [3, 4], [300, 800])
+    a = lower_bounds(specs[0], kw, [3, 4], [300, 800])
+    b = lower_bounds(specs[2], kw, [3, 4], [300, 800])
+    assert [r["bound"] for r in a] == [r["bound"] for r in b]  # the same requests whoever serves them
+    for r in table.rows:
+        bound = next(x["bound"] for x in a if x["seed"] == r["seed"] and x["horizon"] == r["horizon"])
+        assert bound <= r["mean_time_in_system"] + 1e-9
+    # somewhere the bound is above the service floor (the cache binds): it is not the trivial floor alone
+    assert any(x["bound"] > x["service"] + 1 for x in a)
+    with pytest.raises(ValueError, match="continuous time"):
+        lower_bounds(specs[0], get_scenario("paper-realdata-low").env_kwargs(), [0], None)

@@ -265,3 +265,130 @@ def test_reflected_walk_mean_with_a_budget_far_above_the_rate_is_zero():
     # precision (the budget exceeds every arrival count the solver keeps)
     assert reflected_walk_mean(1, 100) == 0.0
     assert reflected_walk_mean(3, 200) == 0.0
+
+
+# --------------------------------------------------------------------------- time_in_system_bound
+
+
+def _lp_relaxation(a, l, o, M, T):
+    """The truncated hindsight program's linear relaxation, solved exactly (HiGHS): mean per request."""
+    from scipy.optimize import linprog
+    from scipy.sparse import lil_matrix
+
+    var, cost = [], []
+    for i in range(len(a)):
+        for s in range(a[i], T + 1):  # s == T: not started within the horizon
+            var.append((i, s))
+            cost.append(min(s + o[i], T) - a[i])
+    A_eq, A_ub = lil_matrix((len(a), len(var))), lil_matrix((T, len(var)))
+    for j, (i, s) in enumerate(var):
+        A_eq[i, j] = 1
+        for t in range(s, min(s + o[i], T)):
+            A_ub[t, j] = l[i] + t - s + 1
+    r = linprog(cost, A_ub=A_ub.tocsr(), b_ub=[M] * T, A_eq=A_eq.tocsr(), b_eq=[1] * len(a), bounds=(0, None),
+                method="highs")
+    assert r.status == 0
+    return r.fun / len(a)
+
+
+def _small_trace(rng):
+    n = int(rng.integers(3, 12))
+    M = int(rng.integers(20, 60))
+    a = np.sort(rng.integers(0, 15, n))
+    o = rng.integers(1, 8, n)
+    l = np.array([int(rng.integers(1, max(2, M - oi))) for oi in o])
+    return a, l, o, M
+
+
+def test_time_in_system_bound_by_hand():
+    # six requests at slot 0, each holding l + 1 = 5 tokens in its one slot, M = 10: two a slot at best,
+    # finishing at 1, 1, 2, 2, 3, 3 (mean 2); the service floor alone says 1, the memory floor 2
+    b = theory.time_in_system_bound([0] * 6, [4] * 6, [1] * 6, 10, T=10)
+    assert (b.service, b.memory, b.slotwise, b.requests) == (1.0, 2.0, 2.0, 6)
+    assert b.lagrangian == pytest.approx(2.0, abs=0.02)
+    assert b.bound == pytest.approx(2.0, abs=1e-9)
+    # the horizon truncates: by T = 2 two requests are done (1 each) and four count 2
+    b2 = theory.time_in_system_bound([0] * 6, [4] * 6, [1] * 6, 10, T=2)
+    assert b2.memory == pytest.approx((1 + 1 + 2 * 4) / 6)
+    # one request, w = 2*3 + 6 = 12 > M = 10: memory floor 2 (finishes in slot 1), service floor 3
+    b3 = theory.time_in_system_bound([5], [2], [3], 10)
+    assert (b3.service, b3.memory, b3.slotwise, b3.T) == (3.0, 2.0, 3.0, None)
+    assert math.isnan(b3.lagrangian)  # no horizon: the floors only
+    # a request that can never fit (l + o > M) and one arriving at or after T do not count
+    b4 = theory.time_in_system_bound([0, 0, 9], [4, 20, 1], [1, 1, 1], 10, T=9)
+    assert b4.requests == 1 and b4.bound == 1.0
+
+
+def test_time_in_system_bound_matches_the_environment_where_it_is_tight():
+    # the by-hand case played in the environment: a budget of 2 reaches the bound exactly
+    from flowgym.lab.hindsight import run_agent_on_trace
+
+    r = run_agent_on_trace("flow-control:b=2", [0] * 6, [4] * 6, [1] * 6, 10)
+    assert r["metrics"]["mean_time_in_system"] == pytest.approx(2.0)
+    # a budget of 1 serves one a slot: 1, 2, ..., 6 (mean 3.5), above the bound
+    r1 = run_agent_on_trace("flow-control:b=1", [0] * 6, [4] * 6, [1] * 6, 10)
+    assert r1["metrics"]["mean_time_in_system"] == pytest.approx(3.5)
+
+
+@pytest.mark.parametrize("seed", range(12))
+def test_the_lagrangian_bound_is_below_the_lp_relaxation_and_close_to_it(seed):
+    rng = np.random.default_rng(seed)
+    a, l, o, M = _small_trace(rng)
+    T = int(a.max() + o.sum() + 2) if seed % 2 else int(rng.integers(a.min() + 2, 20))
+    b = theory.time_in_system_bound(a, l, o, M, T)
+    keep = a < T
+    lp = _lp_relaxation(a[keep], l[keep], o[keep], M, T)
+    assert b.lagrangian <= lp + 1e-9  # weak duality: a bound, whatever the prices
+    assert b.lagrangian >= 0.95 * lp  # and the prices found are nearly the best ones
+    assert b.bound == max(b.slotwise, b.lagrangian)
+
+
+@pytest.mark.parametrize("seed", range(6))
+def test_the_bound_is_below_the_hindsight_optimum(seed):
+    from flowgym.lab.hindsight import solve_hindsight
+
+    rng = np.random.default_rng(100 + seed)
+    a, l, o, M = _small_trace(rng)
+    h = solve_hindsight(a, l, o, M, time_limit=30)
+    assert h.status == "optimal"
+    T = int(h.finish.max()) + 1  # every request of the optimum finishes before T: nothing truncated
+    b = theory.time_in_system_bound(a, l, o, M, T)
+    assert b.bound * len(a) <= h.total_latency + 1e-6
+    assert b.bound >= b.service  # the floors are part of it
+
+
+@settings(max_examples=30, deadline=None)
+@given(seed=st.integers(0, 10_000), agent=st.sampled_from(
+    ["flow-control:b=1", "flow-control:b=3", "flow-control:b=64", "mc-sf", "alpha-greedy", "a-min"]))
+def test_no_policy_in_the_environment_goes_below_the_bound(seed, agent):
+    from flowgym.lab.hindsight import run_agent_on_trace
+
+    rng = np.random.default_rng(seed)
+    n = int(rng.integers(5, 40))
+    M = int(rng.integers(30, 120))
+    a = np.sort(rng.integers(0, 30, n))
+    o = rng.integers(1, 12, n)
+    l = np.array([int(rng.integers(1, M - oi + 1)) for oi in o])
+    r = run_agent_on_trace(agent, a, l, o, M)
+    T = int(r["metrics"]["T"])
+    b = theory.time_in_system_bound(a, l, o, M, T)
+    assert b.bound <= r["metrics"]["mean_time_in_system"] + 1e-9
+    # run to the end, so the untruncated floors hold too
+    assert theory.time_in_system_bound(a, l, o, M).slotwise <= r["metrics"]["mean_time_in_system"] + 1e-9
+
+
+@pytest.mark.parametrize("kwargs, match", [
+    ({"arrival": [0, 1], "prompt_len": [1], "output_len": [1, 1]}, "differ in length"),
+    ({"arrival": [0, -1], "prompt_len": [1, 1], "output_len": [1, 1]}, r"arrival\[1\] = -1"),
+    ({"arrival": [0, 1], "prompt_len": [1, 0], "output_len": [1, 1]}, r"prompt_len\[1\] = 0"),
+    ({"arrival": [0, 1], "prompt_len": [1, 1], "output_len": [1.5, 1]}, "output_len must hold integers"),
+    ({"arrival": [[0, 1]], "prompt_len": [1, 1], "output_len": [1, 1]}, "one-dimensional"),
+    ({"M": 0}, "M must be a positive integer"),
+    ({"M": 10.0}, "M must be a positive integer"),
+    ({"T": 0}, "T must be"),
+    ({"iterations": -1}, "iterations"),
+])
+def test_time_in_system_bound_names_bad_input(kwargs, match):
+    args = {"arrival": [0, 1], "prompt_len": [1, 1], "output_len": [1, 1], "M": 10, "T": 5, **kwargs}
+    with pytest.raises(ValueError, match=match):
+        theory.time_in_system_bound(**args)

@@ -132,7 +132,11 @@ def _compare(args: argparse.Namespace) -> int:
     specs = [AgentSpec.parse(a) for a in args.agents.split(";")] if args.agents else list(sc.agents)
     if args.add_agents:
         specs += [AgentSpec.parse(a) for a in args.add_agents.split(";") if a.strip()]
-    FlowControlEnv(**env_kwargs)  # bad scenario arguments (e.g. a negative --rate) fail here, before any output
+    probe = FlowControlEnv(**env_kwargs)  # bad scenario arguments (e.g. a negative --rate) fail here, before any output
+    if args.bound and probe.config.time_model != "slot":
+        print(f"error: --bound is for the slot model; scenario {sc.name} runs in continuous time "
+              f"(time_model={probe.config.time_model!r})", file=sys.stderr)
+        return 2
     for spec in specs:
         build_agent(spec)  # an unknown agent or parameter too
     if sc.finite:
@@ -173,6 +177,12 @@ def _compare(args: argparse.Namespace) -> int:
         table = evaluate(final, env_kwargs, seeds, horizons, progress=bar, backend=backend)
     table.tuned = tuned
     print(table.format(wide=args.wide))
+    bound_rows = None
+    if args.bound:  # the requests of one more episode per seed, of the line-up's first agent
+        from flowgym.lab.evaluation import format_lower_bounds, lower_bounds
+
+        bound_rows = lower_bounds(final[0], env_kwargs, seeds, horizons)
+        print(format_lower_bounds(bound_rows, table))
     if tuned:
         where = f"T={tune_h}" if tune_h else ("the end of " + json.dumps(sc.tune_env.get("workload", {})) if sc.tune_env else "the end")
         print(f"tuned on seeds {tune_seeds} at {where} (lowest mean time in system): "
@@ -181,7 +191,8 @@ def _compare(args: argparse.Namespace) -> int:
     stem = os.path.join(args.out, sc.name)
     table.to_csv(stem + ".csv")
     table.to_json(stem + ".json", scenario=sc.name, description=sc.description, env=env_kwargs,
-                  tune_seeds=tune_seeds, tune_horizon=tune_h, tune_env=sc.tune_env)
+                  tune_seeds=tune_seeds, tune_horizon=tune_h, tune_env=sc.tune_env,
+                  **({"lower_bound": bound_rows} if bound_rows is not None else {}))
     written = [stem + ".csv", stem + ".json"]
     if not args.no_plots:
         from flowgym.lab.plots import plot_kv_usage, plot_metrics_bars, plot_metrics_vs_horizon
@@ -588,6 +599,10 @@ def build_parser() -> argparse.ArgumentParser:
     c.add_argument("--wide", action="store_true",
                    help="print every metric column (default: the six that fit 120 columns; the CSV has all)")
     c.add_argument("--quiet", action="store_true", help="no progress bar")
+    c.add_argument("--bound", action="store_true",
+                   help="also print a lower bound on the mean time in system of any schedule of the same requests "
+                   "(flowgym.sim.theory.time_in_system_bound; slot model only) and each agent's ratio to it; "
+                   "one more episode per seed")
     c.set_defaults(func=_compare)
     r = sub.add_parser(
         "run", formatter_class=_HelpFormatter,
