@@ -792,7 +792,8 @@ def test_benchmark_uses_the_compare_path_and_its_held_out_scenarios_build():
 def test_the_sweeps_beyond_the_report_build_their_scenarios_deterministically(monkeypatch, tmp_path):
     """benchmarks/learned_experiments' stationary and non-stationary sweeps: every scenario builds, the same
     seed draws the same one, the shapes they promise are there, the --refs cache is read only for the same
-    scenario and report seeds and is merged on write; anchors.py ranges names the features it counts."""
+    scenario and report seeds and is merged on write, the phase oracle is cached in it; anchors.py ranges
+    names the features it counts."""
     import importlib.util
     import json
     import pathlib
@@ -842,6 +843,15 @@ def test_the_sweeps_beyond_the_report_build_their_scenarios_deterministically(mo
     ns.save_references(path, {"9001": cache["9000"]})  # a second sweep's entry joins the first's
     with open(path) as fh:
         assert sorted(json.load(fh)) == ["9000", "9001"]
+    # --oracle: the phase oracle is tuned once per scenario entry and read back after
+    tuned = []
+    monkeypatch.setattr(ns, "tune_schedule", lambda times, period, start, *a: tuned.append(start) or
+                        {"times": times, "budgets": [start] * len(times), "period": period})
+    params, tis = ns.phase_oracle(9000, kw1, 3, [8000], "serial", cache)
+    assert tuned == [3] and params["times"] == ns.phases(kw1)[0] and tis.shape == (1,) and tis[0] > 0
+    assert cache["9000"]["oracle"]["params"] == params
+    again, tis2 = ns.phase_oracle(9000, kw1, 3, [8000], "serial", cache)
+    assert tuned == [3] and again == params and tis2.tolist() == tis.tolist()  # read back, not tuned again
     # ranges: one row per load, the features named by the model's observation
     rows = anchors.ranges(["S1-stationary"], 7000, 0)
     from flowgym.sim.estimators import LOAD_FEATURES_V2
