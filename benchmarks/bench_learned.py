@@ -13,6 +13,9 @@ model selection), it reports mean time in system of
 * the untuned safe-budget rule ``k = 2``, and the untuned two-anchor rule
   ``max(1.4 x arrival rate, 1.0 x safe budget)`` (the two-anchor action's structure without
   learning: the strongest simple rule found, ``docs/training.md``);
+* in the slot model, a lower bound no schedule of the same requests goes below
+  (:func:`flowgym.lab.evaluation.lower_bounds`); where it is above 0.90x the best fixed budget, its
+  interval too, the goal's second half is out of reach of every policy and the goal cell says so;
 
 on report seeds ``0..N-1`` (default 20; tuning used ``1000..``, training ``10000..``, model
 selection ``20000..``). Ratios are ratios of means with a 95% paired bootstrap interval over
@@ -42,7 +45,7 @@ from typing import Any
 
 import numpy as np
 
-from flowgym.lab.evaluation import evaluate, tune
+from flowgym.lab.evaluation import evaluate, lower_bounds, tune
 from flowgym.lab.scenarios import ADAPTIVE_SCENARIOS, AgentSpec, get_scenario
 
 #: Fixed-budget grid of the tuning (wide: the held-out scenarios' best budgets range 12..96).
@@ -246,6 +249,8 @@ def bench_scenario(name: str, model: str | None, seeds: list[int], tune_seeds: l
         specs.append(AgentSpec("schedule", oracle, label="phase oracle"))
     table = evaluate(specs, kw, report, None if H is None else [H], backend=backend)
     per = {lab: np.array([r["mean_time_in_system"] for r in table.rows if r["agent"] == lab]) for lab in table.agents}
+    if kw.get("time_model", "slot") == "slot":  # the bound is in slots: not for continuous time
+        per["lower bound"] = np.array([r["bound"] for r in lower_bounds(specs[1], kw, report, None if H is None else [H])])
     learned = per["learned"]
     out: dict[str, Any] = {
         "scenario": name, "held_out": name in ho, "stationary": name in STATIONARY, "seeds": report,
@@ -257,10 +262,14 @@ def bench_scenario(name: str, model: str | None, seeds: list[int], tune_seeds: l
     }
     r_fixed = out["ratios"]["best fixed"][0]
     r_rs = out["ratios"]["rate-switch (tuned)"][0]
+    if "lower bound" in per:
+        out["lower_bound_over_fixed"] = ratio_ci(per["lower bound"], per["best fixed"])
     if out["stationary"]:
         out["goal"] = "met" if r_fixed <= 1.02 else "missed"
     else:
         out["goal"] = "met" if (r_fixed <= 0.90 and r_rs <= 1.00) else "missed"
+        if out["goal"] == "missed" and "lower_bound_over_fixed" in out and out["lower_bound_over_fixed"][1] > 0.90:
+            out["goal"] = "missed (0.90x out of reach: bound/fixed " + _fmt(out["lower_bound_over_fixed"]) + ")"
     return out
 
 
@@ -271,12 +280,13 @@ def _fmt(r: tuple[float, float, float]) -> str:
 
 def markdown(results: list[dict[str, Any]]) -> str:
     lines = ["| scenario | learned TIS | / best fixed (b) | / tuned rate-switch | / phase oracle | / safe-budget k=2 "
-             "| / two-anchor 1.4/1 | / sglang-reserve (defaults) | / sglang-reserve (tuned c) | / trt-no-evict | goal |",
-             "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---|"]
+             "| / two-anchor 1.4/1 | / sglang-reserve (defaults) | / sglang-reserve (tuned c) | / trt-no-evict "
+             "| / lower bound | goal |",
+             "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---|"]
     other = any("other model" in r["ratios"] for r in results)
     if other:
         lines[0] = lines[0].replace(" goal |", " / other model | goal |")
-        lines[1] = "|---|" + "---:|" * 10 + "---|"
+        lines[1] = "|---|" + "---:|" * 11 + "---|"
     for r in results:
         m, q = r["mean_time_in_system"], r["ratios"]
         name = r["scenario"] + (" (held out)" if r["held_out"] else "") + (" (stationary)" if r["stationary"] else "")
@@ -288,6 +298,7 @@ def markdown(results: list[dict[str, Any]]) -> str:
             f"{_fmt(q['sglang-reserve (defaults)']) if 'sglang-reserve (defaults)' in q else '-'} | "
             f"{_fmt(q['sglang-reserve (tuned)'])} (c={r['sglang_conservativeness']:g}) | "
             f"{_fmt(q['trt-no-evict (defaults)']) if 'trt-no-evict (defaults)' in q else '-'} | "
+            f"{_fmt(q['lower bound']) if 'lower bound' in q else '-'} | "
             + (f"{_fmt(q['other model']) if 'other model' in q else '-'} | " if other else "") + f"{r['goal']} |")
     return "\n".join(lines)
 

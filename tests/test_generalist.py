@@ -763,6 +763,7 @@ def test_benchmark_uses_the_compare_path_and_its_held_out_scenarios_build():
     mod = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(mod)
     assert mod.evaluate is ev.evaluate and mod.tune is ev.tune  # the functions flowgym compare runs
+    assert mod.lower_bounds is ev.lower_bounds  # and compare --bound
     ho = mod.held_out()
     assert len([n for n in ho if n not in mod.STATIONARY]) >= 3
     from flowgym.lab.scenarios import SCENARIOS
@@ -778,7 +779,7 @@ def test_benchmark_uses_the_compare_path_and_its_held_out_scenarios_build():
     assert lo < r < hi
     # the table has a column per reference, the untuned two-anchor rule among them
     refs = ["best fixed", "rate-switch (tuned)", "safe-budget k=2 (untuned)", "two-anchor (untuned)",
-            "sglang-reserve (defaults)", "sglang-reserve (tuned)", "trt-no-evict (defaults)"]
+            "sglang-reserve (defaults)", "sglang-reserve (tuned)", "trt-no-evict (defaults)", "lower bound"]
     res = {"scenario": "H9", "held_out": True, "stationary": False, "fixed_b": 8, "sglang_conservativeness": 0.3,
            "mean_time_in_system": {"learned": 50.0}, "goal": "met",
            "ratios": {k: (0.5 + 0.1 * i, math.nan, math.nan) for i, k in enumerate(refs)}}
@@ -787,6 +788,7 @@ def test_benchmark_uses_the_compare_path_and_its_held_out_scenarios_build():
     cells = [c.strip() for c in row.strip("|").split("|")]
     assert len(cols) == len(cells) == rule.count("|") - 1
     assert cells[cols.index("/ two-anchor 1.4/1")] == "0.800" and cells[cols.index("/ safe-budget k=2")] == "0.700"
+    assert cells[cols.index("/ lower bound")] == "1.200"
 
 
 def test_the_sweeps_beyond_the_report_build_their_scenarios_deterministically(monkeypatch, tmp_path):
