@@ -249,7 +249,7 @@ def bench_scenario(name: str, model: str | None, seeds: list[int], tune_seeds: l
         specs.append(AgentSpec("schedule", oracle, label="phase oracle"))
     table = evaluate(specs, kw, report, None if H is None else [H], backend=backend)
     per = {lab: np.array([r["mean_time_in_system"] for r in table.rows if r["agent"] == lab]) for lab in table.agents}
-    if kw.get("time_model", "slot") == "slot":  # the bound is in slots: not for continuous time
+    if kw.get("time_model", "slot") == "slot" and kw.get("engine", "paper") == "paper":  # the bound's model
         per["lower bound"] = np.array([r["bound"] for r in lower_bounds(specs[1], kw, report, None if H is None else [H])])
     learned = per["learned"]
     out: dict[str, Any] = {

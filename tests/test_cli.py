@@ -181,4 +181,4 @@ def test_compare_bound_puts_every_agent_above_the_lower_bound(tmp_path, capsys):
 def test_compare_bound_refuses_continuous_time(capsys):
     assert main(["compare", "--scenario", "paper-realdata-low", "--bound", "--no-plots", "--quiet"]) == 2
     err = capsys.readouterr().err
-    assert "--bound is for the slot model" in err and "paper-realdata-low" in err
+    assert "--bound does not apply to scenario paper-realdata-low" in err and "continuous time" in err

@@ -204,3 +204,27 @@ def test_lower_bounds_hold_for_every_agent_and_do_not_depend_on_whose_requests()
     assert any(x["bound"] > x["service"] + 1 for x in a)
     with pytest.raises(ValueError, match="continuous time"):
         lower_bounds(specs[0], get_scenario("paper-realdata-low").env_kwargs(), [0], None)
+
+
+def test_lower_bounds_refuse_the_vllm_engine_and_label_a_finite_trace_run():
+    from flowgym.lab.evaluation import format_lower_bounds, lower_bounds
+    from flowgym.lab.scenarios import AgentSpec
+
+    trace = {"kind": "trace", "arrival": [0] * 6, "prompt_len": [3] * 6, "output_len": [1] * 6}
+    # vllm-v1 holds other token counts: there an agent can go below what the paper's engine allows
+    with pytest.raises(ValueError, match="paper's engine"):
+        lower_bounds(AgentSpec("flow-control", {"b": 64}), {"M": 9, "workload": trace, "engine": "vllm-v1",
+                                                          "engine_options": {"block_size": 1}}, [0], [2])
+    with pytest.raises(ValueError, match="at least one horizon"):
+        lower_bounds(AgentSpec("flow-control", {"b": 2}), {"M": 9, "workload": trace}, [0], [])
+    # six one-token requests of 4 tokens each, M = 9: two a slot, so 1, 1, 2, 2, 3, 3 (mean 2) at best
+    kw = {"M": 9, "workload": trace}
+    spec = AgentSpec("flow-control", {"b": 2})
+    (end,) = lower_bounds(spec, kw, [0], None)
+    assert end["horizon"] is None and end["T"] == 3 and end["bound"] == pytest.approx(2.0)
+    rows = lower_bounds(spec, kw, [0], [2, 50])  # 50: past the end of the trace, the run's 3 slots are bounded
+    assert [(r["horizon"], r["T"]) for r in rows] == [(2, 2), (50, 3)]
+    table = evaluate([spec], kw, [0], [2, 50])
+    text = format_lower_bounds(rows, table)
+    assert "(T=2)" in text and "1.000x" in text  # b = 2 reaches the bound
+    assert text.count("\n") == 1

@@ -392,3 +392,53 @@ def test_time_in_system_bound_names_bad_input(kwargs, match):
     args = {"arrival": [0, 1], "prompt_len": [1, 1], "output_len": [1, 1], "M": 10, "T": 5, **kwargs}
     with pytest.raises(ValueError, match=match):
         theory.time_in_system_bound(**args)
+
+
+def _most_completions(a, w, M, t):
+    """The most jobs (size w_i, released a_i) one machine serving M a slot can finish by the end of slot t - 1,
+    by brute force over subsets (tiny cases): a set fits, preemptively, iff for every release time r among
+    its jobs the work released at or after r fits in the M (t - r) token-slots left."""
+    import itertools
+
+    idx = range(len(a))
+    for k in range(len(a), 0, -1):
+        for sub in itertools.combinations(idx, k):
+            # feasible iff for every release time r, the work released at or after r fits in M * (t - r)
+            if all(sum(w[i] for i in sub if a[i] >= r) <= M * (t - r) for r in {a[i] for i in sub}):
+                return k
+    return 0
+
+
+@pytest.mark.parametrize("seed", range(40))
+def test_the_srpt_floor_finishes_the_most_jobs_possible_by_every_slot(seed):
+    rng = np.random.default_rng(500 + seed)
+    n = int(rng.integers(1, 7))
+    a = rng.integers(0, 6, n)
+    w = rng.integers(1, 25, n)
+    M = int(rng.integers(3, 12))
+    done = theory._srpt_finish(a.astype(np.int64), w.astype(np.int64), M, None)
+    for t in range(0, int(done.max()) + 2):
+        assert int((done <= t).sum()) == _most_completions(a.tolist(), w.tolist(), M, t)
+
+
+@settings(max_examples=40, deadline=None)
+@given(seed=st.integers(0, 10_000), H=st.integers(1, 40), agent=st.sampled_from(
+    ["flow-control:b=1", "flow-control:b=2", "flow-control:b=64", "mc", "greedy-lifo", "two-anchor"]))
+def test_truncated_runs_with_rejected_requests_stay_above_the_bound(seed, H, agent):
+    from flowgym.lab.evaluation import build_agent, run_episode
+    from flowgym.lab.scenarios import AgentSpec
+
+    rng = np.random.default_rng(seed)
+    n = int(rng.integers(5, 40))
+    M = int(rng.integers(20, 80))
+    a = np.sort(rng.integers(0, 30, n))
+    o = rng.integers(1, 12, n)
+    l = rng.integers(1, M, n)  # some with l + o > M: rejected, and not counted by either side
+    trace = {"kind": "trace", "arrival": a.tolist(), "prompt_len": l.tolist(), "output_len": o.tolist()}
+    ep = run_episode(build_agent(AgentSpec.parse(agent)), {"M": M, "workload": trace}, 0, H)
+    m = ep.metrics()
+    T = int(ep.series["usage"].size)
+    b = theory.time_in_system_bound(ep.log["arrival"], ep.log["prompt_len"], ep.log["output_len"], M, T)
+    assert b.requests == int((~ep.log["rejected"]).sum())
+    if b.requests:
+        assert b.bound <= m["mean_time_in_system"] + 1e-9

@@ -133,10 +133,13 @@ def _compare(args: argparse.Namespace) -> int:
     if args.add_agents:
         specs += [AgentSpec.parse(a) for a in args.add_agents.split(";") if a.strip()]
     probe = FlowControlEnv(**env_kwargs)  # bad scenario arguments (e.g. a negative --rate) fail here, before any output
-    if args.bound and probe.config.time_model != "slot":
-        print(f"error: --bound is for the slot model; scenario {sc.name} runs in continuous time "
-              f"(time_model={probe.config.time_model!r})", file=sys.stderr)
-        return 2
+    if args.bound:
+        from flowgym.lab.evaluation import bound_unsupported
+
+        why = bound_unsupported(probe.config)
+        if why is not None:
+            print(f"error: --bound does not apply to scenario {sc.name}: {why}", file=sys.stderr)
+            return 2
     for spec in specs:
         build_agent(spec)  # an unknown agent or parameter too
     if sc.finite:
@@ -601,7 +604,8 @@ def build_parser() -> argparse.ArgumentParser:
     c.add_argument("--quiet", action="store_true", help="no progress bar")
     c.add_argument("--bound", action="store_true",
                    help="also print a lower bound on the mean time in system of any schedule of the same requests "
-                   "(flowgym.sim.theory.time_in_system_bound; slot model only) and each agent's ratio to it; "
+                   "(flowgym.sim.theory.time_in_system_bound; the paper's engine in the slot model) and each agent's "
+                   "ratio to it; "
                    "one more episode per seed")
     c.set_defaults(func=_compare)
     r = sub.add_parser(

@@ -44,6 +44,7 @@ __all__ = [
     "t_quantile_975",
     "lower_bounds",
     "format_lower_bounds",
+    "bound_unsupported",
 ]
 
 #: Metrics summarised per agent and horizon (all of the spec's scalar metrics).
@@ -453,6 +454,17 @@ def evaluate(
     return table
 
 
+def bound_unsupported(config: FlowControlConfig) -> str | None:
+    """Why :func:`lower_bounds` does not apply to an environment configuration, or ``None`` if it does: it
+    is for the paper's engine in the slot model (the bound counts slots and the tokens of ``docs/model.md``)."""
+    if config.time_model != "slot":
+        return f"the lower bound is for the slot model; this runs in continuous time (time_model={config.time_model!r})"
+    if config.engine != "paper":
+        return (f"the lower bound is for the paper's engine; engine={config.engine!r} holds other token counts "
+                "(KV blocks, recompute preemption)")
+    return None
+
+
 def lower_bounds(
     agent: Any, env_kwargs: dict[str, Any], seeds: Sequence[int], horizons: Sequence[int] | None,
     *, iterations: int = 300,
@@ -462,51 +474,58 @@ def lower_bounds(
     :func:`flowgym.sim.theory.time_in_system_bound` on the requests of one episode of ``agent`` (an
     ``Agent`` or an :class:`~flowgym.lab.scenarios.AgentSpec`) per seed: the arrivals and lengths of a
     seed do not depend on the actions, so the bound holds for every agent run on that seed. One row per
-    (seed, horizon): ``seed``, ``horizon``, ``bound``, ``service``, ``memory``, ``lagrangian``,
-    ``requests``. ``horizons=None`` runs to the end of a finite workload and bounds the time in system of
-    every request to its finish.
+    (seed, horizon): ``seed``, ``horizon``, ``T`` (the slots bounded), ``bound``, ``service``, ``memory``,
+    ``slotwise``, ``lagrangian``, ``requests``. ``horizons=None`` runs a finite workload to its end and
+    bounds the time in system over that run (every request to its finish); a horizon past the end of a
+    finite workload bounds the run's slots (``T`` says how many).
 
     Raises:
-        ValueError: in continuous time (``time_model`` other than ``"slot"``), where the bound, in slots,
-            does not apply.
+        ValueError: no horizon in a given list, or a configuration :func:`bound_unsupported` names
+            (continuous time, the ``vllm-v1`` engine).
     """
     from flowgym.sim.theory import time_in_system_bound
 
+    if horizons is not None and len(horizons) == 0:
+        raise ValueError("give at least one horizon, or None to run a finite workload to its end")
     hs: list[int | None] = [None] if horizons is None else sorted({int(h) for h in horizons})
     spec_agent = build_agent(agent) if isinstance(agent, AgentSpec) else agent
-    if env_for(spec_agent, env_kwargs, hs[-1]).config.time_model != "slot":
-        raise ValueError("the lower bound is for the slot model; this scenario runs in continuous time "
-                         f"(time_model={env_kwargs.get('time_model')!r})")
+    why = bound_unsupported(env_for(spec_agent, env_kwargs, hs[-1]).config)
+    if why is not None:
+        raise ValueError(why)
     rows = []
     for seed in seeds:
         ep = run_episode(spec_agent, env_kwargs, int(seed), hs[-1])
-        lg, M = ep.log, int(ep.config.M)
+        lg, M, span = ep.log, int(ep.config.M), int(ep.series["usage"].size)
         for h in hs:
-            T = int(ep.series["usage"].size) if h is None else min(int(h), int(ep.series["usage"].size))
+            T = span if h is None else min(int(h), span)
             b = time_in_system_bound(lg["arrival"], lg["prompt_len"], lg["output_len"], M, T, iterations=iterations)
-            rows.append({"seed": int(seed), "horizon": h, "bound": b.bound, "service": b.service,
-                         "memory": b.memory, "lagrangian": b.lagrangian, "requests": b.requests})
+            rows.append({"seed": int(seed), "horizon": h, "T": T, "bound": b.bound, "service": b.service,
+                         "memory": b.memory, "slotwise": b.slotwise, "lagrangian": b.lagrangian,
+                         "requests": b.requests})
     return rows
 
 
 def format_lower_bounds(rows: list[dict[str, Any]], table: ResultTable) -> str:
     """Lines for :func:`lower_bounds`' rows beside a table of the same seeds: per horizon the bound's mean
-    (with a 95% interval over seeds) and each agent's mean time in system over it, best agent first."""
+    (with a 95% interval over seeds), its parts, and each agent's mean time in system over it, best first."""
     out = []
     for h in sorted({r["horizon"] for r in rows}, key=lambda x: -1 if x is None else x):
         v = np.asarray([r["bound"] for r in rows if r["horizon"] == h], dtype=np.float64)
         ci = t_quantile_975(v.size - 1) * v.std(ddof=1) / math.sqrt(v.size) if v.size > 1 else float("nan")
-        parts = {k: float(np.mean([r[k] for r in rows if r["horizon"] == h])) for k in ("service", "memory", "lagrangian")}
+        parts = {k: float(np.mean([r[k] for r in rows if r["horizon"] == h]))
+                 for k in ("service", "memory", "slotwise", "lagrangian")}
         ratios = []
         for agent in table.agents:
             tis = [r["mean_time_in_system"] for r in table.rows if r["agent"] == agent and r["horizon"] == h]
             if tis and v.mean() > 0:
                 ratios.append((float(np.mean(tis)) / float(v.mean()), agent))
         where = "to the end" if h is None else f"T={h}"
+        agents = (", ".join(f"{r:.3f}x ({a})" for r, a in sorted(ratios)) if ratios
+                  else "none at this horizon (the workload ended before it)")
         out.append(f"lower bound on mean time in system, any schedule of these requests ({where}): {v.mean():.2f}"
                    + (f" +- {ci:.2f}" if math.isfinite(ci) else "")
-                   + f" (service floor {parts['service']:.2f}, memory floor {parts['memory']:.2f}, LP bound "
-                   f"{parts['lagrangian']:.2f}); agents at " + ", ".join(f"{r:.3f}x ({a})" for r, a in sorted(ratios)))
+                   + f" (service floor {parts['service']:.2f}, memory floor {parts['memory']:.2f}, their slot-wise "
+                   f"max {parts['slotwise']:.2f}, LP bound {parts['lagrangian']:.2f}); agents at " + agents)
     return "\n".join(out)
 
 
