@@ -381,7 +381,7 @@ def test_no_policy_in_the_environment_goes_below_the_bound(seed, agent):
     ({"arrival": [0, 1], "prompt_len": [1], "output_len": [1, 1]}, "differ in length"),
     ({"arrival": [0, -1], "prompt_len": [1, 1], "output_len": [1, 1]}, r"arrival\[1\] = -1"),
     ({"arrival": [0, 1], "prompt_len": [1, 0], "output_len": [1, 1]}, r"prompt_len\[1\] = 0"),
-    ({"arrival": [0, 1], "prompt_len": [1, 1], "output_len": [1.5, 1]}, "output_len must hold integers"),
+    ({"arrival": [0, 1], "prompt_len": [1, 1], "output_len": [1.5, 1]}, r"output_len\[0\] = 1.5 is not an integer"),
     ({"arrival": [[0, 1]], "prompt_len": [1, 1], "output_len": [1, 1]}, "one-dimensional"),
     ({"M": 0}, "M must be a positive integer"),
     ({"M": 10.0}, "M must be a positive integer"),

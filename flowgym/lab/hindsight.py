@@ -83,6 +83,8 @@ from typing import Any
 
 import numpy as np
 
+from flowgym.sim._checks import int_array
+
 __all__ = [
     "OBJECTIVES",
     "HindsightResult",
@@ -111,35 +113,14 @@ class ReplayMismatch(AssertionError):
 # --------------------------------------------------------------------------- input
 
 
-def _as_int_array(name: str, x: Any, n: int | None, minimum: int) -> np.ndarray:
-    arr = np.asarray(x)
-    if arr.ndim != 1:
-        raise ValueError(f"{name} must be a one-dimensional sequence, got shape {arr.shape}")
-    if n is not None and arr.size != n:
-        raise ValueError(f"{name} has {arr.size} entries, expected {n} (one per request)")
-    if arr.size and not np.issubdtype(arr.dtype, np.integer):
-        if not np.issubdtype(arr.dtype, np.number):
-            raise ValueError(f"{name} must hold integers, got {arr.dtype} values")
-        wrong = np.flatnonzero(~np.isfinite(arr) | (arr != np.round(arr)))
-        if wrong.size:
-            bad = int(wrong[0])
-            raise ValueError(f"{name}[{bad}] = {arr[bad]!r} is not an integer")
-    out = arr.astype(_I64)
-    low = np.flatnonzero(out < minimum)
-    if low.size:
-        i = int(low[0])
-        raise ValueError(f"{name}[{i}] = {int(out[i])} must be >= {minimum}")
-    return out
-
-
 def _check_instance(arrival: Any, prompt_len: Any, output_len: Any, M: Any) -> tuple[np.ndarray, np.ndarray, np.ndarray, int]:
     if isinstance(M, bool) or not isinstance(M, (int, np.integer)) or M < 1:
         raise ValueError(f"M (the KV-cache budget in tokens) must be a positive integer, got {M!r}")
-    a = _as_int_array("arrival", arrival, None, 0)
+    a = int_array("arrival", arrival, None, 0)
     if a.size == 0:
         raise ValueError("the trace is empty: give at least one request")
-    l = _as_int_array("prompt_len", prompt_len, a.size, 1)
-    o = _as_int_array("output_len", output_len, a.size, 1)
+    l = int_array("prompt_len", prompt_len, a.size, 1)
+    o = int_array("output_len", output_len, a.size, 1)
     too_big = np.flatnonzero(l + o > M)
     if too_big.size:
         i = int(too_big[0])
@@ -295,7 +276,7 @@ def replay_schedule(
     from flowgym.sim.rules import PlannedOrder
 
     a, l, o, M = _check_instance(arrival, prompt_len, output_len, M)
-    s = _as_int_array("start", start, a.size, -(2**62))
+    s = int_array("start", start, a.size, -(2**62))
     on = s >= 0
     early = np.flatnonzero(on & (s < a))
     if early.size:

@@ -5,7 +5,9 @@ from __future__ import annotations
 import math
 from typing import Any
 
-__all__ = ["non_negative", "positive", "positive_int", "calendar_span", "MAX_OUTPUT_SLOTS"]
+import numpy as np
+
+__all__ = ["non_negative", "positive", "positive_int", "int_array", "calendar_span", "MAX_OUTPUT_SLOTS"]
 
 #: Longest output (in tokens, so in slots of decoding) the engines can schedule: their completion
 #: calendars and per-token tables have one entry per slot of the longest output (2**24: 16.8M
@@ -41,6 +43,29 @@ def positive_int(name: str, value: Any) -> int:
     if not ok or isinstance(value, bool):
         raise ValueError(f"{name} must be a positive integer, got {value!r}")
     return int(value)
+
+
+def int_array(name: str, x: Any, n: int | None, minimum: int) -> np.ndarray:
+    """``x`` as a one-dimensional int64 array of ``n`` entries (any length if ``None``), each ``>= minimum``;
+    whole floats accepted. Else ``ValueError`` naming ``name`` and the first bad index and value."""
+    arr = np.asarray(x)
+    if arr.ndim != 1:
+        raise ValueError(f"{name} must be a one-dimensional sequence, got shape {arr.shape}")
+    if n is not None and arr.size != n:
+        raise ValueError(f"{name} has {arr.size} entries, expected {n} (one per request)")
+    if arr.size and not np.issubdtype(arr.dtype, np.integer):
+        if not np.issubdtype(arr.dtype, np.number):
+            raise ValueError(f"{name} must hold integers, got {arr.dtype} values")
+        wrong = np.flatnonzero(~np.isfinite(arr) | (arr != np.round(arr)))
+        if wrong.size:
+            bad = int(wrong[0])
+            raise ValueError(f"{name}[{bad}] = {arr[bad].item()!r} is not an integer")
+    out = arr.astype(np.int64)
+    low = np.flatnonzero(out < minimum)
+    if low.size:
+        i = int(low[0])
+        raise ValueError(f"{name}[{i}] = {int(out[i])} must be >= {minimum}")
+    return out
 
 
 def calendar_span(M: int, max_output: int | None) -> int:

@@ -25,6 +25,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from flowgym.sim._checks import int_array
 from flowgym.sim.workloads import request_work
 
 __all__ = [
@@ -196,22 +197,6 @@ class TimeInSystemBound:
     T: int | None  #: the horizon, ``None`` for no truncation
 
 
-def _int_array(name: str, values: Sequence[int] | np.ndarray, lo: int) -> np.ndarray:
-    a = np.asarray(values)
-    if a.ndim != 1:
-        raise ValueError(f"{name} must be one-dimensional, got shape {a.shape}")
-    if a.size and not np.issubdtype(a.dtype, np.integer):
-        if not np.issubdtype(a.dtype, np.floating) or not np.all(np.isfinite(a)) or np.any(a != np.round(a)):
-            bad = np.flatnonzero(~np.isfinite(a) | (a != np.round(a))) if np.issubdtype(a.dtype, np.floating) else [0]
-            i = int(bad[0]) if len(bad) else 0
-            raise ValueError(f"{name} must hold integers, got {name}[{i}] = {a[i]!r}")
-    a = a.astype(np.int64)
-    bad = np.flatnonzero(a < lo)
-    if bad.size:
-        raise ValueError(f"{name}[{int(bad[0])}] = {int(a[bad[0]])} is below {lo}")
-    return a
-
-
 def _srpt_finish(a: np.ndarray, w: np.ndarray, M: int, T: int | None) -> np.ndarray:
     """Finish slots of shortest-remaining-work-first on one machine serving ``M`` a slot (``T`` if not by ``T``)."""
     n = a.size
@@ -355,9 +340,9 @@ def time_in_system_bound(
         ValueError: arrays of different lengths or not 1-D, a value out of range (named with its
             index), or ``M``, ``T`` or ``iterations`` not an integer in range.
     """
-    a = _int_array("arrival", arrival, 0)
-    l_ = _int_array("prompt_len", prompt_len, 1)
-    o = _int_array("output_len", output_len, 1)
+    a = int_array("arrival", arrival, None, 0)
+    l_ = int_array("prompt_len", prompt_len, None, 1)
+    o = int_array("output_len", output_len, None, 1)
     if not (a.size == l_.size == o.size):
         raise ValueError(f"arrival, prompt_len and output_len differ in length: {a.size}, {l_.size}, {o.size}")
     if isinstance(M, bool) or not isinstance(M, (int, np.integer)) or M < 1:
