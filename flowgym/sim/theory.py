@@ -240,6 +240,10 @@ def _lagrangian(a: np.ndarray, l_: np.ndarray, o: np.ndarray, M: int, T: int, it
     si = np.arange(T + 1)  # start slots; T = not started within the horizon
     s = si.astype(np.float64)
     tt = np.arange(T, dtype=np.float64)
+    # per pair, what does not depend on the prices: each start's end, cost and first start covering a slot
+    ends = [np.minimum(si + ok, T) for _, ok in pairs]
+    costs = [np.minimum(s + ok, T) for _, ok in pairs]
+    firsts = [np.maximum(si[:T] + 1 - ok, 0) for _, ok in pairs]
     pi = np.zeros(T, dtype=np.float64)
     best = float((np.minimum(a + o, T) - a).sum())  # the value at pi = 0: the service floor
     scale, stale = 1.0, 0
@@ -248,10 +252,9 @@ def _lagrangian(a: np.ndarray, l_: np.ndarray, o: np.ndarray, M: int, T: int, it
         B = np.concatenate([[0.0], np.cumsum(np.arange(T) * pi)])
         usage = np.zeros(T, dtype=np.float64)
         total = -M * float(pi.sum())
-        for (lk, ok), ai in zip(pairs, groups):
-            e = np.minimum(si + ok, T)
+        for (lk, ok), ai, e, cost, lo_ in zip(pairs, groups, ends, costs, firsts):
             mem = (lk + 1 - s) * (A[e] - A[si]) + (B[e] - B[si])  # sum_{t=s}^{s+o-1} pi_t (l + 1 + t - s)
-            g = np.minimum(s + ok, T) + mem
+            g = cost + mem
             low = np.minimum.accumulate(g[::-1])[::-1]  # the best start at or after each slot ...
             arg = np.minimum.accumulate(np.where(g <= low, si, T + 1)[::-1])[::-1]  # ... and the first one
             total += float((low[ai] - ai).sum())
@@ -259,7 +262,6 @@ def _lagrangian(a: np.ndarray, l_: np.ndarray, o: np.ndarray, M: int, T: int, it
             starts = np.bincount(arg[ai], minlength=T + 1)[:T].astype(np.float64)
             c0 = np.concatenate([[0.0], np.cumsum(starts)])
             c1 = np.concatenate([[0.0], np.cumsum(starts * tt)])
-            lo_ = np.maximum(si[:T] + 1 - ok, 0)
             usage += (lk + 1 + tt) * (c0[1:] - c0[lo_]) - (c1[1:] - c1[lo_])
         if total > best:
             best, stale = total, 0
