@@ -99,6 +99,11 @@ def t_quantile_975(df: int) -> float:
     return 1.96
 
 
+def _ci95(v: np.ndarray) -> float:
+    """Half-width of the 95% t-interval of the mean of ``v`` (``nan`` for fewer than two values)."""
+    return float(t_quantile_975(v.size - 1) * v.std(ddof=1) / math.sqrt(v.size)) if v.size > 1 else float("nan")
+
+
 @dataclass
 class Episode:
     """One agent's run on one seed."""
@@ -272,9 +277,7 @@ class ResultTable:
                     v = np.asarray([r[m] for r in rs], dtype=np.float64)
                     v = v[np.isfinite(v)]
                     row[m] = float(v.mean()) if v.size else float("nan")
-                    row[m + "_ci"] = (
-                        float(t_quantile_975(v.size - 1) * v.std(ddof=1) / math.sqrt(v.size)) if v.size > 1 else float("nan")
-                    )
+                    row[m + "_ci"] = _ci95(v)
                 out.append(row)
         return out
 
@@ -511,7 +514,7 @@ def format_lower_bounds(rows: list[dict[str, Any]], table: ResultTable) -> str:
     out = []
     for h in sorted({r["horizon"] for r in rows}, key=lambda x: -1 if x is None else x):
         v = np.asarray([r["bound"] for r in rows if r["horizon"] == h], dtype=np.float64)
-        ci = t_quantile_975(v.size - 1) * v.std(ddof=1) / math.sqrt(v.size) if v.size > 1 else float("nan")
+        ci = _ci95(v)
         parts = {k: float(np.mean([r[k] for r in rows if r["horizon"] == h]))
                  for k in ("service", "memory", "slotwise", "lagrangian")}
         ratios = []
