@@ -45,7 +45,8 @@ from typing import Any
 
 import numpy as np
 
-from flowgym.lab.evaluation import evaluate, lower_bounds, tune
+from flowgym.envs.flow_control import FlowControlEnv
+from flowgym.lab.evaluation import bound_unsupported, evaluate, lower_bounds, tune
 from flowgym.lab.scenarios import ADAPTIVE_SCENARIOS, AgentSpec, get_scenario
 
 #: Fixed-budget grid of the tuning (wide: the held-out scenarios' best budgets range 12..96).
@@ -200,8 +201,6 @@ def tune_fixed_and_rate_switch(tune_kw: dict[str, Any], tune_seeds: Sequence[int
     (thresholds at quantiles of the arrival-rate signal it reads, under the best fixed budget), on the
     tuning seeds: ``(b, rate-switch parameters)``."""
     b, _ = tune(AgentSpec("flow-control", {}, tune=("b", FIXED_GRID)), tune_kw, tune_seeds, H, backend=backend)
-    from flowgym.envs.flow_control import FlowControlEnv
-
     env = FlowControlEnv(**{**tune_kw, "max_budget": max(int(b), 1)})
     o, _ = env.reset(seed=tune_seeds[0])
     rates = []
@@ -249,7 +248,7 @@ def bench_scenario(name: str, model: str | None, seeds: list[int], tune_seeds: l
         specs.append(AgentSpec("schedule", oracle, label="phase oracle"))
     table = evaluate(specs, kw, report, None if H is None else [H], backend=backend)
     per = {lab: np.array([r["mean_time_in_system"] for r in table.rows if r["agent"] == lab]) for lab in table.agents}
-    if kw.get("time_model", "slot") == "slot" and kw.get("engine", "paper") == "paper":  # the bound's model
+    if bound_unsupported(FlowControlEnv(**kw).config) is None:  # the bound's model: the paper's, in slots
         per["lower bound"] = np.array([r["bound"] for r in lower_bounds(specs[1], kw, report, None if H is None else [H])])
     learned = per["learned"]
     out: dict[str, Any] = {

@@ -45,7 +45,8 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from bench_learned import ADAPTIVE_SCENARIOS, FIXED_GRID, STATIONARY, held_out, ratio_ci, scenario_arguments  # noqa: E402
 
-from flowgym.lab.evaluation import build_agent, run_episode, tune  # noqa: E402
+from flowgym.envs.flow_control import FlowControlEnv  # noqa: E402
+from flowgym.lab.evaluation import bound_unsupported, build_agent, run_episode, tune  # noqa: E402
 from flowgym.lab.scenarios import AgentSpec  # noqa: E402
 from flowgym.sim.theory import time_in_system_bound  # noqa: E402
 
@@ -101,8 +102,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         seeds = list(range(args.seeds or 20))
         for name in [*ADAPTIVE_SCENARIOS, *held_out()]:
             kw, tune_kw, H, finite = scenario_arguments(name)
-            if kw.get("time_model", "slot") != "slot" or kw.get("engine", "paper") != "paper":
-                print(f"({name}: continuous time or another engine, left out)", file=sys.stderr)
+            why = bound_unsupported(FlowControlEnv(**kw).config)
+            if why is not None:
+                print(f"({name} left out: {why})", file=sys.stderr)
                 continue
             cases.append((name, kw, H, None))
     else:
