@@ -14,7 +14,7 @@ from typing import Any
 import numpy as np
 
 from flowgym.agents.base import Agent
-from flowgym.envs.flow_control import FlowControlConfig
+from flowgym.envs.flow_control import OBSERVATION_OPTIONS, FlowControlConfig
 from flowgym.envs.spaces import log_multiplier_size
 from flowgym.envs.view import SystemView
 
@@ -279,6 +279,12 @@ def _load_safe(path: str, meta: dict[str, Any], trust: bool) -> tuple[Any, Any]:
                          f"was run ({_brief(e)})") from None
     if not isinstance(state, dict) or not all(isinstance(v, torch.Tensor) for v in state.values()):
         raise ValueError(f"learned agent: {POLICY_FILE} in {path!r} does not hold a mapping of names to tensors")
+    for k, v in state.items():
+        if not (v.dtype.is_floating_point and not v.dtype.is_complex):
+            raise ValueError(f"learned agent: {POLICY_FILE} in {path!r}: tensor {k!r} holds {v.dtype} values; "
+                             "expected real floating-point weights")
+        if not bool(torch.isfinite(v).all()):
+            raise ValueError(f"learned agent: {POLICY_FILE} in {path!r}: tensor {k!r} holds a non-finite value")
     policy_cls = cls.policy_aliases[alias]
     # the sizes the JSON and the normalisation file give must be the tensors', checked before the policy is
     # built: a size in flowgym_agent.json alone could ask for gigabytes
@@ -320,11 +326,11 @@ def _check_shapes(policy_cls: type, obs_space: Any, act_space: Any, kwargs: dict
 
     from stable_baselines3.common.policies import ActorCriticPolicy
 
-    shapes = Counter(tuple(v.shape) for v in state.values() if v.ndim == 2)
+    shapes = Counter(tuple(v.shape) for v in state.values() if v.ndim == 2 and min(v.shape) > 0)
     obs_n, act_n = int(np.prod(obs_space.shape)), int(getattr(act_space, "n", 0) or np.prod(act_space.shape))
     if not any(s[1] == obs_n for s in shapes):
         raise ValueError(f"the observation has {obs_n} entries ({NORM_FILE}'s obs_low), which no weight matrix reads")
-    if not any(s[0] % act_n == 0 for s in shapes):
+    if not any(s[0] % act_n == 0 for s in shapes):  # s[0] > 0: an empty matrix outputs nothing
         raise ValueError(f"the action has size {act_n} (action_n or action_space), which no weight matrix outputs")
     net_arch = kwargs.get("net_arch")
     if net_arch is None:
@@ -505,8 +511,8 @@ def _read_arrays(path: str, name: str) -> dict[str, np.ndarray]:
     try:
         with np.load(os.path.join(path, name), allow_pickle=False) as z:
             arrays = {k: z[k] for k in z.files}
-    except (OSError, ValueError, KeyError) as e:
-        raise ValueError(f"learned agent: {name} in {path!r} is not a plain array file ({e})") from None
+    except (OSError, ValueError, KeyError, MemoryError, EOFError) as e:  # MemoryError: a header asking for too much
+        raise ValueError(f"learned agent: {name} in {path!r} is not a plain array file ({_brief(e)})") from None
     for k, v in arrays.items():
         if v.dtype.kind not in "fiu":
             raise ValueError(f"learned agent: {name} in {path!r}: {k!r} holds {v.dtype} values; expected real numbers")
@@ -524,6 +530,9 @@ def _load_norm(path: str) -> tuple[dict[str, np.ndarray], Any]:
     if len(shape) != 1 or arrays["obs_high"].shape != shape:
         raise ValueError(f"{where}: obs_low and obs_high must be vectors of one length, got shapes "
                          f"{shape} and {arrays['obs_high'].shape}")
+    low, high = arrays["obs_low"].astype(np.float64), arrays["obs_high"].astype(np.float64)
+    if np.any(np.isnan(low)) or np.any(np.isnan(high)) or np.any(low > high):
+        raise ValueError(f"{where}: obs_low and obs_high must be numbers with obs_low <= obs_high")
     norm = None
     if "obs_mean" in arrays:
         for k in ("obs_var", "epsilon", "clip_obs"):
@@ -540,6 +549,10 @@ def _load_norm(path: str) -> tuple[dict[str, np.ndarray], Any]:
                                                     and math.isfinite(float(clip)) and float(clip) > 0):
             raise ValueError(f"{where}: epsilon must be one finite number >= 0 and clip_obs one finite number > 0, "
                              f"got {eps!r} and {clip!r}")
+        if not np.all(var + float(eps) > 0):
+            zero = int(np.flatnonzero(~(var + float(eps) > 0))[0])
+            raise ValueError(f"{where}: obs_var[{zero}] + epsilon is 0, so the normalised observation would divide "
+                             "by zero; epsilon must be > 0 where a variance is 0")
         norm = (mean, np.sqrt(var + float(eps)), float(clip))
     return arrays, norm
 
@@ -550,10 +563,10 @@ def _load_arrays(path: str, meta: dict[str, Any]) -> tuple[ArrayPolicy, Any]:
     if norm is None:
         raise ValueError(f"learned agent: {NORM_FILE} in {path!r} has no obs_mean: an {meta.get('algo')!r} "
                          "model is trained on normalised observations")
-    if meta.get("agent_env_options", {}).get("action") != "log-multiplier":
+    if meta["agent_env_options"].get("action") != "log-multiplier":
         raise ValueError(f"learned agent: {META_FILE} in {path!r}: an {meta.get('algo')!r} model acts with "
                          "action='log-multiplier'; agent_env_options says "
-                         f"{meta.get('agent_env_options', {}).get('action')!r}")
+                         f"{meta['agent_env_options'].get('action')!r}")
     weights = _read_arrays(path, ARRAYS_FILE)
     layers = []
     while f"w{len(layers)}" in weights:
@@ -569,7 +582,43 @@ def _load_arrays(path: str, meta: dict[str, Any]) -> tuple[ArrayPolicy, Any]:
         policy = ArrayPolicy(layers, arrays["obs_low"], arrays["obs_high"])
     except ValueError as e:
         raise ValueError(f"learned agent: {ARRAYS_FILE} in {path!r}: {e}") from None
+    sizes = [int(layers[0][0].shape[1]), *(int(w.shape[0]) for w, _ in layers)]
+    if "layer_sizes" in meta and meta["layer_sizes"] != sizes:
+        raise ValueError(f"learned agent: {META_FILE} in {path!r} records layer_sizes={meta['layer_sizes']!r}, but "
+                         f"the weights in {ARRAYS_FILE} have layer sizes {sizes}")
     return policy, norm
+
+
+#: What ``agent_env_options`` may hold: the options a learned agent declares (``flowgym train`` writes these and
+#: no others). Anything else, the engine or the workload above all, would change the system the model is scored
+#: on, so a model directory naming it is refused.
+AGENT_OPTION_KEYS = frozenset({"observation", "max_budget", "action", "multipliers", "multiplier_of",
+                               *OBSERVATION_OPTIONS})
+
+
+def _check_meta(meta: dict[str, Any], path: str) -> None:
+    """Raise ``ValueError`` naming the field unless ``flowgym_agent.json``'s fields the loader reads have their types."""
+    where = f"learned agent: {META_FILE} in {path!r}"
+    fmt = meta.get("format", 1)
+    if isinstance(fmt, bool) or not isinstance(fmt, int) or not 1 <= fmt <= FORMAT_VERSION:
+        raise ValueError(f"{where} has format={fmt!r}; this flowgym reads formats 1 to {FORMAT_VERSION}")
+    shape = meta["observation_shape"]
+    if (not isinstance(shape, list) or not shape
+            or not all(type(x) is int and x >= 1 for x in shape)):
+        raise ValueError(f"{where} has observation_shape={reprlib.repr(shape)}; expected a list of positive integers")
+    opts = meta["agent_env_options"]
+    if not isinstance(opts, dict):
+        raise ValueError(f"{where} has agent_env_options={reprlib.repr(opts)}; expected an object")
+    unknown = sorted(set(opts) - AGENT_OPTION_KEYS)
+    if unknown:
+        raise ValueError(f"{where}: agent_env_options holds {unknown}, which a learned agent may not set (it may "
+                         f"only declare {sorted(AGENT_OPTION_KEYS)}): they would change the system it is scored on")
+    mb = opts.get("max_budget", 1)
+    if isinstance(mb, bool) or not isinstance(mb, int) or mb < 1:
+        raise ValueError(f"{where}: agent_env_options max_budget={mb!r}; expected a positive integer")
+    algo = meta.get("algo")
+    if algo is not None and not isinstance(algo, str):
+        raise ValueError(f"{where} has algo={algo!r}; expected a name such as 'ppo' or 'ars'")
 
 
 # --------------------------------------------------------------------------- the agent
@@ -631,6 +680,8 @@ class LearnedBudget(Agent):
         if not isinstance(path, (str, os.PathLike)) or not os.path.isdir(path):
             raise ValueError(f"learned agent: path {path!r} is not a model directory (written by flowgym train)")
         self.path = os.fspath(path)
+        if not isinstance(trust, bool):  # a string such as "False" would be truthy and unpickle the files
+            raise ValueError(f"learned agent: trust must be true or false, got {trust!r}")
         if not isinstance(carry_state, bool):
             raise ValueError(f"learned agent: carry_state must be true or false, got {carry_state!r}")
         self.carry_state = carry_state
@@ -639,17 +690,20 @@ class LearnedBudget(Agent):
         try:
             with open(os.path.join(self.path, META_FILE)) as fh:
                 self.meta: dict[str, Any] = json.load(fh)
-        except (json.JSONDecodeError, UnicodeDecodeError) as e:
-            raise ValueError(f"learned agent: {META_FILE} in {self.path!r} is not JSON ({e})") from None
+        except (json.JSONDecodeError, UnicodeDecodeError, RecursionError) as e:
+            raise ValueError(f"learned agent: {META_FILE} in {self.path!r} is not JSON ({_brief(e)})") from None
+        except OSError as e:
+            raise ValueError(f"learned agent: {META_FILE} in {self.path!r} cannot be read ({_brief(e)})") from None
         if not isinstance(self.meta, dict):
             raise ValueError(f"learned agent: {META_FILE} in {self.path!r} is not a JSON object")
         for key in ("algo_class", "agent_env_options", "observation_shape", "action_n"):
             if key not in self.meta:
                 raise ValueError(f"learned agent: {META_FILE} in {self.path!r} has no {key!r}")
-        self.obs_shape = tuple(int(x) for x in self.meta["observation_shape"])
+        _check_meta(self.meta, self.path)
+        self.obs_shape = tuple(self.meta["observation_shape"])
         #: The policy's action is a float vector (``action="log-multiplier"``), not an index.
         self.continuous = not hasattr(action_space_of(self.meta), "n")
-        if self.meta.get("algo") in ARRAY_ALGORITHMS:  # numpy weights: no torch, no SB3, no pickle
+        if isinstance(self.meta.get("algo"), str) and self.meta["algo"].lower() in ARRAY_ALGORITHMS:  # numpy weights: no torch, no SB3, no pickle
             if not self.continuous:
                 raise ValueError(f"learned agent: {META_FILE} in {self.path!r} names algo "
                                  f"{self.meta.get('algo')!r}, whose policy has a continuous action, but records "
@@ -684,6 +738,9 @@ class LearnedBudget(Agent):
             if tuple(self.model.action_space.shape) != tuple(want.shape):
                 raise ValueError(f"learned agent: the policy's action has shape {self.model.action_space.shape}; "
                                  f"{META_FILE} records action_space={self.meta.get('action_space')!r}")
+            if not (np.all(want.low == -1.0) and np.all(want.high == 1.0)):
+                raise ValueError(f"learned agent: {META_FILE} in {self.path!r} records action_space="
+                                 f"{self.meta.get('action_space')!r}; a log-multiplier action is the box [-1, 1]")
             of = self.meta["agent_env_options"].get("multiplier_of")
             dim = log_multiplier_size(of)  # what the environment the agent asks for takes
             if tuple(want.shape) != (dim,):
@@ -704,6 +761,9 @@ class LearnedBudget(Agent):
         if levels is not None and (not valid_levels(levels) or len(levels) != self.meta["action_n"]):
             raise ValueError(f"learned agent: {META_FILE} in {self.path!r} has budget_levels={levels!r}; it must "
                              f"list {self.meta['action_n']} ascending non-negative integer budgets, one per action")
+        if levels is not None and levels[-1] > self.meta["agent_env_options"].get("max_budget", levels[-1]):
+            raise ValueError(f"learned agent: {META_FILE} in {self.path!r} has budget_levels up to {levels[-1]}, above "
+                             f"agent_env_options max_budget={self.meta['agent_env_options']['max_budget']}")
         self.budget_levels: list[int] | None = levels
         self._held, self._left = 0, 0
         #: A recurrent policy (``recurrent-ppo``) carries its LSTM state from decision to decision (``_lstm``:
@@ -781,6 +841,9 @@ class LearnedBudget(Agent):
             action = policy_action(self.model, obs, self.action_rule)[0]
         if self.continuous:  # a log-multiplier: the Gaussian policy's mean, clipped to its box
             self._held = np.asarray(action, dtype=np.float32).reshape(-1)
+            if not np.all(np.isfinite(self._held)):
+                raise ValueError(f"learned agent {self._label!r}: the policy in {self.path or 'memory'!r} gave the "
+                                 f"non-finite action {self._held!r} (weights too large for its inputs?)")
         else:
             index = int(action)
             self._held = index if self.budget_levels is None else self.budget_levels[index]

@@ -502,8 +502,15 @@ def test_one_anchor_search_writes_a_one_output_model_that_acts_as_its_candidate(
     assert agent.model.action_space.shape == (1,)
     assert _selection_score(agent) == pytest.approx(res.best_eval, rel=1e-12)
     two = {ARRAYS_FILE: {"w0": np.zeros((2, 20)), "b0": np.zeros(2)}}
-    with pytest.raises(ValueError, match=r"the policy's action has shape \(2,\); .*action_space="):
+    # refused by the recorded layer sizes first (and by the action space if those were edited to match)
+    with pytest.raises(ValueError, match=r"layer_sizes=\[20, 1\], but the weights in policy.npz have layer sizes \[20, 2\]"):
         LearnedBudget(_tamper(out, tmp_path, "two", **two))
+    bad = _tamper(out, tmp_path, "two-sized", **two)
+    meta["layer_sizes"] = [20, 2]
+    with open(os.path.join(bad, META_FILE), "w") as fh:
+        json.dump(meta, fh)
+    with pytest.raises(ValueError, match=r"the policy's action has shape \(2,\); .*action_space="):
+        LearnedBudget(bad)
 
 
 def test_a_load_search_writes_a_17_feature_model_that_acts_as_its_candidate(tmp_path):

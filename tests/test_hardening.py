@@ -257,6 +257,129 @@ def test_normalisation_with_objects_is_refused(tmp_path):
         LearnedBudget(str(d))
 
 
+@needs_sb3
+def test_trust_must_be_a_real_bool_so_a_string_never_unpickles(tmp_path):
+    import pickle
+
+    from flowgym.lab.evaluation import build_agent
+    from flowgym.lab.scenarios import AgentSpec
+
+    d = _model_copy(tmp_path)
+    (d / "policy.pt").unlink()
+    marker = tmp_path / "ran"
+    with open(d / "vecnormalize.pkl", "wb") as fh:
+        pickle.dump(_Payload(str(marker)), fh)
+    for text in ("False", "no", "0"):  # what a command line or a scenario file could give as a string
+        spec = AgentSpec.parse(f"learned:path={d},trust={text}")
+        with pytest.raises(ValueError, match="trust must be true or false"):
+            build_agent(spec)
+    assert not marker.exists()
+
+
+@needs_sb3
+def test_policy_tensors_must_be_finite_real_and_sized_by_the_file(tmp_path):
+    import json
+
+    import torch
+
+    from flowgym.agents.learned import LearnedBudget
+
+    d = _model_copy(tmp_path)
+    good = torch.load(d / "policy.pt", weights_only=True)
+    name = next(k for k, v in good.items() if v.ndim == 2)
+    for bad, match in ((float("nan"), "non-finite"), (float("inf"), "non-finite")):
+        state = dict(good)
+        state[name] = good[name].clone().fill_(bad)
+        torch.save(state, d / "policy.pt")
+        with pytest.raises(ValueError, match=f"tensor {name!r} holds a {match} value"):
+            LearnedBudget(str(d))
+    state = dict(good)
+    state[name] = good[name].to(torch.complex64)
+    torch.save(state, d / "policy.pt")
+    with pytest.raises(ValueError, match=f"tensor {name!r} holds torch.complex64 values"):
+        LearnedBudget(str(d))
+    # an empty matrix divides every action size: it must not let the JSON's action_n choose the allocation
+    torch.save({**good, "zero": torch.zeros(0, 64)}, d / "policy.pt")
+    meta = json.loads((d / "flowgym_agent.json").read_text())
+    meta.update(action_n=1_000_000, budget_levels=None)
+    (d / "flowgym_agent.json").write_text(json.dumps(meta))
+    with pytest.raises(ValueError, match="the action has size 1000000 .* which no weight matrix outputs"):
+        LearnedBudget(str(d))
+
+
+def _ars_copy(tmp_path):
+    import shutil
+
+    from flowgym.agents.learned import DEFAULT_MODEL
+
+    dst = tmp_path / "ars"
+    shutil.copytree(DEFAULT_MODEL, dst)
+    return dst
+
+
+def _edit_meta(d, **changes):
+    import json
+
+    meta = json.loads((d / "flowgym_agent.json").read_text())
+    for k, v in changes.items():
+        if k == "agent_env_options" and isinstance(v, dict) and v.pop("_merge", False):
+            v = {**meta[k], **v}
+        meta[k] = v
+    (d / "flowgym_agent.json").write_text(json.dumps(meta))
+
+
+@pytest.mark.parametrize("changes, match", [
+    ({"agent_env_options": {"_merge": True, "engine": "vllm-v1"}},
+     r"agent_env_options holds \['engine'\], which a learned agent may not set"),
+    ({"agent_env_options": {"_merge": True, "time_model": "llama2-70b-tp2-a100"}}, r"holds \['time_model'\]"),
+    ({"agent_env_options": [1, 2]}, r"agent_env_options=\[1, 2\]; expected an object"),
+    ({"agent_env_options": {"_merge": True, "max_budget": "256"}}, r"max_budget='256'; expected a positive integer"),
+    ({"observation_shape": 20}, r"observation_shape=20; expected a list of positive integers"),
+    ({"observation_shape": [20.9]}, r"observation_shape=\[20.9\]"),
+    ({"format": 99}, r"format=99; this flowgym reads formats 1 to 2"),
+    ({"format": "2"}, r"format='2'"),
+    ({"layer_sizes": [20, 8, 2]}, r"layer_sizes=\[20, 8, 2\], but the weights in policy.npz have layer sizes \[20, 2\]"),
+    ({"action_space": {"kind": "box", "low": [-5, -5], "high": [5, 5]}}, r"a log-multiplier action is the box \[-1, 1\]"),
+])
+def test_model_json_fields_are_checked_by_name(tmp_path, changes, match):
+    from flowgym.agents.learned import LearnedBudget
+
+    d = _ars_copy(tmp_path)
+    _edit_meta(d, **changes)
+    with pytest.raises(ValueError, match=match):
+        LearnedBudget(str(d))
+
+
+def test_an_upper_case_array_algorithm_name_still_loads_with_numpy(tmp_path):
+    from flowgym.agents.learned import LearnedBudget
+
+    d = _ars_copy(tmp_path)
+    _edit_meta(d, algo="ARS")
+    assert LearnedBudget(str(d)).continuous
+
+
+def test_degenerate_normalisation_and_huge_weights_are_named(tmp_path):
+    from flowgym.agents.learned import LearnedBudget
+    from flowgym.lab.evaluation import run_episode
+
+    d = _ars_copy(tmp_path)
+    norm = dict(np.load(d / "normalization.npz"))
+    np.savez(d / "normalization.npz", **{**norm, "obs_var": np.zeros_like(norm["obs_var"]), "epsilon": np.float64(0)})
+    with pytest.raises(ValueError, match=r"obs_var\[0\] \+ epsilon is 0"):
+        LearnedBudget(str(d))
+    np.savez(d / "normalization.npz", **{**norm, "obs_low": np.full_like(norm["obs_low"], np.nan)})
+    with pytest.raises(ValueError, match="obs_low and obs_high must be numbers with obs_low <= obs_high"):
+        LearnedBudget(str(d))
+    np.savez(d / "normalization.npz", **norm)
+    w = dict(np.load(d / "policy.npz"))
+    np.savez(d / "policy.npz", **{**w, "w0": np.full_like(w["w0"], 1e308)})  # finite, but overflows on any input
+    agent = LearnedBudget(str(d))
+    env = {"M": 4000, "workload": {"kind": "poisson", "classes": [[10, 20]], "rates": 1.0}, "horizon": 20,
+           "output_length_known": False}
+    with pytest.raises(ValueError, match="gave the non-finite action"):
+        run_episode(agent, env, 0, 20)
+
+
 # --------------------------------------------------------------------------- large traces
 
 
