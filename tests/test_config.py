@@ -62,6 +62,23 @@ BAD = [
     (dict(flux_capacitor=1), "flux_capacitor"),
     (dict(max_budgett=8), "max_budgett"),
     (dict(per_class_budget=True, output_length_known=False), "per_class_budget"),
+    # found by an independent review (2026-11-27): each was accepted, truncated or crashed without the name
+    (dict(rate_window=0.5), "rate_window"),
+    (dict(output_length_known="false"), "output_length_known"),
+    (dict(output_length_known=True, per_class_budget="no"), "per_class_budget"),
+    (dict(hist_edges=(0, 1.5, 3)), "hist_edges"),
+    (dict(hist_edges=5), "hist_edges"),
+    (dict(hist_edges=[0, "a"]), "hist_edges"),
+    (dict(output_length_known=True, projection_offsets=(0.5, 2.7)), "projection_offsets"),
+    (dict(projection_offsets=["a"]), "projection_offsets"),
+    (dict(eviction=["lifo"]), "eviction"),
+    (dict(queue_order=["fifo"]), "queue_order"),
+    (dict(max_budget=2**63 - 1), "max_budget"),
+    (dict(reward_scale=1e-320), "reward_scale"),
+    (dict(queue_cap=10**40), "queue_cap"),
+    (dict(projection_cap=1e39), "projection_cap"),
+    (dict(action="multiplier", multipliers=(1.0, 1e308)), "multipliers"),
+    (dict(reward_weights={"in_system": True}), "in_system"),
     (dict(horizon=None), "horizon"),
     (dict(horizon=None, workload=_poisson()), "horizon"),
     (
@@ -234,3 +251,36 @@ def test_default_env_builds():
     obs, info = env.reset(seed=0)
     assert env.observation_space.contains(obs)
     assert info["rho"] == pytest.approx(3.5 * 4060 / 16492)
+
+
+def test_log_multiplier_actions_the_space_contains_are_taken_as_sequences():
+    for of, action in (("rate", [0.5]), ("max", (0.1, 0.2)), ("max", [0.1, -0.3])):
+        env = gym.make("FlowControl-v0", action="log-multiplier", multiplier_of=of, horizon=5)
+        env.reset(seed=0)
+        assert env.action_space.contains(np.asarray(action, dtype=np.float32))
+        info = env.step(action)[4]
+        ref = gym.make("FlowControl-v0", action="log-multiplier", multiplier_of=of, horizon=5)
+        ref.reset(seed=0)
+        assert info == ref.step(np.asarray(action, dtype=np.float32))[4] and info["admitted"] > 0
+    env = gym.make("FlowControl-v0", action="log-multiplier", horizon=5)
+    env.reset(seed=0)
+    for bad in ([True], ["0.5"], [0.5, 0.5], [2.0]):
+        with pytest.raises(ValueError, match="is not in the action space"):
+            env.step(bad)
+
+
+def test_huge_multiplier_budget_is_capped_not_overflowed():
+    env = gym.make("FlowControl-v0", action="multiplier", multipliers=(1.0, 1e6), max_budget=64, horizon=5)
+    env.reset(seed=0)
+    info = env.step(1)[4]  # 1e6 x the safe budget: capped at max_budget, not an OverflowError
+    assert 0 < info["admitted"] <= 64
+
+
+def test_trace_reset_loads_are_the_episode_s_own():
+    tr = {"kind": "trace", "arrival": [0, 0, 1, 3], "prompt_len": [5] * 4, "output_len": [3, 4, 5, 6]}
+    info = gym.make("FlowControl-v0", M=30, horizon=50, workload=tr).reset(seed=0)[1]
+    work = sum(5 * o + o * (o + 1) / 2 for o in (3, 4, 5, 6))  # request_work: l * o + o (o + 1) / 2
+    assert info["rho_episode"] == pytest.approx(work / (50 * 30))
+    assert info["rho_peak"] is None
+    info = gym.make("FlowControl-v0", M=30, horizon=2, workload=tr).reset(seed=0)[1]
+    assert info["rho_episode"] == pytest.approx(sum(5 * o + o * (o + 1) / 2 for o in (3, 4, 5)) / (2 * 30))

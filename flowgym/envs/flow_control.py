@@ -34,7 +34,23 @@ from flowgym.sim.estimators import LoadTracker
 from flowgym.envs.view import SystemView
 from flowgym.sim.workloads import Workload, make_workload
 
-__all__ = ["FlowControlConfig", "FlowControlEnv", "PAPER_CLASSES", "DEFAULT_WORKLOAD"]
+__all__ = ["FlowControlConfig", "FlowControlEnv", "PAPER_CLASSES", "DEFAULT_WORKLOAD", "OBSERVATION_OPTIONS"]
+
+#: Arguments that shape what an agent observes or how its admissions play out: a learned agent declares them at
+#: their trained values (``flowgym_agent.json``'s ``agent_env_options``), and a scenario setting one differently
+#: is refused by name.
+OBSERVATION_OPTIONS = (
+    "output_length_known",
+    "queue_cap",
+    "queue_token_cap",
+    "hist_edges",
+    "projection_offsets",
+    "projection_cap",
+    "rate_window",
+    "duration_cap",
+    "eviction",
+    "queue_order",
+)
 
 #: The paper's three synthetic classes ``(l_k, o_k)`` (Section 4.1).
 PAPER_CLASSES = ((10, 20), (10, 40), (10, 60))
@@ -54,6 +70,18 @@ DEFAULT_REWARD_WEIGHTS: dict[str, float] = {
 
 def _default_workload() -> dict[str, Any]:
     return {k: (list(map(list, v)) if k == "classes" else v) for k, v in DEFAULT_WORKLOAD.items()}
+
+
+#: The configuration's on/off fields, which must be real booleans.
+BOOL_FIELDS = ("output_length_known", "per_class_budget")
+#: Largest ``M``, ``horizon`` and ``estimate_floor``: 2**53, below which every integer is also an exact float.
+MAX_COUNT = 2**53
+#: Largest ``max_budget`` (and histogram edge, projection offset): far above any batch, and ``Discrete`` stays small.
+MAX_BUDGET_CAP = 10**9
+#: Largest cap of an observation entry: the bounds of the ``Box`` are float32.
+OBS_BOUND_CAP = 1e30
+#: Largest multiplier of ``action="multiplier"`` / ``"log-multiplier"``.
+MAX_MULTIPLIER = 1e6
 
 
 @dataclass
@@ -122,7 +150,7 @@ class FlowControlConfig:
     projection_offsets: tuple[int, ...] = (0, 1, 2, 4, 8, 16, 32, 64)
     #: Cap of the projected usage, in units of ``M``.
     projection_cap: float = 4.0
-    #: Time constant (slots, or seconds in continuous time) of the arrival-rate moving average.
+    #: Time constant (slots, at least 1; or seconds in continuous time) of the arrival-rate moving average.
     rate_window: float = 32.0
     #: ``"slot"`` (unit slots, the paper's discrete model) or a batch latency model for
     #: continuous time: a preset name (``"llama2-70b-tp2-a100"``, ``"jaillet2025"``), a
@@ -184,20 +212,39 @@ class FlowControlConfig:
             if isinstance(v, bool) or not isinstance(v, (int, float, np.number)) or not (math.isfinite(v) and v > 0):
                 raise ValueError(f"{name} must be a positive finite number, got {v!r}")
 
+        def at_most(name: str, v: Any, cap: float, why: str) -> None:
+            if v > cap:
+                raise ValueError(f"{name} must be at most {cap:g} ({why}), got {v!r}")
+
+        for name in BOOL_FIELDS:
+            v = getattr(self, name)
+            if not isinstance(v, (bool, np.bool_)):  # a string such as "false" would be truthy
+                raise ValueError(f"{name} must be True or False, got {v!r}")
         pos_int("M", self.M)
+        at_most("M", self.M, MAX_COUNT, "tokens the simulator counts exactly")
         if self.horizon is not None:
             pos_int("horizon", self.horizon)
+            at_most("horizon", self.horizon, MAX_COUNT, "slots the simulator counts exactly")
         pos_int("max_budget", self.max_budget)
+        at_most("max_budget", self.max_budget, MAX_BUDGET_CAP, "the action space's size")
         pos_int("queue_cap", self.queue_cap)
         for name in ("queue_token_cap", "projection_cap", "rate_window", "reward_scale", "duration_cap"):
             pos_num(name, getattr(self, name))
-        if self.eviction not in EVICTION_RULES:
-            raise ValueError(f"eviction must be one of {sorted(EVICTION_RULES)}, got {self.eviction!r}")
-        if self.queue_order not in QUEUE_ORDERS:
-            raise ValueError(f"queue_order must be one of {sorted(QUEUE_ORDERS)}, got {self.queue_order!r}")
+        for name in ("queue_cap", "queue_token_cap", "projection_cap", "duration_cap"):
+            at_most(name, getattr(self, name), OBS_BOUND_CAP, "an observation bound, a float32")
+        if not math.isfinite(1.0 / float(self.reward_scale)):
+            raise ValueError(f"reward_scale must be a positive number whose inverse is finite, got {self.reward_scale!r}")
+        if self.time_model == "slot" and self.rate_window < 1:
+            raise ValueError(f"rate_window is the arrival rate's time constant in slots: it must be >= 1 (a "
+                             f"moving-average weight 1 / rate_window above 1 would overshoot), got {self.rate_window!r}")
+        for name, table in (("eviction", EVICTION_RULES), ("queue_order", QUEUE_ORDERS)):
+            v = getattr(self, name)
+            if not isinstance(v, str) or v not in table:
+                raise ValueError(f"{name} must be one of {sorted(table)}, got {v!r}")
         if self.queue_order == "sjf" and not self.output_length_known:
             raise ValueError("queue_order='sjf' reads output lengths: it needs output_length_known=True")
         pos_int("estimate_floor", self.estimate_floor)
+        at_most("estimate_floor", self.estimate_floor, MAX_COUNT, "tokens the simulator counts exactly")
         if self.observation not in ("dict", "flat", *LOAD_OBSERVATIONS):
             raise ValueError(f"observation must be {one_of(('dict', 'flat', *LOAD_OBSERVATIONS))}, "
                              f"got {self.observation!r}")
@@ -207,11 +254,12 @@ class FlowControlConfig:
         if (
             not isinstance(ks, (list, tuple))
             or not ks
-            or any(isinstance(k, bool) or not isinstance(k, (int, float)) or not (math.isfinite(k) and k > 0)
-                   for k in ks)
+            or any(isinstance(k, (bool, np.bool_)) or not isinstance(k, (int, float, np.integer, np.floating))
+                   or not (math.isfinite(k) and 0 < k <= MAX_MULTIPLIER) for k in ks)
             or any(b <= a for a, b in zip(ks, ks[1:]))
         ):
-            raise ValueError(f"multipliers must be positive finite numbers in ascending order, got {ks!r}")
+            raise ValueError(f"multipliers must be a list of positive numbers up to {MAX_MULTIPLIER:g} in ascending "
+                             f"order, got {ks!r}")
         if self.multiplier_of not in MULTIPLIER_OF:
             raise ValueError(f"multiplier_of must be {one_of(MULTIPLIER_OF)}, got {self.multiplier_of!r}")
         if self.multiplier_of in TWO_ANCHORS and self.action != "log-multiplier":
@@ -228,19 +276,27 @@ class FlowControlConfig:
             if len(ks) < 2:
                 raise ValueError(f"action='log-multiplier' ranges between the smallest and the largest of "
                                  f"multipliers: it needs two of them, got {ks!r}")
-        edges = list(self.hist_edges)
-        if not edges or edges[0] != 0 or any(b <= a for a, b in zip(edges, edges[1:])):
+        def int_list(name: str, v: Any) -> list[int]:
+            if (not isinstance(v, (list, tuple)) or not v
+                    or any(isinstance(x, (bool, np.bool_)) or not isinstance(x, (int, np.integer)) for x in v)):
+                raise ValueError(f"{name} must be a non-empty list of integers, got {v!r}")
+            return [int(x) for x in v]
+
+        edges = int_list("hist_edges", self.hist_edges)
+        if edges[0] != 0 or any(b <= a for a, b in zip(edges, edges[1:])):
             raise ValueError(f"hist_edges must start at 0 and increase strictly, got {self.hist_edges!r}")
-        offs = list(self.projection_offsets)
-        if not offs or any(o < 0 for o in offs):
+        offs = int_list("projection_offsets", self.projection_offsets)
+        if any(o < 0 for o in offs):
             raise ValueError(f"projection_offsets must be non-negative slots, got {self.projection_offsets!r}")
+        for name, vals in (("hist_edges", edges), ("projection_offsets", offs)):
+            at_most(name, max(vals), MAX_BUDGET_CAP, "tokens or slots")
         if not isinstance(self.reward_weights, Mapping):
             raise ValueError(f"reward_weights must be a mapping, got {self.reward_weights!r}")
         bad = sorted(set(self.reward_weights) - set(DEFAULT_REWARD_WEIGHTS))
         if bad:
             raise ValueError(f"reward_weights has unknown key(s) {bad}; valid: {sorted(DEFAULT_REWARD_WEIGHTS)}")
         for k, v in self.reward_weights.items():
-            if not isinstance(v, (int, float)) or not math.isfinite(v):
+            if isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v):
                 raise ValueError(f"reward_weights[{k!r}] must be a finite number, got {v!r}")
         if self.time_model != "slot":
             from flowgym.sim.latency import make_latency_model
@@ -248,9 +304,9 @@ class FlowControlConfig:
             make_latency_model(self.time_model)  # raises naming the bad value
         if self.per_class_budget and not self.output_length_known:
             raise ValueError("per_class_budget=True needs output_length_known=True (classes reveal lengths)")
-        if self.record not in RECORD_MODES:
+        if not isinstance(self.record, str) or self.record not in RECORD_MODES:
             raise ValueError(f"record must be one of {list(RECORD_MODES)}, got {self.record!r}")
-        if self.engine not in ENGINE_MODES:
+        if not isinstance(self.engine, str) or self.engine not in ENGINE_MODES:
             raise ValueError(f"engine must be one of {list(ENGINE_MODES)}, got {self.engine!r}")
         if not isinstance(self.engine_options, Mapping):
             raise ValueError(f"engine_options must be a mapping, got {self.engine_options!r}")
@@ -321,9 +377,9 @@ class FlowControlEnv(gym.Env[Any, Any]):
     | ``queued_prompt_tokens`` | (1,) | [0, queue_token_cap] | waiting prompt tokens / ``M`` |
     | ``generated_hist`` | (K,) | [0, M] | active requests by tokens generated, bins from ``hist_edges`` |
     | ``arrival_rate`` | (1,) | [0, queue_cap] | moving average of arrivals per slot (``rate_window``) |
+    | ``last_duration`` | (1,) | [0, duration_cap] | continuous time only: seconds the last iteration took |
     | ``projected_usage`` | (H,) | [0, projection_cap] | known lengths only: the active set's demand / ``M`` at ``t + h``, ``h`` in ``projection_offsets``, with no admission or eviction |
     | ``class_queue`` | (m,) | [0, queue_cap] | known lengths and classes only: waiting requests per class |
-    | ``last_duration`` | (1,) | [0, duration_cap] | continuous time only: seconds the last iteration took |
 
     Counts are clipped to their caps. With ``output_length_known=False`` nothing
     in the observation depends on output lengths (it is never revealed).
@@ -394,7 +450,9 @@ class FlowControlEnv(gym.Env[Any, Any]):
     a periodic schedule's average, a non-periodic one's last phase); ``rho_episode``, the
     load averaged over this episode's ``horizon`` slots; ``rho_peak``, the largest load
     over the episode (its peak phase's). Each is ``None`` when unknown (continuous time,
-    traces, no horizon).
+    no horizon). For a trace, ``rho`` is its load over its arrival span, ``rho_episode`` the work
+    of the requests arriving before ``horizon`` over ``horizon * M``, and ``rho_peak`` ``None`` (a
+    trace has no phases).
 
     ``env.unwrapped.request_log()`` gives per-request arrays and
     ``env.unwrapped.metrics()`` the metrics of ``docs/model.md`` so far (see
@@ -478,6 +536,15 @@ class FlowControlEnv(gym.Env[Any, Any]):
     The default is the paper's three classes ``(10,20), (10,40), (10,60)`` at
     ``lambda = 3.5`` per class (``rho = 0.86``), ``M = 16492``, unknown output
     lengths, ``lifo`` eviction, 1000 slots.
+
+    Every argument is checked when the environment is made, and a bad one raises
+    ``ValueError`` naming it and its value: on/off arguments must be real booleans
+    (``"false"`` is refused, not read as true); integer lists (``hist_edges``,
+    ``projection_offsets``) must hold integers (not truncated floats); ``M``,
+    ``horizon`` and ``estimate_floor`` are at most 2**53, ``max_budget`` at most 10**9, the
+    observation caps at most 1e30 (float32 bounds), multipliers at most 10**6; in slots
+    ``rate_window`` is at least 1 (its moving-average weight ``1 / rate_window`` would
+    overshoot).
 
     ## Version History
 

@@ -354,12 +354,12 @@ def _scaled_budget(k: Any, tracker: LoadTracker, of: str, max_budget: int) -> in
         b = float(max(k[0] * _rate_anchor(tracker, of), k[1] * safe))
         if of == "max-drain":
             b = max(b, _drain_term(tracker, k[2], safe))
-        return int(min(max(round(b), 1), max_budget))
+        return int(min(max(round(min(b, max_budget)), 1), max_budget))  # min first: k * anchor may overflow to inf
     if of == "min":
         anchor = min(tracker.safe_budget(), tracker.arrival_rate())
     else:
         anchor = tracker.safe_budget() if of == "safe" else tracker.arrival_rate()
-    return int(min(max(round(k * anchor), 1), max_budget))
+    return int(min(max(round(min(k * anchor, max_budget)), 1), max_budget))
 
 
 def log_multiplier_size(of: str) -> int:
@@ -419,6 +419,9 @@ class LogMultiplierBudget:
 
     def multipliers(self, action: Any) -> np.ndarray:
         """The multipliers of an action (one per anchor); raises ``ValueError`` naming an action outside the box."""
+        if isinstance(action, (list, tuple)):  # what Box.contains accepts too: a sequence of numbers
+            action = (np.asarray(action) if all(isinstance(x, (int, float, np.integer, np.floating))
+                                                and not isinstance(x, (bool, np.bool_)) for x in action) else None)
         numeric = (isinstance(action, (int, float, np.integer, np.floating)) and not isinstance(action, (bool, np.bool_))
                    or isinstance(action, np.ndarray) and (np.issubdtype(action.dtype, np.integer)
                                                           or np.issubdtype(action.dtype, np.floating)))

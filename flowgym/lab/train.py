@@ -71,6 +71,7 @@ from flowgym.agents.learned import (
     valid_levels,
     write_safe,
 )
+from flowgym.envs.flow_control import OBSERVATION_OPTIONS
 
 __all__ = [
     "TrainConfig",
@@ -98,19 +99,6 @@ GENERALIST_MULTIPLIERS = (0.5, 0.7, 0.85, 1.0, 1.15, 1.3, 1.5, 1.75, 2.0, 2.5, 3
 #: The PPO generalist's training distribution (``examples/ppo_generalist``): ``RandomMix`` as it was before
 #: 2026-11-26, so ``flowgym train --algo ppo`` still reproduces that model.
 PPO_GENERALIST_DISTRIBUTION = {"kind": "random-mix", "phase_scale": "uniform", "trace_p": 0.0}
-#: Environment arguments that shape the observation: a learned agent declares them as trained.
-OBSERVATION_OPTIONS = (
-    "output_length_known",
-    "queue_cap",
-    "queue_token_cap",
-    "hist_edges",
-    "projection_offsets",
-    "projection_cap",
-    "rate_window",
-    "duration_cap",
-    "eviction",
-    "queue_order",
-)
 
 
 @dataclass
@@ -273,6 +261,9 @@ class TrainConfig:
                                  f"or left unset")
         for name in ("eval_freq", "checkpoint_freq", "final_eval_seeds", "tune_seeds", "seed", "eval_seed"):
             pos_int(name, getattr(self, name), zero=True)
+        if self.final_eval_seeds > 0 and self.tune_seeds < 1:  # the final table tunes its baselines on them
+            raise ValueError(f"tune_seeds must be at least 1 when final_eval_seeds > 0 (the final table tunes the "
+                             f"baselines on them), got {self.tune_seeds}")
         pos_num("learning_rate", self.learning_rate)
         pos_num("clip_range", self.clip_range)
         pos_num("clip_obs", self.clip_obs)
@@ -921,6 +912,9 @@ def _algo_kwargs(cfg: TrainConfig, algo_cls: type) -> dict[str, Any]:
     if cfg.log_std_init is not None:
         kw["policy_kwargs"]["log_std_init"] = float(cfg.log_std_init)
     extra = dict(cfg.algo_kwargs)
+    unknown = sorted(set(extra) - accepted - {"self"})
+    if unknown:  # found before training, not as a TypeError from the constructor
+        raise ValueError(f"algo_kwargs {unknown} are not arguments of {algo_cls.__name__}")
     if isinstance(extra.get("policy_kwargs"), Mapping):  # merged: e.g. an LSTM's size beside --net-arch
         extra["policy_kwargs"] = {**kw["policy_kwargs"], **extra["policy_kwargs"]}
     kw.update(extra)

@@ -812,7 +812,7 @@ def _csv_columns(fh: Any, path: str, wanted: dict[str, str]) -> tuple[dict[str, 
     for rown, rec in enumerate(reader, start=2):
         if not rec or all(not x.strip() for x in rec):
             continue
-        if len(rec) < len(header):
+        if len(rec) < len(header) or any(x.strip() for x in rec[len(header):]):  # a value past the header: no column
             raise TraceError(f"trace CSV {path!r}, row {rown}: {len(rec)} fields, header has {len(header)}")
         for f, j in idx.items():
             cols[f].append(rec[j].strip())
@@ -1063,6 +1063,18 @@ class Trace(Workload):
             return None
         return float(request_work(self.prompt_len, self.output_len).mean())
 
+    def episode_load(self, M: int, horizon: int | None) -> float | None:
+        """The work (:func:`request_work`) of the requests arriving in ``[0, horizon)`` over ``horizon * M``: what
+        the episode is offered (not the trace's rate stretched over the horizon)."""
+        if horizon is None or horizon <= 0 or len(self) == 0:
+            return None
+        early = self.arrival < horizon
+        return float(request_work(self.prompt_len[early], self.output_len[early]).sum() / (float(horizon) * M))
+
+    def peak_load(self, M: int, horizon: int | None) -> float | None:
+        """``None``: a trace has no phases whose load could be called its peak."""
+        return None
+
     def max_request_tokens(self) -> int:
         return int((self.prompt_len + self.output_len).max()) if len(self) else 0
 
@@ -1121,6 +1133,8 @@ def make_workload(spec: Workload | Mapping[str, Any]) -> Workload:
         raise ValueError(f"workload must be a Workload or a mapping with a 'kind', got {type(spec).__name__}")
     kw = dict(spec)
     kind = kw.pop("kind", None)
+    if "timed" in kw and not isinstance(kw["timed"], (bool, np.bool_)):  # "false" would be truthy
+        raise ValueError(f"workload {kind!r}: timed must be true or false, got {kw['timed']!r}")
     try:
         if kind == "poisson":
             return MultiClassPoisson(**kw)
