@@ -124,6 +124,9 @@ class ScheduledBudget(Agent):
     name = "schedule"
 
     def __init__(self, times: Sequence[float], budgets: Sequence[int], period: float | None = None) -> None:
+        if not isinstance(times, (list, tuple, np.ndarray)) or any(
+                isinstance(x, (bool, np.bool_)) or not isinstance(x, (int, float, np.integer, np.floating)) for x in times):
+            raise ValueError(f"times must be a list of numbers (slots or seconds), got {times!r}")
         ts = [float(x) for x in times]
         bs = list(budgets)
         if not ts or len(ts) != len(bs):
@@ -133,7 +136,8 @@ class ScheduledBudget(Agent):
         for b in bs:
             if isinstance(b, bool) or not isinstance(b, (int, np.integer)) or b < 0:
                 raise ValueError(f"budgets must be non-negative integers, got {budgets!r}")
-        if period is not None and not (math.isfinite(period) and period > ts[-1]):
+        if period is not None and (isinstance(period, (bool, np.bool_)) or not isinstance(period, (int, float, np.integer, np.floating))
+                                   or not (math.isfinite(period) and period > ts[-1])):
             raise ValueError(f"period must be a number beyond the last time {ts[-1]:g}, got {period!r}")
         self.times, self.budgets, self.period = ts, [int(b) for b in bs], None if period is None else float(period)
         self.requires = {"max_budget": max(1, *self.budgets)}

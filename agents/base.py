@@ -11,6 +11,7 @@ read-only :class:`flowgym.envs.view.SystemView`, never the engine.
 
 from __future__ import annotations
 
+import math
 from typing import Any
 
 import numpy as np
@@ -19,7 +20,20 @@ from flowgym.envs.flow_control import FlowControlConfig
 from flowgym.envs.view import SystemView
 from flowgym.sim.admission import AdmissionRule
 
-__all__ = ["Agent"]
+__all__ = ["Agent", "int_param"]
+
+#: Largest integer parameter an agent takes (a budget or cap): the environment's own limit on ``max_budget``.
+MAX_INT_PARAM = 10**9
+
+
+def int_param(label: str, v: Any, minimum: int = 0) -> int:
+    """``v`` as an int; raises ``ValueError`` naming ``label`` unless it is an integer (or a float with an integer
+    value) from ``minimum`` to 10**9. Booleans and strings are refused, not read as 1, 0 or a number."""
+    ok = (not isinstance(v, (bool, np.bool_)) and isinstance(v, (int, float, np.integer, np.floating))
+          and math.isfinite(v) and float(v).is_integer() and minimum <= v <= MAX_INT_PARAM)
+    if not ok:
+        raise ValueError(f"{label} must be an integer from {minimum} to {MAX_INT_PARAM:g}, got {v!r}")
+    return int(v)
 
 
 class Agent:
@@ -60,6 +74,13 @@ class Agent:
         states one.
         """
         return None
+
+    @property
+    def limit(self) -> int:
+        """The most requests this agent admits in a slot: its own ``max_budget`` (when it takes one) or the
+        environment's, whichever is smaller (after :meth:`reset`)."""
+        own = getattr(self, "max_budget", None)
+        return self.config.max_budget if own is None else min(int(own), self.config.max_budget)
 
     def label(self) -> str:
         """Name with parameters, for tables."""

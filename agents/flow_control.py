@@ -7,7 +7,7 @@ from typing import Any
 
 import numpy as np
 
-from flowgym.agents.base import Agent
+from flowgym.agents.base import Agent, int_param
 from flowgym.envs.view import SystemView
 from flowgym.sim.admission import AdmissionRule
 
@@ -35,6 +35,8 @@ class FlowControl(Agent):
 
     def __init__(self, b: float | Sequence[int] = 12, cap: int | None = None) -> None:
         if isinstance(b, (Sequence, np.ndarray)) and not isinstance(b, str):
+            if any(isinstance(x, (bool, np.bool_, str)) for x in np.ravel(np.asarray(b, dtype=object))):
+                raise ValueError(f"per-class budgets b must be non-negative integers, got {b!r}")
             raw = np.asarray(b, dtype=np.float64)
             if (raw.ndim != 1 or raw.size == 0 or not np.isfinite(raw).all() or (raw < 0).any()
                     or (raw != np.floor(raw)).any()):
@@ -47,19 +49,21 @@ class FlowControl(Agent):
                              "max_budget": int(max(1, self.per_class.max()))}
         else:
             self.per_class = None
-            bf = float(b)
-            if not np.isfinite(bf) or bf < 0:
+            if (isinstance(b, (bool, np.bool_)) or not isinstance(b, (int, float, np.integer, np.floating))
+                    or not np.isfinite(b) or b < 0):
                 raise ValueError(f"budget b must be a non-negative number, got {b!r}")
+            bf = float(b)
             if cap is None:
-                if bf != int(bf):
+                if not bf.is_integer():
                     raise ValueError(f"a fixed budget b must be an integer (give cap= for random budgets), got {b!r}")
-                self.b = int(bf)
+                self.b = int_param("b", b)
                 self.requires = {"eviction": "lifo", "max_budget": max(1, self.b)}
             else:
-                if int(cap) < bf or int(cap) < 1:
+                cap = int_param("cap", cap, 1)
+                if cap < bf:
                     raise ValueError(f"cap must be an integer >= b, got cap={cap!r}, b={b!r}")
                 self.b = bf
-                self.requires = {"eviction": "lifo", "max_budget": int(cap)}
+                self.requires = {"eviction": "lifo", "max_budget": cap}
         self.cap = None if cap is None else int(cap)
 
     def admission_rule(self, view: SystemView) -> AdmissionRule | None:
@@ -99,9 +103,9 @@ class RateSwitch(Agent):
     name = "rate-switch"
 
     def __init__(self, high: int = 40, low: int = 4, threshold: float = 10.0) -> None:
-        for label, v in (("high", high), ("low", low)):
-            if isinstance(v, bool) or int(v) != v or v < 0:
-                raise ValueError(f"{label} must be a non-negative integer budget, got {v!r}")
+        high, low = int_param("high", high), int_param("low", low)
+        if isinstance(threshold, (bool, np.bool_)) or not isinstance(threshold, (int, float, np.integer, np.floating)):
+            raise ValueError(f"threshold (arrivals per slot) must be a non-negative number, got {threshold!r}")
         thr = float(threshold)
         if not np.isfinite(thr) or thr < 0:
             raise ValueError(f"threshold (arrivals per slot) must be a non-negative number, got {threshold!r}")
@@ -121,9 +125,7 @@ class FixedBudget(Agent):
     name = "fixed"
 
     def __init__(self, b: int) -> None:
-        if int(b) != b or b < 0:
-            raise ValueError(f"b must be a non-negative integer, got {b!r}")
-        self.b = int(b)
+        self.b = int_param("b", b)
         self.requires = {"max_budget": max(1, self.b)}
 
     def act(self, observation: Any, view: SystemView) -> int:
@@ -139,9 +141,9 @@ class RandomBudget(Agent):
     name = "random"
 
     def __init__(self, low: int = 0, high: int = 32) -> None:
-        if not 0 <= int(low) <= int(high):
+        self.low, self.high = int_param("low", low), int_param("high", high)
+        if self.low > self.high:
             raise ValueError(f"need 0 <= low <= high, got low={low!r}, high={high!r}")
-        self.low, self.high = int(low), int(high)
         self.requires = {"max_budget": max(1, self.high)}
 
     def act(self, observation: Any, view: SystemView) -> int:

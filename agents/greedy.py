@@ -6,7 +6,7 @@ from typing import Any
 
 import numpy as np
 
-from flowgym.agents.base import Agent
+from flowgym.agents.base import Agent, int_param
 from flowgym.envs.view import SystemView
 from flowgym.sim.admission import AdmissionRule
 
@@ -41,16 +41,17 @@ class AlphaProtectionGreedy(Agent):
     name = "alpha-greedy"
 
     def __init__(self, alpha: float = 0.1, max_budget: int = 1024) -> None:
-        if not 0 <= alpha < 1:
+        if isinstance(alpha, bool) or not isinstance(alpha, (int, float)) or not 0 <= alpha < 1:
             raise ValueError(f"alpha must be in [0, 1), got {alpha!r}")
         self.alpha = float(alpha)
-        self.requires = {"eviction": "all", "max_budget": int(max_budget)}
+        self.max_budget = int_param("max_budget", max_budget, 1)
+        self.requires = {"eviction": "all", "max_budget": self.max_budget}
 
     def admission_rule(self, view: SystemView) -> AdmissionRule | None:
-        return AdmissionRule("greedy", limit=(1 - self.alpha) * view.M, max_count=self.config.max_budget)
+        return AdmissionRule("greedy", limit=(1 - self.alpha) * view.M, max_count=self.limit)
 
     def act(self, observation: Any, view: SystemView) -> int:
-        return greedy_fit_count(view, (1 - self.alpha) * view.M, self.config.max_budget)
+        return greedy_fit_count(view, (1 - self.alpha) * view.M, self.limit)
 
     def label(self) -> str:
         return f"alpha-greedy alpha={self.alpha:g}"
@@ -68,10 +69,11 @@ class GreedyLIFO(Agent):
     name = "greedy-lifo"
 
     def __init__(self, max_budget: int = 1024) -> None:
-        self.requires = {"eviction": "lifo", "max_budget": int(max_budget)}
+        self.max_budget = int_param("max_budget", max_budget, 1)
+        self.requires = {"eviction": "lifo", "max_budget": self.max_budget}
 
     def admission_rule(self, view: SystemView) -> AdmissionRule | None:
-        return AdmissionRule("greedy", limit=float(view.M), max_count=self.config.max_budget)
+        return AdmissionRule("greedy", limit=float(view.M), max_count=self.limit)
 
     def act(self, observation: Any, view: SystemView) -> int:
-        return greedy_fit_count(view, view.M, self.config.max_budget)
+        return greedy_fit_count(view, view.M, self.limit)

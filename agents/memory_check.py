@@ -6,7 +6,7 @@ from typing import Any
 
 import numpy as np
 
-from flowgym.agents.base import Agent
+from flowgym.agents.base import Agent, int_param
 from flowgym.envs.view import SystemView
 from flowgym.sim.admission import AdmissionRule
 
@@ -78,7 +78,8 @@ class MemoryCheck(Agent):
     name = "mc"
 
     def __init__(self, max_budget: int = 1024) -> None:
-        self.requires = {"max_budget": int(max_budget)}
+        self.max_budget = int_param("max_budget", max_budget, 1)
+        self.requires = {"max_budget": self.max_budget}
 
     def _lengths(self, view: SystemView, q: Any, a: Any) -> tuple[np.ndarray, np.ndarray]:
         if view.known:
@@ -88,14 +89,14 @@ class MemoryCheck(Agent):
 
     def admission_rule(self, view: SystemView) -> AdmissionRule | None:
         if view.known:
-            return AdmissionRule("future-fit", max_count=self.config.max_budget, lengths="known")
-        return AdmissionRule("future-fit", max_count=self.config.max_budget, lengths="bound",
+            return AdmissionRule("future-fit", max_count=self.limit, lengths="known")
+        return AdmissionRule("future-fit", max_count=self.limit, lengths="bound",
                              bound=int(view.max_output_len))
 
     def act(self, observation: Any, view: SystemView) -> int:
         if view.n_queued == 0:
             return 0
-        q = view.queue(self.config.max_budget)
+        q = view.queue(self.limit)
         a = view.active()
         act_o, cand_o = self._lengths(view, q, a)
         return future_fit_count(view.M, a.prompt_len, a.generated, act_o, q.prompt_len, cand_o)
@@ -111,7 +112,8 @@ class MCSF(MemoryCheck):
     name = "mc-sf"
 
     def __init__(self, max_budget: int = 1024) -> None:
-        self.requires = {"max_budget": int(max_budget), "queue_order": "sjf", "output_length_known": True}
+        self.max_budget = int_param("max_budget", max_budget, 1)
+        self.requires = {"max_budget": self.max_budget, "queue_order": "sjf", "output_length_known": True}
 
 
 class AMin(MemoryCheck):
@@ -131,10 +133,11 @@ class AMin(MemoryCheck):
     name = "a-min"
 
     def __init__(self, max_budget: int = 1024) -> None:
-        self.requires = {"max_budget": int(max_budget), "queue_order": "estimate", "eviction": "estimate"}
+        self.max_budget = int_param("max_budget", max_budget, 1)
+        self.requires = {"max_budget": self.max_budget, "queue_order": "estimate", "eviction": "estimate"}
 
     def _lengths(self, view: SystemView, q: Any, a: Any) -> tuple[np.ndarray, np.ndarray]:
         return a.estimate, q.estimate
 
     def admission_rule(self, view: SystemView) -> AdmissionRule | None:
-        return AdmissionRule("future-fit", max_count=self.config.max_budget, lengths="estimate")
+        return AdmissionRule("future-fit", max_count=self.limit, lengths="estimate")

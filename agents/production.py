@@ -17,7 +17,7 @@ from typing import Any
 
 import numpy as np
 
-from flowgym.agents.base import Agent
+from flowgym.agents.base import Agent, int_param
 from flowgym.envs.flow_control import FlowControlConfig
 from flowgym.envs.view import SystemView
 
@@ -77,7 +77,8 @@ class SGLangReservation(Agent):
         self.clip = int(clip_max_new_tokens)
         self.params = dict(init_new_token_ratio=init_new_token_ratio, min_new_token_ratio_factor=min_new_token_ratio_factor,
                            new_token_ratio_decay_steps=new_token_ratio_decay_steps, schedule_conservativeness=schedule_conservativeness)
-        self.requires = {"max_budget": int(max_budget)}
+        self.max_budget = int_param("max_budget", max_budget, 1)
+        self.requires = {"max_budget": self.max_budget}
 
     def reset(self, config: FlowControlConfig, seed: int | None = None) -> None:
         super().reset(config, seed)
@@ -99,7 +100,7 @@ class SGLangReservation(Agent):
         rem = view.free_blocks * view.block_size - reserved
         if rem <= 0:
             return 0
-        q = view.queue(self.config.max_budget)
+        q = view.queue(self.limit)
         assert q.max_tokens is not None and q.generated is not None
         cost = (q.prompt_len + q.generated) + np.minimum(q.max_tokens - q.generated, self.clip)
         return int(np.searchsorted(np.cumsum(cost), rem, side="left"))
@@ -135,7 +136,8 @@ class GuaranteedNoEvict(Agent):
                                              or max_num_requests < 1):
             raise ValueError(f"max_num_requests must be a positive integer or None, got {max_num_requests!r}")
         self.max_num_requests = max_num_requests
-        self.requires = {"max_budget": int(max_budget)}
+        self.max_budget = int_param("max_budget", max_budget, 1)
+        self.requires = {"max_budget": self.max_budget}
 
     def act(self, observation: Any, view: SystemView) -> int:
         if view.n_queued == 0:
@@ -147,7 +149,7 @@ class GuaranteedNoEvict(Agent):
         avail = view.num_blocks - reserved
         if avail <= 0:
             return 0
-        k_max = self.config.max_budget
+        k_max = self.limit
         if self.max_num_requests is not None:
             k_max = min(k_max, self.max_num_requests - view.n_active)
             if k_max <= 0:

@@ -35,7 +35,7 @@ def grid(seeds: int) -> tuple[list[AgentSpec], dict, list[int]]:
 def run(backend: str, workers: int, seeds: int) -> tuple[float, float, object]:
     agents, env, seed_list = grid(seeds)
     t0 = time.perf_counter()
-    with make_backend(backend, workers=workers) as be:
+    with make_backend(backend, workers=None if backend == "serial" else workers) as be:
         t1 = time.perf_counter()
         if backend != "serial":  # start the workers before timing the grid
             evaluate(agents[:1], env, seed_list[:workers], [100], backend=be, keep_kv_usage=False)

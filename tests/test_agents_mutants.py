@@ -127,16 +127,28 @@ def test_random_budget_cap_equal_to_b_is_allowed_and_always_b():
         (lambda: FlowControl(b=-0.5, cap=2), "budget b must be a non-negative number"),
         (lambda: FlowControl(b=(1, -1)), "per-class budgets b must be non-negative integers"),
         (lambda: FlowControl(b=3, cap=2), r"cap must be an integer >= b, got cap=2, b=3"),
-        (lambda: FlowControl(b=0, cap=0), r"cap must be an integer >= b, got cap=0, b=0"),
+        (lambda: FlowControl(b=0, cap=0), r"cap must be an integer from 1 to 1e\+09, got 0"),
         (lambda: FlowControl(b=2.5), "a fixed budget b must be an integer"),
-        (lambda: FixedBudget(-1), "b must be a non-negative integer, got -1"),
-        (lambda: RateSwitch(low=-1), "low must be a non-negative integer budget, got -1"),
-        (lambda: RateSwitch(high=-1), "high must be a non-negative integer budget, got -1"),
+        (lambda: FixedBudget(-1), r"b must be an integer from 0 to 1e\+09, got -1"),
+        (lambda: RateSwitch(low=-1), r"low must be an integer from 0 to 1e\+09, got -1"),
+        (lambda: RateSwitch(high=-1), r"high must be an integer from 0 to 1e\+09, got -1"),
         (lambda: RateSwitch(threshold=-0.5), r"threshold \(arrivals per slot\) must be a non-negative number"),
-        (lambda: RandomBudget(low=-1, high=3), "need 0 <= low <= high, got low=-1, high=3"),
+        (lambda: RandomBudget(low=-1, high=3), r"low must be an integer from 0 to 1e\+09, got -1"),
         (lambda: RandomBudget(low=4, high=3), "need 0 <= low <= high, got low=4, high=3"),
         (lambda: AlphaProtectionGreedy(alpha=1.0), r"alpha must be in \[0, 1\), got 1.0"),
         (lambda: AlphaProtectionGreedy(alpha=-0.01), r"alpha must be in \[0, 1\)"),
+        # an independent review (2026-11-27): these were accepted, truncated or raised a raw OverflowError
+        (lambda: FixedBudget(float("inf")), r"b must be an integer from 0 to 1e\+09, got inf"),
+        (lambda: FixedBudget(True), r"b must be an integer from 0 to 1e\+09, got True"),
+        (lambda: FlowControl(b=True), "budget b must be a non-negative number, got True"),
+        (lambda: FlowControl(b="12"), "budget b must be a non-negative number, got '12'"),
+        (lambda: FlowControl(b=4, cap=6.9), r"cap must be an integer from 1 to 1e\+09, got 6.9"),
+        (lambda: FlowControl(b=[True, False]), "per-class budgets b must be non-negative integers"),
+        (lambda: RandomBudget(low=0.5, high=2.9), r"low must be an integer from 0 to 1e\+09, got 0.5"),
+        (lambda: RateSwitch(high=None), r"high must be an integer from 0 to 1e\+09, got None"),
+        (lambda: AlphaProtectionGreedy(alpha="0.1"), r"alpha must be in \[0, 1\), got '0.1'"),
+        (lambda: AlphaProtectionGreedy(max_budget=0), r"max_budget must be an integer from 1 to 1e\+09, got 0"),
+        (lambda: AlphaProtectionGreedy(max_budget=2.7), r"max_budget must be an integer from 1 to 1e\+09, got 2.7"),
     ],
 )
 def test_just_outside_the_boundary_is_refused_by_name(make, match):
@@ -216,3 +228,27 @@ def test_future_fit_raises_no_numpy_warning():
         warnings.simplefilter("error")
         assert _ffc(10, [(2, 1, 8)], [(1, 1), (1, 6)]) == 1
         assert _ffc(100, [(20, 1, 20)], [(10, 40), (10, 40), (10, 40)]) == 2
+
+
+@pytest.mark.parametrize("name", ["mc", "mc-sf", "a-min", "greedy-lifo", "alpha-greedy", "sglang-reserve", "trt-no-evict"])
+def test_an_agent_s_own_max_budget_is_kept_below_the_scenario_s(name):
+    """``max_budget=2`` below the scenario's 64 caps the agent's admissions at 2 a slot (it used to be replaced by
+    the environment's larger value, silently); the default (1024) leaves the environment's cap in charge."""
+    from flowgym.agents import make_agent
+    from flowgym.lab.evaluation import env_for
+
+    env = {"M": 20000, "horizon": 30, "max_budget": 64, "output_length_known": name in ("mc-sf",),
+           "workload": {"kind": "poisson", "classes": [[5, 10], [5, 20]], "rates": 5.0}}
+    for cap, most in ((2, 2), (1024, 64)):
+        agent = make_agent(name, max_budget=cap)
+        e = env_for(agent, env, 30)
+        obs, _ = e.reset(seed=0)
+        agent.reset(e.config, seed=0)
+        assert agent.limit == min(cap, e.config.max_budget)
+        admitted = []
+        for _ in range(30):
+            obs, _, term, trunc, info = e.step(agent.act(obs, e.view()))
+            admitted.append(info["admitted"])
+            if term or trunc:
+                break
+        assert max(admitted) <= most and max(admitted) > (1 if cap == 2 else 2)
