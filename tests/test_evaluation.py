@@ -228,3 +228,19 @@ def test_lower_bounds_refuse_the_vllm_engine_and_label_a_finite_trace_run():
     text = format_lower_bounds(rows, table)
     assert "(T=2)" in text and "1.000x" in text  # b = 2 reaches the bound
     assert text.count("\n") == 1
+
+
+def test_bound_lines_leave_out_seeds_without_requests_as_the_table_does():
+    from flowgym.agents import make_agent
+    from flowgym.lab.evaluation import evaluate, format_lower_bounds, lower_bounds
+
+    env = {"M": 2000, "workload": {"kind": "poisson", "classes": [[10, 20]], "rates": 0.5}, "horizon": 2}
+    agents = [make_agent("flow-control", b=4), make_agent("mc")]
+    rows = lower_bounds(agents[0], env, range(6), [2])
+    assert any(not np.isfinite(r["bound"]) for r in rows) and any(np.isfinite(r["bound"]) for r in rows)
+    line = format_lower_bounds(rows, evaluate(agents, env, range(6), [2]))
+    assert "nan" not in line and "agents at 1.000x (flow-control b=4)" in line
+    with pytest.raises(ValueError, match="horizons must be positive integers"):
+        lower_bounds(agents[0], env, [0], [0, 10])
+    with pytest.raises(ValueError, match="record='stream'"):
+        lower_bounds(agents[0], {**env, "record": "stream"}, [0], [2])

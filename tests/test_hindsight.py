@@ -231,3 +231,26 @@ def test_cli_hindsight(capsys):
     assert "hindsight: total_latency" in out and "hindsight: max_latency" in out
     assert "mc-sf" in out and "/opt total" in out
     assert "total_latency: optimal" in out
+
+
+def test_solve_hindsight_names_a_bad_slack_horizon_or_time_limit():
+    from flowgym.lab.hindsight import solve_hindsight
+
+    inst = ([0, 0, 1, 2], [3, 2, 4, 1], [4, 5, 2, 6], 12)
+    for kw, match in (({"slack": -3}, "slack must be a non-negative integer"),
+                      ({"slack": -100}, "slack must be a non-negative integer"),
+                      ({"slack": 2.5}, "slack must be a non-negative integer"),
+                      ({"time_limit": "5"}, "time_limit must be a positive number"),
+                      ({"horizon": float("nan")}, "horizon must be a positive integer, got nan")):
+        with pytest.raises(ValueError, match=match):
+            solve_hindsight(*inst, **kw)
+
+
+def test_an_agent_matching_an_optimum_of_zero_has_ratio_one():
+    from flowgym.lab.hindsight import compare_to_hindsight
+
+    res, rows = compare_to_hindsight([0, 0], [3, 2], [5, 6], 20, ["mc"], objectives=("completed", "tokens"), T=3)
+    assert res["completed"].value == 0 and res["completed"].status == "optimal"
+    row = rows[-1]
+    assert row["completed_by_T"] == 0 and row["ratio_completed"] == 1.0 and row["ratio_completed_max"] == 1.0
+    assert row["ratio_tokens"] == 1.0

@@ -442,3 +442,23 @@ def test_truncated_runs_with_rejected_requests_stay_above_the_bound(seed, H, age
     assert b.requests == int((~ep.log["rejected"]).sum())
     if b.requests:
         assert b.bound <= m["mean_time_in_system"] + 1e-9
+
+
+def test_max_global_budget_refuses_what_it_cannot_count_instead_of_looping():
+    from flowgym.sim.theory import max_global_budget
+
+    with pytest.raises(ValueError, match=r"M / mean_work = 1e\+26 is beyond what a budget can count exactly"):
+        max_global_budget(1e6, 1e-20)
+    for bad in (float("nan"), float("inf"), 0.0, -1.0, "3"):
+        with pytest.raises(ValueError, match="mean_work must be a positive finite number"):
+            max_global_budget(100, bad)
+    assert max_global_budget(16492, 4060.0) == 4 and max_global_budget(16492, np.float32(4060.0)) == 4
+
+
+def test_bound_names_a_value_beyond_int64_instead_of_a_wrapped_one():
+    from flowgym.sim.theory import time_in_system_bound
+
+    with pytest.raises(ValueError, match=r"arrival\[0\] = 1e\+20 is too large"):
+        time_in_system_bound([1e20], [1], [1], 10)
+    with pytest.raises(ValueError, match=r"output_len\[1\] = 18446744073709551615 is too large"):
+        time_in_system_bound([0, 0], [1, 1], np.array([1, 2**64 - 1], dtype=np.uint64), 10)

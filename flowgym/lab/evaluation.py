@@ -36,6 +36,7 @@ __all__ = [
     "ResultTable",
     "build_agent",
     "env_for",
+    "check_hostable",
     "run_episode",
     "evaluate",
     "tune",
@@ -140,6 +141,20 @@ def env_for(agent: Any, env_kwargs: dict[str, Any], horizon: int | None) -> Flow
         else:
             kw[key] = value
     return FlowControlEnv(**kw)
+
+
+def check_hostable(agent: Any, env_kwargs: dict[str, Any]) -> None:
+    """Raise ``ValueError`` naming the agent unless the scenario can run it: its environment builds (the agent's
+    options agree with the scenario's) and its first action is one the environment takes (e.g. per-class budgets
+    for as many classes as the workload has). One reset and one step, so that a grid refuses such an agent before
+    any cell runs rather than inside one."""
+    env = env_for(agent, env_kwargs, 1)
+    obs, _ = env.reset(seed=0)
+    agent.reset(env.config, seed=0)
+    try:
+        env.step(agent.act(obs, env.view()))
+    except ValueError as e:
+        raise ValueError(f"agent {agent.label()!r} cannot run on this scenario: {e}") from None
 
 
 def run_episode(
@@ -465,6 +480,9 @@ def bound_unsupported(config: FlowControlConfig) -> str | None:
     if config.engine != "paper":
         return (f"the lower bound is for the paper's engine; engine={config.engine!r} holds other token counts "
                 "(KV blocks, recompute preemption)")
+    if config.record != "full":
+        return (f"the lower bound reads every request's arrival and lengths, which record={config.record!r} does not "
+                "keep: use record='full'")
     return None
 
 
@@ -490,6 +508,10 @@ def lower_bounds(
 
     if horizons is not None and len(horizons) == 0:
         raise ValueError("give at least one horizon, or None to run a finite workload to its end")
+    if horizons is not None:
+        for h in horizons:
+            if isinstance(h, bool) or not isinstance(h, (int, np.integer)) or h < 1:
+                raise ValueError(f"horizons must be positive integers (slots), got {h!r}")
     hs: list[int | None] = [None] if horizons is None else sorted({int(h) for h in horizons})
     spec_agent = build_agent(agent) if isinstance(agent, AgentSpec) else agent
     why = bound_unsupported(env_for(spec_agent, env_kwargs, hs[-1]).config)
@@ -513,15 +535,25 @@ def format_lower_bounds(rows: list[dict[str, Any]], table: ResultTable) -> str:
     (with a 95% interval over seeds), its parts, and each agent's mean time in system over it, best first."""
     out = []
     for h in sorted({r["horizon"] for r in rows}, key=lambda x: -1 if x is None else x):
-        v = np.asarray([r["bound"] for r in rows if r["horizon"] == h], dtype=np.float64)
+        # a seed whose bound is NaN (no request arrived before h) counts in neither the bound nor the ratios, as
+        # ResultTable.summary leaves out a seed with no time in system
+        here = [r for r in rows if r["horizon"] == h and math.isfinite(r["bound"])]
+        v = np.asarray([r["bound"] for r in here], dtype=np.float64)
+        if v.size == 0:
+            out.append(f"lower bound on mean time in system ({'to the end' if h is None else f'T={h}'}): none (no "
+                       "request arrived before this horizon on any seed)")
+            continue
         ci = _ci95(v)
-        parts = {k: float(np.mean([r[k] for r in rows if r["horizon"] == h]))
-                 for k in ("service", "memory", "slotwise", "lagrangian")}
+        parts = {k: float(np.nanmean([r[k] for r in here])) if any(math.isfinite(r[k]) for r in here)
+                 else float("nan") for k in ("service", "memory", "slotwise", "lagrangian")}
+        bound_of = {r["seed"]: r["bound"] for r in here}
         ratios = []
-        for agent in table.agents:
-            tis = [r["mean_time_in_system"] for r in table.rows if r["agent"] == agent and r["horizon"] == h]
-            if tis and v.mean() > 0:
-                ratios.append((float(np.mean(tis)) / float(v.mean()), agent))
+        for agent in table.agents:  # paired: the seeds with both a bound and a time in system
+            pairs = [(r["mean_time_in_system"], bound_of[r["seed"]]) for r in table.rows
+                     if r["agent"] == agent and r["horizon"] == h and r["seed"] in bound_of
+                     and math.isfinite(r["mean_time_in_system"])]
+            if pairs and np.mean([b for _, b in pairs]) > 0:
+                ratios.append((float(np.mean([t for t, _ in pairs])) / float(np.mean([b for _, b in pairs])), agent))
         where = "to the end" if h is None else f"T={h}"
         agents = (", ".join(f"{r:.3f}x ({a})" for r, a in sorted(ratios)) if ratios
                   else "none at this horizon (the workload ended before it)")

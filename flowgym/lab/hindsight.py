@@ -809,9 +809,13 @@ def solve_hindsight(
     a, l, o, M = _check_instance(arrival, prompt_len, output_len, M)
     if objective not in OBJECTIVES:
         raise ValueError(f"objective must be one of {OBJECTIVES}, got {objective!r}")
-    if time_limit is None or not time_limit > 0:
+    if (isinstance(time_limit, bool) or not isinstance(time_limit, (int, float, np.integer, np.floating))
+            or not time_limit > 0):
         raise ValueError(f"time_limit must be a positive number of seconds, got {time_limit!r}")
-    if horizon is not None and (isinstance(horizon, bool) or int(horizon) != horizon or horizon < 1):
+    if slack is not None and (isinstance(slack, bool) or not isinstance(slack, (int, np.integer)) or slack < 0):
+        raise ValueError(f"slack must be a non-negative integer number of slots, got {slack!r}")
+    if horizon is not None and (isinstance(horizon, bool) or not isinstance(horizon, (int, float, np.integer, np.floating))
+                                or not math.isfinite(horizon) or int(horizon) != horizon or horizon < 1):
         raise ValueError(f"horizon must be a positive integer, got {horizon!r}")
     if objective in _MAXIMISE and horizon is None:
         raise ValueError(f"objective {objective!r} counts what finishes by a horizon T: give horizon=T")
@@ -1204,8 +1208,9 @@ def compare_to_hindsight(
             key = _RATIO_KEYS[k]
             mine = row.get(key, math.nan)
             if k in _MAXIMISE:
-                row[f"ratio_{k}"] = r.value / mine if mine else math.inf
-                row[f"ratio_{k}_max"] = r.bound / mine if mine else math.inf
+                # 0 / 0: the agent matches an optimum that completes nothing by T (not infinitely worse)
+                row[f"ratio_{k}"] = r.value / mine if mine else (1.0 if r.value == 0 else math.inf)
+                row[f"ratio_{k}_max"] = r.bound / mine if mine else (1.0 if r.bound == 0 else math.inf)
             else:
                 row[f"ratio_{k}"] = mine / r.value if r.value else math.nan
                 row[f"ratio_{k}_max"] = mine / r.bound if r.bound else math.nan

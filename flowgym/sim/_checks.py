@@ -60,6 +60,13 @@ def int_array(name: str, x: Any, n: int | None, minimum: int) -> np.ndarray:
         if wrong.size:
             bad = int(wrong[0])
             raise ValueError(f"{name}[{bad}] = {arr[bad].item()!r} is not an integer")
+        big = np.flatnonzero(np.abs(arr) >= 2.0**62)  # beyond int64 (with room for sums): the cast would wrap
+        if big.size:
+            bad = int(big[0])
+            raise ValueError(f"{name}[{bad}] = {arr[bad].item()!r} is too large (at most 2**62)")
+    elif arr.size and arr.dtype.kind == "u" and arr.max() >= 2**62:
+        bad = int(np.flatnonzero(arr >= 2**62)[0])
+        raise ValueError(f"{name}[{bad}] = {arr[bad].item()!r} is too large (at most 2**62)")
     out = arr.astype(np.int64)
     low = np.flatnonzero(out < minimum)
     if low.size:

@@ -139,9 +139,12 @@ def max_global_budget(M: float, mean_work: float, eps: float = 0.0) -> int:
     _check_M(M)
     if not 0 <= eps < 1:
         raise ValueError(f"eps must be in [0, 1), got {eps}")
-    if mean_work <= 0:
-        raise ValueError(f"mean_work must be positive, got {mean_work}")
+    if isinstance(mean_work, bool) or not isinstance(mean_work, (int, float, np.integer, np.floating)) or not (
+            math.isfinite(mean_work) and mean_work > 0):
+        raise ValueError(f"mean_work must be a positive finite number, got {mean_work!r}")
     cap = (1 - eps) * M
+    if cap / mean_work >= 2.0**52:  # beyond exact float integers: (b + 1) * mean_work would never pass cap
+        raise ValueError(f"M / mean_work = {cap / mean_work:g} is beyond what a budget can count exactly (2**52)")
     b = max(int(math.floor(cap / mean_work)), 0)
     # the quotient can round across an integer: settle on the products themselves
     while (b + 1) * mean_work <= cap:
