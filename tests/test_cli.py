@@ -182,3 +182,142 @@ def test_compare_bound_refuses_continuous_time(capsys):
     assert main(["compare", "--scenario", "paper-realdata-low", "--bound", "--no-plots", "--quiet"]) == 2
     err = capsys.readouterr().err
     assert "--bound does not apply to scenario paper-realdata-low" in err and "continuous time" in err
+
+
+# --------------------------------------------------------------------------- bad input found by an independent review
+
+_BASE = """name = "mine"
+description = "test {rate:g}"
+rate = {default = 5.0, meaning = "arrival rate per class per slot", set = ["env.workload.rates"]}
+
+[env]
+M = 16492
+workload = {kind = "poisson", classes = [[10, 20], [10, 40], [10, 60]], rates = 5.0}
+output_length_known = true
+
+[[agents]]
+name = "mc"
+"""
+
+
+def _scenario_file(tmp_path, text, name="s.toml"):
+    p = tmp_path / name
+    p.write_text(text)
+    return str(p)
+
+
+@pytest.mark.parametrize("argv, match", [
+    (["run", "--seed", "-1", "--horizon", "20"], "--seed must be an integer >= 0"),
+    (["hindsight", "--random", "0"], "--random must be an integer >= 1"),
+    (["hindsight", "--random", "5", "--online", "-1"], "--online must be a positive number"),
+    (["hindsight", "--random", "5", "--time-limit", "0"], "--time-limit must be a positive number"),
+    (["hindsight", "--random", "5", "--T", "0", "--objectives", "completed"], "--T must be an integer >= 1"),
+])
+def test_bad_flags_are_named_by_argparse(argv, match, capsys):
+    with pytest.raises(SystemExit) as e:
+        main(argv)
+    assert e.value.code == 2 and match in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("argv, match", [
+    (["hindsight", "--random", "5", "--agents", "nosuch", "--time-limit", "5"], "unknown agent 'nosuch'"),
+    (["compare", "--horizons", "50", "--seeds", "1", "--no-plots", "--quiet", "--agents", "flow-control:b=12,b=14",
+      "--no-tune"], "parameter 'b' is given twice"),
+    (["compare", "--horizons", "50", "--seeds", "1", "--no-plots", "--quiet", "--agents", "flow-control:b=[4,4]"],
+     r"agent 'flow-control b=(4, 4)' cannot run on this scenario: action array([4, 4]) is not in the action space"),
+    (["compare", "--horizons", "50", "--seeds", "1", "--no-plots", "--quiet", "--agents", "mc", "--workers", "2"],
+     "workers configures the process or ray backend"),
+    (["compare", "--horizons", "50", "--seeds", "1", "--no-plots", "--quiet", "--agents", "mc", "--backend",
+      "process", "--address", "auto"], "address names a Ray cluster"),
+    (["scenario", "list", "adaptive-mix"], "takes no name or --format"),
+    (["run", "--trace", "x.csv", "--rate", "3"], "--rate sets the paper classes' Poisson rate"),
+])
+def test_bad_input_is_refused_before_any_run(argv, match, capsys):
+    assert main(argv) == 2
+    err = capsys.readouterr().err
+    assert match in err and "Traceback" not in err
+
+
+def test_output_folders_that_cannot_be_written_fail_before_the_run(tmp_path, capsys):
+    afile = tmp_path / "afile"
+    afile.write_text("x")
+    assert main(["compare", "--horizons", "50", "--seeds", "1", "--no-plots", "--quiet", "--agents", "mc",
+                 "--out", str(afile)]) == 2
+    captured = capsys.readouterr()
+    assert f"--out {str(afile)!r} cannot be made a folder" in captured.err and "mean" not in captured.out
+    assert main(["hindsight", "--random", "4", "--time-limit", "5", "--json", str(tmp_path / "no" / "x.json")]) == 2
+    captured = capsys.readouterr()
+    assert "--json" in captured.err and "cannot be written" in captured.err and captured.out == ""
+    assert main(["reproduce", "--claims", str(tmp_path / "missing.toml"), "--quick", "--only", "theory",
+                 "--out", str(tmp_path / "rep")]) == 2
+    assert "No such file or directory" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("edit, match", [
+    (('name = "mine"', 'name = "a/b"'), "name must be letters, digits"),
+    (('name = "mine"', 'name = "/tmp/elsewhere"'), "name must be letters, digits"),
+    (("M = 16492", "M = 99999999999999999999"), "M must be at most"),
+    (("M = 16492", "M = 16492\nrecord = \"stream\""), "record='stream'"),
+    (("M = 16492", "M = 16492\nper_class_budget = true"), "agent 'mc' cannot run on this scenario"),
+    (('rates = 5.0}', 'rates = 5.0, timed = "false"}'), "timed must be true or false"),
+    (('name = "mine"', 'name = "mine"\nfinite = true'), "finite = true runs the workload to its end"),
+    (('set = ["env.workload.rates"]', 'set = ["env.M"]'), "the rate table's default rate 5.0: M must be"),
+])
+def test_scenario_files_that_cannot_run_are_refused_by_name(tmp_path, edit, match, capsys):
+    path = _scenario_file(tmp_path, _BASE.replace(*edit, 1))
+    assert main(["compare", "--scenario", path, "--horizons", "50", "--seeds", "1", "--no-plots", "--quiet",
+                 "--out", str(tmp_path / "out")]) == 2
+    err = capsys.readouterr().err
+    assert match in err and "Traceback" not in err
+    assert not (tmp_path / "elsewhere.csv").exists()
+
+
+def test_json_scenario_with_a_duplicate_key_is_refused(tmp_path, capsys):
+    path = _scenario_file(tmp_path, '{"name": "d", "env": {"M": 16492, "M": 100}, "agents": [{"name": "mc"}]}',
+                          "d.json")
+    assert main(["scenario", "show", path]) == 2
+    assert "key 'M' is given twice" in capsys.readouterr().err
+
+
+def test_trace_rows_longer_than_the_header_are_named(tmp_path, capsys):
+    p = tmp_path / "ragged.csv"
+    p.write_text("arrival,prompt_len,output_len\n0,5,10\n1,5,10,7\n")
+    assert main(["run", "--trace", str(p), "--budget", "4"]) == 2
+    assert "row 3: 4 fields, header has 3" in capsys.readouterr().err
+    p.write_text("arrival,prompt_len,output_len\n0,5,10,\n1,5,10\n")  # a trailing comma is an empty field: fine
+    assert main(["run", "--trace", str(p), "--budget", "4", "--json"]) == 0
+
+
+def test_a_horizon_past_a_trace_s_end_is_noted(tmp_path, capsys):
+    (tmp_path / "tr.csv").write_text("arrival,prompt_len,output_len\n0,5,10\n1,5,10\n3,4,6\n")
+    path = _scenario_file(tmp_path, 'name = "trsc"\nhorizons = [5, 1000]\n[env]\nM = 200\nhorizon = 1000\n'
+                                    'workload = {kind = "trace", path = "tr.csv"}\n[[agents]]\nname = "mc"\n')
+    assert main(["compare", "--scenario", path, "--seeds", "1", "--no-plots", "--quiet",
+                 "--out", str(tmp_path / "o")]) == 0
+    assert "every episode ended before T=1000" in capsys.readouterr().err
+
+
+def test_claims_file_typos_are_refused(tmp_path, capsys):
+    from flowgym.lab import _toml  # noqa: F401  (the packaged claims, edited)
+    from importlib import resources
+
+    text = resources.files("flowgym.data").joinpath("claims.toml").read_text()
+    for old, new, match in (('[settings.theorem1]\n', '[settings.theorem1]\nbogus_setting_key = 1\n',
+                             "setting 'theorem1': unknown field 'bogus_setting_key'"),
+                            ('verdict = ', 'quick_verdit = "holds"\nverdict = ', "unknown field 'quick_verdit'")):
+        assert old in text
+        p = tmp_path / "claims.toml"
+        p.write_text(text.replace(old, new, 1))
+        assert main(["reproduce", "--claims", str(p), "--quick", "--only", "theory", "--quiet",
+                     "--out", str(tmp_path / "rep")]) == 2
+        assert match in capsys.readouterr().err
+
+
+def test_ars_trains_on_a_scenario_without_a_horizon(tmp_path, capsys):
+    assert main(["train", "--algo", "ars", "--scenario", "paper-synthetic-known", "--iterations", "1",
+                 "--directions", "1", "--draws", "1", "--eval-every", "1", "--eval-episodes", "1", "--norm-draws", "1",
+                 "--final-eval-seeds", "0", "--workers", "1", "--quiet", "--no-plots", "--out", str(tmp_path / "m")]) == 0
+    assert (tmp_path / "m" / "policy.npz").exists()
+    assert main(["train", "--algo", "ars", "--scenario", "paper-synthetic-known", "--iterations", "1",
+                 "--tune-seeds", "0", "--final-eval-seeds", "1", "--out", str(tmp_path / "m2")]) == 2
+    assert "tune_seeds must be at least 1" in capsys.readouterr().err

@@ -166,6 +166,9 @@ class ARSConfig:
             pos_int(name)
         for name in ("eval_seed", "seed", "final_eval_seeds", "tune_seeds"):
             pos_int(name, zero=True)
+        if self.final_eval_seeds > 0 and self.tune_seeds < 1:  # the final table tunes the baselines on them
+            raise ValueError(f"tune_seeds must be at least 1 when final_eval_seeds > 0 (the final table tunes the "
+                             f"baselines on them), got {self.tune_seeds}")
         if self.seed < self.norm_draws:
             raise ValueError(f"seed must be at least norm_draws ({self.norm_draws}): the normalisation draws are "
                              f"seeds seed-1 down to seed-norm_draws, got seed={self.seed}")
@@ -429,6 +432,11 @@ def train_ars(cfg: ARSConfig | None = None, *, on_iteration: Any = None, **overr
         def draw(seed: int) -> dict[str, Any]:
             return {**dict(sampler(np.random.default_rng(seed))), **fixed}
     else:
+        if "horizon" not in base and not sc.finite:  # the environment's default episode, as the SB3 path trains on
+            from flowgym.envs.flow_control import FlowControlConfig
+
+            base["horizon"] = FlowControlConfig.horizon
+
         def draw(seed: int) -> dict[str, Any]:
             return dict(base)
 

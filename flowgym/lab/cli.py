@@ -59,6 +59,10 @@ def _run(args: argparse.Namespace) -> int:
         if args.rate is not None:
             kwargs["workload"] = {"kind": "poisson", "classes": [[10, 20], [10, 40], [10, 60]], "rates": args.rate}
         if args.trace is not None:
+            if args.rate is not None:
+                print("error: --rate sets the paper classes' Poisson rate; a --trace replays its own arrivals: drop "
+                      "one of them", file=sys.stderr)
+                return 2
             kwargs["workload"] = {"kind": "trace", "path": args.trace}
             kwargs["horizon"] = args.horizon if args.horizon_given else None
     if args.M is not None:
@@ -105,6 +109,28 @@ def _run(args: argparse.Namespace) -> int:
     return 0
 
 
+def _writable_dir(flag: str, path: str) -> None:
+    """Make ``path`` (an output folder) now, so that a folder that cannot be written fails before the run, not
+    after it; ``ValueError`` naming ``flag``."""
+    import os
+
+    try:
+        os.makedirs(path, exist_ok=True)
+    except OSError as e:
+        raise ValueError(f"{flag} {path!r} cannot be made a folder ({e.strerror or e})") from None
+    if not os.access(path, os.W_OK | os.X_OK):
+        raise ValueError(f"{flag} {path!r} is not a folder this user can write")
+
+
+def _writable_file(flag: str, path: str) -> None:
+    """``ValueError`` naming ``flag`` unless ``path``'s folder exists and can be written (checked before the run)."""
+    import os
+
+    folder = os.path.dirname(os.path.abspath(path))
+    if os.path.isdir(path) or not os.path.isdir(folder) or not os.access(folder, os.W_OK | os.X_OK):
+        raise ValueError(f"{flag} {path!r} cannot be written (is its folder there, and writable?)")
+
+
 def _horizons(text: str) -> list[int]:
     out = []
     for part in text.split(","):
@@ -140,8 +166,18 @@ def _compare(args: argparse.Namespace) -> int:
         if why is not None:
             print(f"error: --bound does not apply to scenario {sc.name}: {why}", file=sys.stderr)
             return 2
+    if probe.config.record != "full":
+        print(f"error: scenario {sc.name} sets env record={probe.config.record!r}; compare reports metrics from "
+              "every request's history, which needs record='full'", file=sys.stderr)
+        return 2
+    from flowgym.lab.evaluation import check_hostable
+
     for spec in specs:
-        build_agent(spec)  # an unknown agent or parameter too
+        check_hostable(build_agent(spec), env_kwargs)  # an unknown agent or parameter, or one the scenario cannot run
+    if args.tune_horizon is not None and args.tune_horizon < 1:
+        print(f"error: --tune-horizon must be a positive number of slots, got {args.tune_horizon}", file=sys.stderr)
+        return 2
+    _writable_dir("--out", args.out)
     if sc.finite:
         if args.horizons is not None:
             print(f"error: scenario {sc.name} runs to the end of its workload; drop --horizons", file=sys.stderr)
@@ -150,7 +186,8 @@ def _compare(args: argparse.Namespace) -> int:
         tune_h = args.tune_horizon  # None: the scenario's smaller tuning workload, run to its end
     else:
         horizons = sorted(set(args.horizons or sc.report_horizons()))
-        tune_h = args.tune_horizon or sc.tune_horizon or min(horizons[-1], 2000)
+        tune_h = (args.tune_horizon if args.tune_horizon is not None
+                  else sc.tune_horizon or min(horizons[-1], 2000))
     tune_kwargs = sc.tune_env_kwargs()
     seeds = parse_seeds(args.seeds)
     tune_seeds = parse_seeds(args.tune_seeds, first=1000)
@@ -180,6 +217,12 @@ def _compare(args: argparse.Namespace) -> int:
         table = evaluate(final, env_kwargs, seeds, horizons, progress=bar, backend=backend)
     table.tuned = tuned
     print(table.format(wide=args.wide))
+    if horizons is not None:
+        empty = [h for h in horizons if not any(r["horizon"] == h for r in table.rows)]
+        if empty:  # a finite workload (a trace) that ended before these horizons: say why their rows are NaN
+            print(f"note: every episode ended before T={', '.join(map(str, empty))} (the workload ran out of "
+                  "requests), so those rows are empty (nan); set finite = true in the scenario to run it to its end",
+                  file=sys.stderr)
     bound_rows = None
     if args.bound:  # the requests of one more episode per seed, of the line-up's first agent
         from flowgym.lab.evaluation import format_lower_bounds, lower_bounds
@@ -237,7 +280,7 @@ def _hindsight(args: argparse.Namespace) -> int:
     else:
         rng = np.random.default_rng(args.seed)
         M = args.M if args.M is not None else int(rng.integers(30, 51))
-        s = int(rng.integers(1, 6))
+        s = int(rng.integers(1, min(6, M)))  # a prompt of 1..5 tokens that leaves room for one output token
         o = rng.integers(1, M - s + 1, size=args.random)
         l = np.full(args.random, s)
         if args.online is None:
@@ -261,6 +304,13 @@ def _hindsight(args: argparse.Namespace) -> int:
     if T is None and any(k in ("completed", "tokens") for k in objectives):
         print("error: the completed/tokens objectives need --T", file=sys.stderr)
         return 2
+    from flowgym.lab.evaluation import build_agent
+    from flowgym.lab.scenarios import AgentSpec
+
+    for text in agents:  # an unknown agent or parameter is named before the solves, not after them
+        build_agent(AgentSpec.parse(text))
+    if args.json:
+        _writable_file("--json", args.json)
     print(what)
     with _backend(args) as backend:
         res, rows = compare_to_hindsight(a, l, o, M, agents, objectives=objectives, T=T, time_limit=args.time_limit,
@@ -293,6 +343,7 @@ def _reproduce(args: argparse.Namespace) -> int:
     if args.write_docs and (args.quick or only):
         print("error: --write-docs records the full run of every claim: drop --quick and --only", file=sys.stderr)
         return 2
+    _writable_dir("--out", args.out)
     t0 = time.perf_counter()
     with _backend(args) as backend:
         results = reproduce(quick=args.quick, only=only, out=args.out, claims_path=args.claims, backend=backend,
@@ -312,6 +363,36 @@ def _reproduce(args: argparse.Namespace) -> int:
         return 1
     print(f"all {len(results)} verdicts match the recorded ones")
     return 0
+
+
+def _int_from(flag: str, minimum: int) -> Any:
+    """An argparse type: an integer ``>= minimum`` (errors name ``flag``)."""
+
+    def parse(text: str) -> int:
+        try:
+            v = int(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"{flag} takes an integer, got {text!r}") from None
+        if v < minimum:
+            raise argparse.ArgumentTypeError(f"{flag} must be an integer >= {minimum}, got {text!r}")
+        return v
+
+    return parse
+
+
+def _non_negative_float(flag: str) -> Any:
+    """An argparse type: a finite number ``>= 0`` (errors name ``flag``)."""
+
+    def parse(text: str) -> float:
+        try:
+            v = float(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"{flag} takes a number, got {text!r}") from None
+        if not (v >= 0 and v < float("inf")):
+            raise argparse.ArgumentTypeError(f"{flag} must be a non-negative finite number, got {text!r}")
+        return v
+
+    return parse
 
 
 def _positive_float(flag: str) -> Any:
@@ -354,13 +435,17 @@ def _scenario(args: argparse.Namespace) -> int:
     from flowgym.lab.scenarios import SCENARIOS, get_scenario, scenario_text
 
     if args.action == "list":
+        if args.name is not None or args.format is not None:
+            print("error: 'flowgym scenario list' takes no name or --format (show one: flowgym scenario show NAME "
+                  "--format json)", file=sys.stderr)
+            return 2
         for name in SCENARIOS:
             print(f"{name:24s} {get_scenario(name).description}")
         return 0
     if args.name is None:
         print("error: flowgym scenario show NAME (a named scenario or a file)", file=sys.stderr)
         return 2
-    sys.stdout.write(scenario_text(args.name, args.format))
+    sys.stdout.write(scenario_text(args.name, args.format or "toml"))
     return 0
 
 
@@ -483,6 +568,7 @@ def _train_ars(args: argparse.Namespace) -> int:
             f"runs/ars-{os.path.splitext(os.path.basename(str(kw.get('scenario', 'adaptive-mix'))))[0]}"
     cfg = ARSConfig(**kw)
     cfg.validate()
+    _writable_dir("--out", cfg.out)
     on = _trained_on(cfg)
     print(f"training ars (augmented random search, {'linear' if not cfg.hidden else 'hidden ' + str(list(cfg.hidden))} "
           f"policy) on {on}: {cfg.iterations} updates x {2 * cfg.directions} candidates x {cfg.draws} draws "
@@ -529,6 +615,7 @@ def _train(args: argparse.Namespace) -> int:
             kw["distribution"] = dist
         cfg = TrainConfig.generalist(**kw)
     cfg.validate()  # bad settings are named first, with or without the training extra
+    _writable_dir("--out", cfg.out)
     try:
         require_sb3()
     except ImportError as e:
@@ -616,7 +703,7 @@ def build_parser() -> argparse.ArgumentParser:
         "with b E[w] <= M, Theorem 2) and print the metrics of docs/model.md.",
     )
     r.add_argument("--budget", type=int, default=None, help="fixed activation budget b (default: Theorem 2's largest)")
-    r.add_argument("--horizon", type=int, default=None, help="slots to simulate (default 1000)")
+    r.add_argument("--horizon", type=_int_from("--horizon", 1), default=None, help="slots to simulate (default 1000)")
     r.add_argument("--rate", type=_positive_float("--rate"), default=None, help="arrival rate per class per slot (default 3.5)")
     r.add_argument("--scenario", default=None,
                    help="run a scenario's environment (a name or a .toml/.json file) instead of the paper's classes; "
@@ -625,7 +712,7 @@ def build_parser() -> argparse.ArgumentParser:
     r.add_argument("--eviction", choices=["lifo", "all", "estimate"], default=None,
                    help="who leaves on overflow: lifo (the newest first, Algorithm 2; default), all, or estimate")
     r.add_argument("--trace", default=None, help="replay a CSV trace (columns arrival,prompt_len,output_len)")
-    r.add_argument("--seed", type=int, default=0, help="seed of the arrivals (default 0)")
+    r.add_argument("--seed", type=_int_from("--seed", 0), default=0, help="seed of the arrivals (default 0)")
     r.add_argument("--json", action="store_true", help="print the metrics as JSON")
     r.set_defaults(func=_run)
     h = sub.add_parser(
@@ -639,20 +726,21 @@ def build_parser() -> argparse.ArgumentParser:
     )
     src = h.add_mutually_exclusive_group(required=True)
     src.add_argument("--trace", default=None, help="CSV trace (columns arrival,prompt_len,output_len)")
-    src.add_argument("--random", type=int, default=None, metavar="N",
+    src.add_argument("--random", type=_int_from("--random", 1), default=None, metavar="N",
                      help="a random instance of N requests as in Jaillet et al.: M ~ U[30,50], one prompt "
                      "size s ~ U{1..5}, outputs U{1..M-s}")
-    h.add_argument("--M", type=int, default=None, help="KV budget (required with --trace; random: drawn)")
+    h.add_argument("--M", type=_int_from("--M", 2), default=None, help="KV budget (required with --trace; random: drawn)")
     h.add_argument("--cls-column", default=None, help="class-id column of the trace (for per-class flow control)")
-    h.add_argument("--online", type=float, default=None, metavar="RHO",
+    h.add_argument("--online", type=_positive_float("--online"), default=None, metavar="RHO",
                    help="random instance: Poisson arrivals at load RHO instead of all at slot 0")
-    h.add_argument("--seed", type=int, default=0, help="seed of the random instance")
+    h.add_argument("--seed", type=_int_from("--seed", 0), default=0, help="seed of the random instance")
     h.add_argument("--objectives", default="total_latency,max_latency",
                    help="comma-separated: total_latency, max_latency, completed, tokens (default the first two)")
-    h.add_argument("--T", type=int, default=None, help="horizon of the completed/tokens objectives")
+    h.add_argument("--T", type=_int_from("--T", 1), default=None, help="horizon of the completed/tokens objectives")
     h.add_argument("--agents", default=None,
                    help="semicolon-separated agents (default mc-sf;mc;a-min;greedy-lifo;flow-control:b=<Theorem 2>)")
-    h.add_argument("--time-limit", type=float, default=60.0, help="seconds per objective (default 60)")
+    h.add_argument("--time-limit", type=_positive_float("--time-limit"), default=60.0,
+                   help="seconds per objective (default 60)")
     h.add_argument("--json", default=None, help="also write the instance, schedules and rows as JSON")
     _add_backend_args(h, "the solves and the agents' runs")
     h.set_defaults(func=_hindsight)
@@ -684,7 +772,7 @@ def build_parser() -> argparse.ArgumentParser:
     )
     s.add_argument("action", choices=["list", "show"])
     s.add_argument("name", nargs="?", default=None, help="the scenario (show)")
-    s.add_argument("--format", choices=["toml", "json"], default="toml", help="(show) file format (default toml)")
+    s.add_argument("--format", choices=["toml", "json"], default=None, help="(show) file format (default toml)")
     s.set_defaults(func=_scenario)
     t = sub.add_parser(
         "train", formatter_class=_HelpFormatter,
@@ -885,6 +973,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 2
     except (ConnectionError, ImportError) as e:  # a Ray cluster that cannot be reached, a missing extra
         print(f"error: {e}", file=sys.stderr)
+        return 2
+    except OSError as e:  # a file that cannot be read or written (a path the user gave)
+        where = f" {e.filename!r}" if getattr(e, "filename", None) else ""
+        print(f"error:{where} {e.strerror or e}", file=sys.stderr)
         return 2
 
 

@@ -150,6 +150,22 @@ def _str_list(d: dict[str, Any], key: str, where: str) -> tuple[str, ...]:
     return tuple(v)
 
 
+#: The fields a ``[settings.<id>]`` table, its ``full``/``quick`` run tables, its ``params`` and a ``[[claims]]`` entry
+#: may hold: anything else (a typo such as ``quick_verdit``) is refused, not ignored.
+SETTING_FIELDS = ("section", "kind", "scenario", "rate", "full", "quick", "params")
+RUN_FIELDS = ("seeds", "horizons", "env", "tune_env", "tune_seeds", "tune_horizon", "instances", "rate", "span",
+              "time_limit")
+PARAM_FIELDS = ("agents", "classes", "budgets", "rates", "M")
+CLAIM_FIELDS = ("id", "statement", "setting", "kind", "verdict", "quick_verdict", "agent", "baselines", "metrics",
+                "comparison", "max", "max_ratio", "check", "note")
+
+
+def _no_unknown(d: dict[str, Any], allowed: Sequence[str], where: str) -> None:
+    unknown = sorted(set(d) - set(allowed))
+    if unknown:
+        raise ClaimsError(f"{where}: unknown field {unknown[0]!r} (allowed: {', '.join(allowed)})")
+
+
 def load_claims(path: str | os.PathLike[str] | None = None) -> ClaimSet:
     """Read and validate a claims file (default: the packaged ``flowgym/data/claims.toml``).
 
@@ -170,6 +186,7 @@ def load_claims(path: str | os.PathLike[str] | None = None) -> ClaimSet:
         data = _toml.loads(text)
     except _toml.TOMLDecodeError as e:
         raise ClaimsError(f"{where0}: not valid TOML ({e})") from None
+    _no_unknown(data, ("settings", "claims"), where0)
     raw_settings = data.get("settings")
     if not isinstance(raw_settings, dict) or not raw_settings:
         raise ClaimsError(f"{where0}: needs a [settings.<id>] table")
@@ -178,6 +195,7 @@ def load_claims(path: str | os.PathLike[str] | None = None) -> ClaimSet:
         where = f"{where0}: setting '{sid}'"
         if not isinstance(s, dict):
             raise ClaimsError(f"{where}: must be a table")
+        _no_unknown(s, SETTING_FIELDS, where)
         section = _req(s, "section", where, str)
         if section not in SECTIONS:
             raise ClaimsError(f"{where}: field 'section' must be one of {SECTIONS}, got {section!r}")
@@ -199,6 +217,9 @@ def load_claims(path: str | os.PathLike[str] | None = None) -> ClaimSet:
         for k in ("full", "quick", "params"):
             if not isinstance(s.get(k, {}), dict):
                 raise ClaimsError(f"{where}: field '{k}' must be a table")
+        for k in ("full", "quick"):
+            _no_unknown(s.get(k, {}), RUN_FIELDS, f"{where}: {k}")
+        _no_unknown(s.get("params", {}), PARAM_FIELDS, f"{where}: params")
         settings[sid] = Setting(sid, section, kind, scenario, None if rate is None else float(rate),
                                 dict(s.get("full", {})), dict(s.get("quick", {})), dict(s.get("params", {})))
     raw_claims = data.get("claims")
@@ -210,6 +231,7 @@ def load_claims(path: str | os.PathLike[str] | None = None) -> ClaimSet:
         where = f"{where0}: claim #{i + 1}"
         if not isinstance(c, dict):
             raise ClaimsError(f"{where}: must be a table")
+        _no_unknown(c, CLAIM_FIELDS, where)
         cid = _req(c, "id", where, str)
         where = f"{where0}: claim '{cid}'"
         if cid in seen:

@@ -14,6 +14,7 @@ import copy
 import json
 import math
 import os
+import re
 from dataclasses import dataclass, field
 from importlib import resources
 from typing import Any
@@ -113,6 +114,8 @@ class AgentSpec:
                 k, eq, v = part.partition("=")
                 if not eq:
                     raise ValueError(f"agent {text!r}: parameter {part!r} is not key=value")
+                if k.strip() in params:  # the last one would silently win
+                    raise ValueError(f"agent {text!r}: parameter {k.strip()!r} is given twice")
                 try:
                     params[k.strip()] = json.loads(v)
                 except json.JSONDecodeError:
@@ -239,6 +242,9 @@ class Scenario:
         name = data["name"]
         if not isinstance(name, str) or not name:
             raise ValueError(f"{where}: name must be a non-empty string, got {name!r}")
+        if not re.fullmatch(r"[A-Za-z0-9][A-Za-z0-9._+-]*", name):  # output files are named after it, inside --out
+            raise ValueError(f"{where}: name must be letters, digits and . _ + - (it names the output files, so no "
+                             f"path separators), starting with a letter or digit, got {name!r}")
         desc = data.get("description", name)
         if not isinstance(desc, str):
             raise ValueError(f"{where}: description must be a string, got {desc!r}")
@@ -277,6 +283,14 @@ class Scenario:
             raise ValueError(f"{where}: description: only {{rate}} / {{rate:g}} may stand in braces ({e})") from None
         if rate is not None:
             _check_env(env, f"{where}: env at rate {rate!r}")
+        elif "rate" in data:  # the rate table's default rate, applied: what compare and run will build
+            _check_env(env, f"{where}: env at the rate table's default rate {value!r}")
+        if finite:
+            from flowgym.sim.workloads import make_workload
+
+            if not make_workload(env.get("workload", {"kind": "poisson"})).finite and env.get("horizon") is None:
+                raise ValueError(f"{where}: finite = true runs the workload to its end, but env's workload never ends "
+                                 "(give a trace, or an 'iid' workload with n_requests; or set finite = false)")
         if tune_env:
             merged = copy.deepcopy(env)
             for k, v in tune_env.items():
@@ -447,8 +461,16 @@ def _read(path: str) -> dict[str, Any]:
     except UnicodeDecodeError as e:
         raise ValueError(f"{path}: not UTF-8 text ({e.reason} at byte {e.start})") from None
     if path.lower().endswith(".json"):
+        def no_duplicates(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
+            seen: dict[str, Any] = {}
+            for k, v in pairs:
+                if k in seen:  # json.loads would keep the last one, silently (TOML refuses them)
+                    raise ValueError(f"{path}: key {k!r} is given twice in one object")
+                seen[k] = v
+            return seen
+
         try:
-            return json.loads(text)
+            return json.loads(text, object_pairs_hook=no_duplicates)
         except json.JSONDecodeError as e:
             raise ValueError(f"{path}: invalid JSON at line {e.lineno}, column {e.colno}: "
                              f"{e.msg}") from None
