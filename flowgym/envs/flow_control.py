@@ -728,6 +728,9 @@ class FlowControlEnv(gym.Env[Any, Any]):
             return f"render_mode={self.render_mode!r} (frames are drawn every step)"
         if self.config.action != "budget":
             return f"action={self.config.action!r} (an agent's actions are not budgets there)"
+        if rule.kind == "future-fit" and rule.lengths == "known" and not self.config.output_length_known:
+            return ("the rule reads the true output lengths (lengths='known'), which this environment hides "
+                    "(output_length_known=False)")
         return self.engine.rule_unsupported(rule)
 
     def run_rule(self, rule: AdmissionRule) -> int:

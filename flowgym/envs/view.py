@@ -137,6 +137,8 @@ class SystemView:
 
     def queue(self, k: int | None = None) -> QueueSnapshot:
         """The first ``k`` waiting requests (all when ``k`` is ``None``)."""
+        if k is not None and (isinstance(k, bool) or not isinstance(k, (int, np.integer)) or k < 0):
+            raise ValueError(f"queue(k): k must be a non-negative integer or None, got {k!r}")
         e = self._e
         if len(e.lanes) == 1:
             ids = e.lanes[0].items()
