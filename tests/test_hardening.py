@@ -210,17 +210,23 @@ def test_crafted_policy_file_is_refused_without_running_it(tmp_path):
     assert not marker.exists() and "\x1b" not in str(e.value)
 
 
-@needs_sb3
-def test_pickle_only_directory_needs_trust(tmp_path):
+def _pickle_only_copy(tmp_path):
+    """A model directory with SB3's pickle files only, whose ``vecnormalize.pkl`` creates ``marker`` if unpickled."""
     import pickle
-
-    from flowgym.agents.learned import LearnedBudget
 
     d = _model_copy(tmp_path)
     (d / "policy.pt").unlink()
     marker = tmp_path / "ran"
     with open(d / "vecnormalize.pkl", "wb") as fh:
         pickle.dump(_Payload(str(marker)), fh)
+    return d, marker
+
+
+@needs_sb3
+def test_pickle_only_directory_needs_trust(tmp_path):
+    from flowgym.agents.learned import LearnedBudget
+
+    d, marker = _pickle_only_copy(tmp_path)
     with pytest.raises(ValueError, match=r"pickle-based files .* trust=True"):
         LearnedBudget(str(d))
     assert not marker.exists()
@@ -259,16 +265,10 @@ def test_normalisation_with_objects_is_refused(tmp_path):
 
 @needs_sb3
 def test_trust_must_be_a_real_bool_so_a_string_never_unpickles(tmp_path):
-    import pickle
-
     from flowgym.lab.evaluation import build_agent
     from flowgym.lab.scenarios import AgentSpec
 
-    d = _model_copy(tmp_path)
-    (d / "policy.pt").unlink()
-    marker = tmp_path / "ran"
-    with open(d / "vecnormalize.pkl", "wb") as fh:
-        pickle.dump(_Payload(str(marker)), fh)
+    d, marker = _pickle_only_copy(tmp_path)
     for text in ("False", "no", "0"):  # what a command line or a scenario file could give as a string
         spec = AgentSpec.parse(f"learned:path={d},trust={text}")
         with pytest.raises(ValueError, match="trust must be true or false"):

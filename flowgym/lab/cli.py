@@ -380,21 +380,6 @@ def _int_from(flag: str, minimum: int) -> Any:
     return parse
 
 
-def _non_negative_float(flag: str) -> Any:
-    """An argparse type: a finite number ``>= 0`` (errors name ``flag``)."""
-
-    def parse(text: str) -> float:
-        try:
-            v = float(text)
-        except ValueError:
-            raise argparse.ArgumentTypeError(f"{flag} takes a number, got {text!r}") from None
-        if not (v >= 0 and v < float("inf")):
-            raise argparse.ArgumentTypeError(f"{flag} must be a non-negative finite number, got {text!r}")
-        return v
-
-    return parse
-
-
 def _positive_float(flag: str) -> Any:
     """An argparse type: a positive finite number (errors name ``flag``)."""
 
