@@ -19,7 +19,7 @@ from typing import Any
 
 import numpy as np
 
-from flowgym.agents.base import Agent
+from flowgym.agents.base import Agent, int_param
 from flowgym.envs.view import SystemView
 
 __all__ = ["SafeBudget", "TwoAnchorBudget", "ScheduledBudget"]
@@ -33,10 +33,8 @@ def _multiplier(label: str, k: Any) -> float:
 
 
 def _cap(cap: Any) -> int:
-    """``cap`` as an int; raises ``ValueError`` unless it is a positive integer budget."""
-    if isinstance(cap, bool) or not isinstance(cap, (int, np.integer)) or cap < 1:
-        raise ValueError(f"cap must be a positive integer budget, got {cap!r}")
-    return int(cap)
+    """``cap`` as an int; raises ``ValueError`` naming it unless it is a positive integer budget (at most 10**9)."""
+    return int_param("cap", cap, 1)
 
 
 class SafeBudget(Agent):
@@ -124,7 +122,7 @@ class ScheduledBudget(Agent):
     name = "schedule"
 
     def __init__(self, times: Sequence[float], budgets: Sequence[int], period: float | None = None) -> None:
-        if not isinstance(times, (list, tuple, np.ndarray)) or any(
+        if not isinstance(times, (Sequence, np.ndarray)) or isinstance(times, str) or any(
                 isinstance(x, (bool, np.bool_)) or not isinstance(x, (int, float, np.integer, np.floating)) for x in times):
             raise ValueError(f"times must be a list of numbers (slots or seconds), got {times!r}")
         ts = [float(x) for x in times]

@@ -20,8 +20,11 @@ from flowgym.envs.flow_control import FlowControlConfig
 from flowgym.envs.view import SystemView
 from flowgym.sim.admission import AdmissionRule
 
-__all__ = ["Agent", "int_param"]
+__all__ = ["Agent", "int_param", "DEFAULT_REQUEST"]
 
+#: The ``max_budget`` an agent without its own cap asks the environment for (the environment takes the larger of
+#: this and the scenario's): room for a large batch, not a limit of the agent's.
+DEFAULT_REQUEST = 1024
 #: Largest integer parameter an agent takes (a budget or cap): the environment's own limit on ``max_budget``.
 MAX_INT_PARAM = 10**9
 
@@ -30,7 +33,7 @@ def int_param(label: str, v: Any, minimum: int = 0) -> int:
     """``v`` as an int; raises ``ValueError`` naming ``label`` unless it is an integer (or a float with an integer
     value) from ``minimum`` to 10**9. Booleans and strings are refused, not read as 1, 0 or a number."""
     ok = (not isinstance(v, (bool, np.bool_)) and isinstance(v, (int, float, np.integer, np.floating))
-          and math.isfinite(v) and float(v).is_integer() and minimum <= v <= MAX_INT_PARAM)
+          and minimum <= v <= MAX_INT_PARAM and float(v).is_integer())  # the range first: no float(10**400)
     if not ok:
         raise ValueError(f"{label} must be an integer from {minimum} to {MAX_INT_PARAM:g}, got {v!r}")
     return int(v)
@@ -77,8 +80,8 @@ class Agent:
 
     @property
     def limit(self) -> int:
-        """The most requests this agent admits in a slot: its own ``max_budget`` (when it takes one) or the
-        environment's, whichever is smaller (after :meth:`reset`)."""
+        """The most requests this agent admits in a slot (after :meth:`reset`): the environment's ``max_budget``,
+        or the agent's own when it was given one (``max_budget=N``) and is smaller."""
         own = getattr(self, "max_budget", None)
         return self.config.max_budget if own is None else min(int(own), self.config.max_budget)
 

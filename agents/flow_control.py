@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 from collections.abc import Sequence
 from typing import Any
 
@@ -50,8 +51,8 @@ class FlowControl(Agent):
         else:
             self.per_class = None
             if (isinstance(b, (bool, np.bool_)) or not isinstance(b, (int, float, np.integer, np.floating))
-                    or not np.isfinite(b) or b < 0):
-                raise ValueError(f"budget b must be a non-negative number, got {b!r}")
+                    or not 0 <= b <= 10**9 or not math.isfinite(b)):  # the range first: no float(10**400)
+                raise ValueError(f"budget b must be a non-negative number (at most 1e9), got {b!r}")
             bf = float(b)
             if cap is None:
                 if not bf.is_integer():

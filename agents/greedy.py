@@ -6,7 +6,7 @@ from typing import Any
 
 import numpy as np
 
-from flowgym.agents.base import Agent, int_param
+from flowgym.agents.base import DEFAULT_REQUEST, Agent, int_param
 from flowgym.envs.view import SystemView
 from flowgym.sim.admission import AdmissionRule
 
@@ -40,12 +40,13 @@ class AlphaProtectionGreedy(Agent):
 
     name = "alpha-greedy"
 
-    def __init__(self, alpha: float = 0.1, max_budget: int = 1024) -> None:
-        if isinstance(alpha, bool) or not isinstance(alpha, (int, float)) or not 0 <= alpha < 1:
+    def __init__(self, alpha: float = 0.1, max_budget: int | None = None) -> None:
+        if (isinstance(alpha, (bool, np.bool_)) or not isinstance(alpha, (int, float, np.integer, np.floating))
+                or not 0 <= alpha < 1):
             raise ValueError(f"alpha must be in [0, 1), got {alpha!r}")
         self.alpha = float(alpha)
-        self.max_budget = int_param("max_budget", max_budget, 1)
-        self.requires = {"eviction": "all", "max_budget": self.max_budget}
+        self.max_budget = None if max_budget is None else int_param("max_budget", max_budget, 1)
+        self.requires = {"eviction": "all", "max_budget": DEFAULT_REQUEST if self.max_budget is None else self.max_budget}
 
     def admission_rule(self, view: SystemView) -> AdmissionRule | None:
         return AdmissionRule("greedy", limit=(1 - self.alpha) * view.M, max_count=self.limit)
@@ -68,9 +69,9 @@ class GreedyLIFO(Agent):
 
     name = "greedy-lifo"
 
-    def __init__(self, max_budget: int = 1024) -> None:
-        self.max_budget = int_param("max_budget", max_budget, 1)
-        self.requires = {"eviction": "lifo", "max_budget": self.max_budget}
+    def __init__(self, max_budget: int | None = None) -> None:
+        self.max_budget = None if max_budget is None else int_param("max_budget", max_budget, 1)
+        self.requires = {"eviction": "lifo", "max_budget": DEFAULT_REQUEST if self.max_budget is None else self.max_budget}
 
     def admission_rule(self, view: SystemView) -> AdmissionRule | None:
         return AdmissionRule("greedy", limit=float(view.M), max_count=self.limit)

@@ -6,7 +6,7 @@ from typing import Any
 
 import numpy as np
 
-from flowgym.agents.base import Agent, int_param
+from flowgym.agents.base import DEFAULT_REQUEST, Agent, int_param
 from flowgym.envs.view import SystemView
 from flowgym.sim.admission import AdmissionRule
 
@@ -77,9 +77,9 @@ class MemoryCheck(Agent):
 
     name = "mc"
 
-    def __init__(self, max_budget: int = 1024) -> None:
-        self.max_budget = int_param("max_budget", max_budget, 1)
-        self.requires = {"max_budget": self.max_budget}
+    def __init__(self, max_budget: int | None = None) -> None:
+        self.max_budget = None if max_budget is None else int_param("max_budget", max_budget, 1)
+        self.requires = {"max_budget": DEFAULT_REQUEST if self.max_budget is None else self.max_budget}
 
     def _lengths(self, view: SystemView, q: Any, a: Any) -> tuple[np.ndarray, np.ndarray]:
         if view.known:
@@ -111,9 +111,9 @@ class MCSF(MemoryCheck):
 
     name = "mc-sf"
 
-    def __init__(self, max_budget: int = 1024) -> None:
-        self.max_budget = int_param("max_budget", max_budget, 1)
-        self.requires = {"max_budget": self.max_budget, "queue_order": "sjf", "output_length_known": True}
+    def __init__(self, max_budget: int | None = None) -> None:
+        self.max_budget = None if max_budget is None else int_param("max_budget", max_budget, 1)
+        self.requires = {"max_budget": DEFAULT_REQUEST if self.max_budget is None else self.max_budget, "queue_order": "sjf", "output_length_known": True}
 
 
 class AMin(MemoryCheck):
@@ -132,9 +132,9 @@ class AMin(MemoryCheck):
 
     name = "a-min"
 
-    def __init__(self, max_budget: int = 1024) -> None:
-        self.max_budget = int_param("max_budget", max_budget, 1)
-        self.requires = {"max_budget": self.max_budget, "queue_order": "estimate", "eviction": "estimate"}
+    def __init__(self, max_budget: int | None = None) -> None:
+        self.max_budget = None if max_budget is None else int_param("max_budget", max_budget, 1)
+        self.requires = {"max_budget": DEFAULT_REQUEST if self.max_budget is None else self.max_budget, "queue_order": "estimate", "eviction": "estimate"}
 
     def _lengths(self, view: SystemView, q: Any, a: Any) -> tuple[np.ndarray, np.ndarray]:
         return a.estimate, q.estimate

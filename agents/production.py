@@ -17,7 +17,7 @@ from typing import Any
 
 import numpy as np
 
-from flowgym.agents.base import Agent, int_param
+from flowgym.agents.base import DEFAULT_REQUEST, Agent, int_param
 from flowgym.envs.flow_control import FlowControlConfig
 from flowgym.envs.view import SystemView
 
@@ -60,7 +60,7 @@ class SGLangReservation(Agent):
     def __init__(self, init_new_token_ratio: float = 0.7, min_new_token_ratio_factor: float = 0.14,
                  new_token_ratio_decay_steps: int = 600, retract_decode_steps: int = 20,
                  clip_max_new_tokens: int = 4096, schedule_conservativeness: float = 1.0,
-                 max_budget: int = 1024) -> None:
+                 max_budget: int | None = None) -> None:
         for nm, v in (("init_new_token_ratio", init_new_token_ratio),
                       ("min_new_token_ratio_factor", min_new_token_ratio_factor),
                       ("schedule_conservativeness", schedule_conservativeness)):
@@ -77,8 +77,8 @@ class SGLangReservation(Agent):
         self.clip = int(clip_max_new_tokens)
         self.params = dict(init_new_token_ratio=init_new_token_ratio, min_new_token_ratio_factor=min_new_token_ratio_factor,
                            new_token_ratio_decay_steps=new_token_ratio_decay_steps, schedule_conservativeness=schedule_conservativeness)
-        self.max_budget = int_param("max_budget", max_budget, 1)
-        self.requires = {"max_budget": self.max_budget}
+        self.max_budget = None if max_budget is None else int_param("max_budget", max_budget, 1)
+        self.requires = {"max_budget": DEFAULT_REQUEST if self.max_budget is None else self.max_budget}
 
     def reset(self, config: FlowControlConfig, seed: int | None = None) -> None:
         super().reset(config, seed)
@@ -131,13 +131,13 @@ class GuaranteedNoEvict(Agent):
 
     name = "trt-no-evict"
 
-    def __init__(self, max_num_requests: int | None = None, max_budget: int = 1024) -> None:
+    def __init__(self, max_num_requests: int | None = None, max_budget: int | None = None) -> None:
         if max_num_requests is not None and (isinstance(max_num_requests, bool) or not isinstance(max_num_requests, int)
                                              or max_num_requests < 1):
             raise ValueError(f"max_num_requests must be a positive integer or None, got {max_num_requests!r}")
         self.max_num_requests = max_num_requests
-        self.max_budget = int_param("max_budget", max_budget, 1)
-        self.requires = {"max_budget": self.max_budget}
+        self.max_budget = None if max_budget is None else int_param("max_budget", max_budget, 1)
+        self.requires = {"max_budget": DEFAULT_REQUEST if self.max_budget is None else self.max_budget}
 
     def act(self, observation: Any, view: SystemView) -> int:
         if view.n_queued == 0:

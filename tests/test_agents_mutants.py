@@ -58,8 +58,8 @@ def test_random_budget_defaults_draw_every_budget_from_0_to_32():
 
 @pytest.mark.parametrize("cls", [GreedyLIFO, MemoryCheck, MCSF, AMin, AlphaProtectionGreedy])
 def test_queue_reading_agents_ask_for_a_max_budget_of_1024(cls):
-    """The greedy and memory-check agents admit up to 1024 requests a slot unless told otherwise:
-    the environment they ask for has ``max_budget = 1024`` (its action space is 0..1024)."""
+    """The greedy and memory-check agents ask for an environment with ``max_budget = 1024`` (its action space is
+    0..1024, or the scenario's if larger) and, unless given their own ``max_budget``, admit up to its cap."""
     opts = cls().env_options()
     assert opts["max_budget"] == 1024
     env = flowgym.FlowControlEnv(M=1000, horizon=5, **opts)
@@ -123,7 +123,7 @@ def test_random_budget_cap_equal_to_b_is_allowed_and_always_b():
 @pytest.mark.parametrize(
     "make, match",
     [
-        (lambda: FlowControl(b=-1), "budget b must be a non-negative number, got -1"),
+        (lambda: FlowControl(b=-1), r"budget b must be a non-negative number \(at most 1e9\), got -1"),
         (lambda: FlowControl(b=-0.5, cap=2), "budget b must be a non-negative number"),
         (lambda: FlowControl(b=(1, -1)), "per-class budgets b must be non-negative integers"),
         (lambda: FlowControl(b=3, cap=2), r"cap must be an integer >= b, got cap=2, b=3"),
@@ -140,8 +140,8 @@ def test_random_budget_cap_equal_to_b_is_allowed_and_always_b():
         # an independent review (2026-11-27): these were accepted, truncated or raised a raw OverflowError
         (lambda: FixedBudget(float("inf")), r"b must be an integer from 0 to 1e\+09, got inf"),
         (lambda: FixedBudget(True), r"b must be an integer from 0 to 1e\+09, got True"),
-        (lambda: FlowControl(b=True), "budget b must be a non-negative number, got True"),
-        (lambda: FlowControl(b="12"), "budget b must be a non-negative number, got '12'"),
+        (lambda: FlowControl(b=True), r"budget b must be a non-negative number \(at most 1e9\), got True"),
+        (lambda: FlowControl(b="12"), r"budget b must be a non-negative number \(at most 1e9\), got '12'"),
         (lambda: FlowControl(b=4, cap=6.9), r"cap must be an integer from 1 to 1e\+09, got 6.9"),
         (lambda: FlowControl(b=[True, False]), "per-class budgets b must be non-negative integers"),
         (lambda: RandomBudget(low=0.5, high=2.9), r"low must be an integer from 0 to 1e\+09, got 0.5"),
@@ -231,24 +231,39 @@ def test_future_fit_raises_no_numpy_warning():
 
 
 @pytest.mark.parametrize("name", ["mc", "mc-sf", "a-min", "greedy-lifo", "alpha-greedy", "sglang-reserve", "trt-no-evict"])
-def test_an_agent_s_own_max_budget_is_kept_below_the_scenario_s(name):
-    """``max_budget=2`` below the scenario's 64 caps the agent's admissions at 2 a slot (it used to be replaced by
-    the environment's larger value, silently); the default (1024) leaves the environment's cap in charge."""
+def test_an_agent_s_own_max_budget_caps_it_and_the_default_leaves_the_environment_s(name):
+    """``max_budget=2`` below the scenario's caps the agent's admissions at 2 a slot (it used to be replaced by the
+    environment's larger value, silently); without one (the default) the environment's cap is the agent's, even
+    above the 1024 it asks for."""
     from flowgym.agents import make_agent
     from flowgym.lab.evaluation import env_for
 
-    env = {"M": 20000, "horizon": 30, "max_budget": 64, "output_length_known": name in ("mc-sf",),
-           "workload": {"kind": "poisson", "classes": [[5, 10], [5, 20]], "rates": 5.0}}
-    for cap, most in ((2, 2), (1024, 64)):
-        agent = make_agent(name, max_budget=cap)
-        e = env_for(agent, env, 30)
+    env = {"M": 400000, "horizon": 3, "max_budget": 4096, "output_length_known": name == "mc-sf",
+           "workload": {"kind": "poisson", "classes": [[1, 1], [1, 2]], "rates": 1500.0}}
+    for kw, low, high in (({"max_budget": 2}, 2, 2), ({}, 1025, 4096)):
+        agent = make_agent(name, **kw)
+        e = env_for(agent, env, 3)
         obs, _ = e.reset(seed=0)
         agent.reset(e.config, seed=0)
-        assert agent.limit == min(cap, e.config.max_budget)
-        admitted = []
-        for _ in range(30):
+        assert e.config.max_budget == 4096 and agent.limit == (2 if kw else 4096)
+        most = 0
+        for _ in range(3):
             obs, _, term, trunc, info = e.step(agent.act(obs, e.view()))
-            admitted.append(info["admitted"])
+            most = max(most, info["admitted"])
             if term or trunc:
                 break
-        assert max(admitted) <= most and max(admitted) > (1 if cap == 2 else 2)
+        assert low <= most <= high, (name, kw, most)
+
+
+def test_numpy_and_sequence_parameters_still_work_and_huge_integers_are_named():
+    from flowgym.agents import make_agent
+
+    assert make_agent("alpha-greedy", alpha=np.float32(0.25)).alpha == pytest.approx(0.25)
+    assert make_agent("schedule", times=range(2), budgets=[4, 8]).times == [0.0, 1.0]
+    assert make_agent("safe-budget", cap=256.0).env_options()["max_budget"] == 256
+    assert make_agent("fixed", b=np.int64(7)).b == 7
+    for name, kw, match in (("fixed", {"b": 10**400}, r"b must be an integer from 0 to 1e\+09"),
+                            ("flow-control", {"b": 10**400}, r"budget b must be a non-negative number \(at most 1e9\)"),
+                            ("safe-budget", {"cap": 2 * 10**9}, r"cap must be an integer from 1 to 1e\+09")):
+        with pytest.raises(ValueError, match=match):
+            make_agent(name, **kw)

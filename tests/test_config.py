@@ -284,3 +284,13 @@ def test_trace_reset_loads_are_the_episode_s_own():
     assert info["rho_peak"] is None
     info = gym.make("FlowControl-v0", M=30, horizon=2, workload=tr).reset(seed=0)[1]
     assert info["rho_episode"] == pytest.approx(sum(5 * o + o * (o + 1) / 2 for o in (3, 4, 5)) / (2 * 30))
+
+
+def test_integer_lists_as_ranges_and_integer_arrays_are_still_taken():
+    e = FlowControlEnv(hist_edges=np.array([0, 8, 16]), output_length_known=True, projection_offsets=np.arange(4))
+    assert list(e.features.edges) == [0, 8, 16] and list(e.features.offsets) == [0, 1, 2, 3]
+    assert list(FlowControlEnv(hist_edges=range(0, 40, 8)).features.edges) == [0, 8, 16, 24, 32]
+    with pytest.raises(ValueError, match="hist_edges must be a non-empty list of integers"):
+        FlowControlEnv(hist_edges=np.array([0.0, 8.5]))
+    with pytest.raises(ValueError, match=r"M must be at most 9007199254740992 \(2\*\*53"):
+        FlowControlEnv(M=2**53 + 1)

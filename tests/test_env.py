@@ -452,23 +452,6 @@ def test_reset_info_names_long_run_episode_and_peak_loads():
     assert info["rho"] == pytest.approx(info["rho_episode"]) == pytest.approx(info["rho_peak"])
 
 
-def test_a_compiled_rule_may_not_read_lengths_the_environment_hides():
-    from flowgym.sim.admission import AdmissionRule
-
-    env = FlowControlEnv(horizon=20)  # output_length_known=False
-    env.reset(seed=0)
-    known = AdmissionRule("future-fit", max_count=64, lengths="known")
-    assert "hides" in env.rule_unsupported(known)
-    with pytest.raises(ValueError, match="reads the true output lengths"):
-        env.run_rule(known)
-    timed = FlowControlEnv(horizon=20, time_model="llama2-70b-tp2-a100",
-                           workload={"kind": "iid", "rate": 4.0, "timed": True, "lengths": {"kind": "lmsys-like"}})
-    timed.reset(seed=0)  # continuous time, where the compiled loop runs: only the hidden lengths are refused
-    assert "hides" in timed.rule_unsupported(known)
-    assert timed.rule_unsupported(AdmissionRule("future-fit", max_count=64, lengths="bound", bound=60)) is None
-    assert timed.rule_unsupported(AdmissionRule("fixed", budget=4)) is None
-
-
 def test_view_queue_refuses_a_negative_count():
     env = FlowControlEnv(horizon=20)
     env.reset(seed=0)

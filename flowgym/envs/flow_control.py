@@ -80,8 +80,8 @@ MAX_COUNT = 2**53
 MAX_BUDGET_CAP = 10**9
 #: Largest cap of an observation entry: the bounds of the ``Box`` are float32.
 OBS_BOUND_CAP = 1e30
-#: Largest multiplier of ``action="multiplier"`` / ``"log-multiplier"``.
-MAX_MULTIPLIER = 1e6
+#: Largest multiplier of ``action="multiplier"`` / ``"log-multiplier"`` (any budget above ``max_budget`` is capped).
+MAX_MULTIPLIER = 1e12
 
 
 @dataclass
@@ -214,17 +214,18 @@ class FlowControlConfig:
 
         def at_most(name: str, v: Any, cap: float, why: str) -> None:
             if v > cap:
-                raise ValueError(f"{name} must be at most {cap:g} ({why}), got {v!r}")
+                shown = f"{cap:d}" if isinstance(cap, int) else f"{cap:g}"
+                raise ValueError(f"{name} must be at most {shown} ({why}), got {v!r}")
 
         for name in BOOL_FIELDS:
             v = getattr(self, name)
             if not isinstance(v, (bool, np.bool_)):  # a string such as "false" would be truthy
                 raise ValueError(f"{name} must be True or False, got {v!r}")
         pos_int("M", self.M)
-        at_most("M", self.M, MAX_COUNT, "tokens the simulator counts exactly")
+        at_most("M", self.M, MAX_COUNT, "2**53, tokens the simulator counts exactly")
         if self.horizon is not None:
             pos_int("horizon", self.horizon)
-            at_most("horizon", self.horizon, MAX_COUNT, "slots the simulator counts exactly")
+            at_most("horizon", self.horizon, MAX_COUNT, "2**53, slots the simulator counts exactly")
         pos_int("max_budget", self.max_budget)
         at_most("max_budget", self.max_budget, MAX_BUDGET_CAP, "the action space's size")
         pos_int("queue_cap", self.queue_cap)
@@ -244,7 +245,7 @@ class FlowControlConfig:
         if self.queue_order == "sjf" and not self.output_length_known:
             raise ValueError("queue_order='sjf' reads output lengths: it needs output_length_known=True")
         pos_int("estimate_floor", self.estimate_floor)
-        at_most("estimate_floor", self.estimate_floor, MAX_COUNT, "tokens the simulator counts exactly")
+        at_most("estimate_floor", self.estimate_floor, MAX_COUNT, "2**53, tokens the simulator counts exactly")
         if self.observation not in ("dict", "flat", *LOAD_OBSERVATIONS):
             raise ValueError(f"observation must be {one_of(('dict', 'flat', *LOAD_OBSERVATIONS))}, "
                              f"got {self.observation!r}")
@@ -277,6 +278,10 @@ class FlowControlConfig:
                 raise ValueError(f"action='log-multiplier' ranges between the smallest and the largest of "
                                  f"multipliers: it needs two of them, got {ks!r}")
         def int_list(name: str, v: Any) -> list[int]:
+            if isinstance(v, range):
+                v = list(v)
+            elif isinstance(v, np.ndarray) and v.ndim == 1 and np.issubdtype(v.dtype, np.integer):
+                v = v.tolist()
             if (not isinstance(v, (list, tuple)) or not v
                     or any(isinstance(x, (bool, np.bool_)) or not isinstance(x, (int, np.integer)) for x in v)):
                 raise ValueError(f"{name} must be a non-empty list of integers, got {v!r}")
@@ -728,9 +733,6 @@ class FlowControlEnv(gym.Env[Any, Any]):
             return f"render_mode={self.render_mode!r} (frames are drawn every step)"
         if self.config.action != "budget":
             return f"action={self.config.action!r} (an agent's actions are not budgets there)"
-        if rule.kind == "future-fit" and rule.lengths == "known" and not self.config.output_length_known:
-            return ("the rule reads the true output lengths (lengths='known'), which this environment hides "
-                    "(output_length_known=False)")
         return self.engine.rule_unsupported(rule)
 
     def run_rule(self, rule: AdmissionRule) -> int:

@@ -177,7 +177,6 @@ def _compare(args: argparse.Namespace) -> int:
     if args.tune_horizon is not None and args.tune_horizon < 1:
         print(f"error: --tune-horizon must be a positive number of slots, got {args.tune_horizon}", file=sys.stderr)
         return 2
-    _writable_dir("--out", args.out)
     if sc.finite:
         if args.horizons is not None:
             print(f"error: scenario {sc.name} runs to the end of its workload; drop --horizons", file=sys.stderr)
@@ -195,6 +194,7 @@ def _compare(args: argparse.Namespace) -> int:
         print(f"error: reporting seeds and tuning seeds overlap ({sorted(set(seeds) & set(tune_seeds))[:5]}); "
               "report on seeds the tuning did not see", file=sys.stderr)
         return 2
+    _writable_dir("--out", args.out)  # the last check before the run: a refused command leaves no folder
     n_tune = sum(len(s.tune[1]) * len(tune_seeds) for s in specs if s.tune and not args.no_tune)
     w_tune, w_run = episode_work(tune_kwargs, tune_h), episode_work(env_kwargs, None if horizons is None else horizons[-1])
     bar = Progress(n_tune * w_tune + len(specs) * len(seeds) * w_run, enabled=not args.quiet)
@@ -343,6 +343,9 @@ def _reproduce(args: argparse.Namespace) -> int:
     if args.write_docs and (args.quick or only):
         print("error: --write-docs records the full run of every claim: drop --quick and --only", file=sys.stderr)
         return 2
+    from flowgym.lab.reproduce import load_claims
+
+    load_claims(args.claims)  # a bad claims file is named before the output folder is made
     _writable_dir("--out", args.out)
     t0 = time.perf_counter()
     with _backend(args) as backend:
@@ -600,17 +603,17 @@ def _train(args: argparse.Namespace) -> int:
             kw["distribution"] = dist
         cfg = TrainConfig.generalist(**kw)
     cfg.validate()  # bad settings are named first, with or without the training extra
-    _writable_dir("--out", cfg.out)
     try:
         require_sb3()
     except ImportError as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
-    if args.backend == "ray":
-        return _train_search(args, cfg)
-    if args.trials is not None:
+    if args.backend != "ray" and args.trials is not None:
         print("error: --trials runs a search on Ray: add --backend ray", file=sys.stderr)
         return 2
+    _writable_dir("--out", cfg.out)
+    if args.backend == "ray":
+        return _train_search(args, cfg)
     import os
 
     on = _trained_on(cfg)

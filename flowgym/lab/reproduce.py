@@ -153,8 +153,8 @@ def _str_list(d: dict[str, Any], key: str, where: str) -> tuple[str, ...]:
 #: The fields a ``[settings.<id>]`` table, its ``full``/``quick`` run tables, its ``params`` and a ``[[claims]]`` entry
 #: may hold: anything else (a typo such as ``quick_verdit``) is refused, not ignored.
 SETTING_FIELDS = ("section", "kind", "scenario", "rate", "full", "quick", "params")
-RUN_FIELDS = ("seeds", "horizons", "env", "tune_env", "tune_seeds", "tune_horizon", "instances", "rate", "span",
-              "time_limit")
+RUN_FIELDS = ("seeds", "seed", "horizons", "env", "tune_env", "tune_seeds", "tune_horizon", "instances", "rate",
+              "span", "time_limit")
 PARAM_FIELDS = ("agents", "classes", "budgets", "rates", "M")
 CLAIM_FIELDS = ("id", "statement", "setting", "kind", "verdict", "quick_verdict", "agent", "baselines", "metrics",
                 "comparison", "max", "max_ratio", "check", "note")

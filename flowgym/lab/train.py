@@ -261,9 +261,13 @@ class TrainConfig:
                                  f"or left unset")
         for name in ("eval_freq", "checkpoint_freq", "final_eval_seeds", "tune_seeds", "seed", "eval_seed"):
             pos_int(name, getattr(self, name), zero=True)
-        if self.final_eval_seeds > 0 and self.tune_seeds < 1:  # the final table tunes its baselines on them
-            raise ValueError(f"tune_seeds must be at least 1 when final_eval_seeds > 0 (the final table tunes the "
-                             f"baselines on them), got {self.tune_seeds}")
+        if self.final_eval_seeds > 0 and self.tune_seeds < 1:  # the final table tunes the baselines on them
+            from flowgym.lab.scenarios import get_scenario
+
+            tuned = [a.label or a.name for a in get_scenario(self.scenario, rate=self.rate).agents if a.tune]
+            if tuned:
+                raise ValueError(f"tune_seeds must be at least 1 when final_eval_seeds > 0: the final table tunes "
+                                 f"{', '.join(tuned)} on them, got {self.tune_seeds}")
         pos_num("learning_rate", self.learning_rate)
         pos_num("clip_range", self.clip_range)
         pos_num("clip_obs", self.clip_obs)
@@ -912,7 +916,8 @@ def _algo_kwargs(cfg: TrainConfig, algo_cls: type) -> dict[str, Any]:
     if cfg.log_std_init is not None:
         kw["policy_kwargs"]["log_std_init"] = float(cfg.log_std_init)
     extra = dict(cfg.algo_kwargs)
-    unknown = sorted(set(extra) - accepted - {"self"})
+    takes_any = any(p.kind is inspect.Parameter.VAR_KEYWORD for p in inspect.signature(algo_cls.__init__).parameters.values())
+    unknown = [] if takes_any else sorted(set(extra) - accepted - {"self"})
     if unknown:  # found before training, not as a TypeError from the constructor
         raise ValueError(f"algo_kwargs {unknown} are not arguments of {algo_cls.__name__}")
     if isinstance(extra.get("policy_kwargs"), Mapping):  # merged: e.g. an LSTM's size beside --net-arch
