@@ -547,7 +547,7 @@ class FlowControlEnv(gym.Env[Any, Any]):
     (``"false"`` is refused, not read as true); integer lists (``hist_edges``,
     ``projection_offsets``) must hold integers (not truncated floats); ``M``,
     ``horizon`` and ``estimate_floor`` are at most 2**53, ``max_budget`` at most 10**9, the
-    observation caps at most 1e30 (float32 bounds), multipliers at most 10**6; in slots
+    observation caps at most 1e30 (float32 bounds), multipliers at most 10**12; in slots
     ``rate_window`` is at least 1 (its moving-average weight ``1 / rate_window`` would
     overshoot).
 
