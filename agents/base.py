@@ -11,7 +11,6 @@ read-only :class:`flowgym.envs.view.SystemView`, never the engine.
 
 from __future__ import annotations
 
-import math
 from typing import Any
 
 import numpy as np
