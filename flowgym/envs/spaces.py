@@ -354,12 +354,11 @@ def _scaled_budget(k: Any, tracker: LoadTracker, of: str, max_budget: int) -> in
         b = float(max(k[0] * _rate_anchor(tracker, of), k[1] * safe))
         if of == "max-drain":
             b = max(b, _drain_term(tracker, k[2], safe))
-        return int(min(max(round(min(b, max_budget)), 1), max_budget))  # min first: k * anchor may overflow to inf
-    if of == "min":
-        anchor = min(tracker.safe_budget(), tracker.arrival_rate())
+    elif of == "min":
+        b = k * min(tracker.safe_budget(), tracker.arrival_rate())
     else:
-        anchor = tracker.safe_budget() if of == "safe" else tracker.arrival_rate()
-    return int(min(max(round(min(k * anchor, max_budget)), 1), max_budget))
+        b = k * (tracker.safe_budget() if of == "safe" else tracker.arrival_rate())
+    return int(max(round(min(b, max_budget)), 1))  # capped before rounding: k * anchor may overflow to inf
 
 
 def log_multiplier_size(of: str) -> int:

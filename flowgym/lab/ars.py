@@ -166,13 +166,9 @@ class ARSConfig:
             pos_int(name)
         for name in ("eval_seed", "seed", "final_eval_seeds", "tune_seeds"):
             pos_int(name, zero=True)
-        if self.final_eval_seeds > 0 and self.tune_seeds < 1:  # the final table tunes the baselines on them
-            from flowgym.lab.scenarios import get_scenario
+        from flowgym.lab.train import check_tune_seeds
 
-            tuned = [a.label or a.name for a in get_scenario(self.scenario, rate=self.rate).agents if a.tune]
-            if tuned:
-                raise ValueError(f"tune_seeds must be at least 1 when final_eval_seeds > 0: the final table tunes "
-                                 f"{', '.join(tuned)} on them, got {self.tune_seeds}")
+        check_tune_seeds(self.scenario, self.rate, self.final_eval_seeds, self.tune_seeds)
         if self.seed < self.norm_draws:
             raise ValueError(f"seed must be at least norm_draws ({self.norm_draws}): the normalisation draws are "
                              f"seeds seed-1 down to seed-norm_draws, got seed={self.seed}")

@@ -552,8 +552,9 @@ def format_lower_bounds(rows: list[dict[str, Any]], table: ResultTable) -> str:
             pairs = [(r["mean_time_in_system"], bound_of[r["seed"]]) for r in table.rows
                      if r["agent"] == agent and r["horizon"] == h and r["seed"] in bound_of
                      and math.isfinite(r["mean_time_in_system"])]
-            if pairs and np.mean([b for _, b in pairs]) > 0:
-                ratios.append((float(np.mean([t for t, _ in pairs])) / float(np.mean([b for _, b in pairs])), agent))
+            mean_bound = float(np.mean([b for _, b in pairs])) if pairs else 0.0
+            if mean_bound > 0:
+                ratios.append((float(np.mean([t for t, _ in pairs])) / mean_bound, agent))
         where = "to the end" if h is None else f"T={h}"
         agents = (", ".join(f"{r:.3f}x ({a})" for r, a in sorted(ratios)) if ratios
                   else "none at this horizon (the workload ended before it)")

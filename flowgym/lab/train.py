@@ -261,13 +261,7 @@ class TrainConfig:
                                  f"or left unset")
         for name in ("eval_freq", "checkpoint_freq", "final_eval_seeds", "tune_seeds", "seed", "eval_seed"):
             pos_int(name, getattr(self, name), zero=True)
-        if self.final_eval_seeds > 0 and self.tune_seeds < 1:  # the final table tunes the baselines on them
-            from flowgym.lab.scenarios import get_scenario
-
-            tuned = [a.label or a.name for a in get_scenario(self.scenario, rate=self.rate).agents if a.tune]
-            if tuned:
-                raise ValueError(f"tune_seeds must be at least 1 when final_eval_seeds > 0: the final table tunes "
-                                 f"{', '.join(tuned)} on them, got {self.tune_seeds}")
+        check_tune_seeds(self.scenario, self.rate, self.final_eval_seeds, self.tune_seeds)
         pos_num("learning_rate", self.learning_rate)
         pos_num("clip_range", self.clip_range)
         pos_num("clip_obs", self.clip_obs)
@@ -890,12 +884,25 @@ def _check_safe_copy(out: str, model: Any, norm: Any) -> None:
 POLICY_KWARGS = ("net_arch", "log_std_init", "ortho_init", *LSTM_KWARGS)
 
 
+def check_tune_seeds(scenario: Any, rate: float | None, final_eval_seeds: int, tune_seeds: int) -> None:
+    """``ValueError`` when a final table is asked for (``final_eval_seeds > 0``) on a scenario that tunes an agent,
+    with no seed to tune it on (``tune_seeds < 1``); the check of both training configurations."""
+    if final_eval_seeds > 0 and tune_seeds < 1:
+        from flowgym.lab.scenarios import get_scenario
+
+        tuned = [a.label or a.name for a in get_scenario(scenario, rate=rate).agents if a.tune]
+        if tuned:
+            raise ValueError(f"tune_seeds must be at least 1 when final_eval_seeds > 0: the final table tunes "
+                             f"{', '.join(tuned)} on them, got {tune_seeds}")
+
+
 def _algo_kwargs(cfg: TrainConfig, algo_cls: type) -> dict[str, Any]:
     """Constructor arguments for ``algo_cls``: the ones of ``cfg`` it accepts, then ``algo_kwargs`` (its
     ``policy_kwargs`` merged into those of ``cfg``: ``net_arch``, ``log_std_init``)."""
     import inspect
 
-    accepted = set(inspect.signature(algo_cls.__init__).parameters)
+    params = inspect.signature(algo_cls.__init__).parameters
+    accepted = set(params)
     common = {
         "learning_rate": cfg.learning_rate, "n_steps": cfg.n_steps, "batch_size": cfg.batch_size,
         "n_epochs": cfg.n_epochs, "gamma": cfg.gamma, "gae_lambda": cfg.gae_lambda, "clip_range": cfg.clip_range,
@@ -916,7 +923,7 @@ def _algo_kwargs(cfg: TrainConfig, algo_cls: type) -> dict[str, Any]:
     if cfg.log_std_init is not None:
         kw["policy_kwargs"]["log_std_init"] = float(cfg.log_std_init)
     extra = dict(cfg.algo_kwargs)
-    takes_any = any(p.kind is inspect.Parameter.VAR_KEYWORD for p in inspect.signature(algo_cls.__init__).parameters.values())
+    takes_any = any(p.kind is inspect.Parameter.VAR_KEYWORD for p in params.values())
     unknown = [] if takes_any else sorted(set(extra) - accepted - {"self"})
     if unknown:  # found before training, not as a TypeError from the constructor
         raise ValueError(f"algo_kwargs {unknown} are not arguments of {algo_cls.__name__}")

@@ -60,12 +60,10 @@ def int_array(name: str, x: Any, n: int | None, minimum: int) -> np.ndarray:
         if wrong.size:
             bad = int(wrong[0])
             raise ValueError(f"{name}[{bad}] = {arr[bad].item()!r} is not an integer")
-        big = np.flatnonzero(np.abs(arr) >= 2.0**62)  # beyond int64 (with room for sums): the cast would wrap
-        if big.size:
-            bad = int(big[0])
-            raise ValueError(f"{name}[{bad}] = {arr[bad].item()!r} is too large (it must be below 2**62)")
-    elif arr.size and np.any(arr >= 2**62):  # unsigned beyond int64, or int64 without room for sums
-        bad = int(np.flatnonzero(arr >= 2**62)[0])
+    # beyond int64 with room for sums, the cast would wrap: floats either way, integers (int64, uint64) upward
+    big = np.flatnonzero((np.abs(arr) if np.issubdtype(arr.dtype, np.floating) else arr) >= 2**62) if arr.size else []
+    if len(big):
+        bad = int(big[0])
         raise ValueError(f"{name}[{bad}] = {arr[bad].item()!r} is too large (it must be below 2**62)")
     out = arr.astype(np.int64)
     low = np.flatnonzero(out < minimum)
