@@ -21,13 +21,14 @@ import numpy as np
 
 from flowgym.agents.base import Agent, int_param
 from flowgym.envs.view import SystemView
+from flowgym.sim._checks import is_real
 
 __all__ = ["SafeBudget", "TwoAnchorBudget", "ScheduledBudget"]
 
 
 def _multiplier(label: str, k: Any) -> float:
     """``k`` as a float; raises ``ValueError`` naming ``label`` unless it is a positive finite number."""
-    if isinstance(k, bool) or not isinstance(k, (int, float)) or not (math.isfinite(k) and k > 0):
+    if not is_real(k) or not (math.isfinite(k) and k > 0):
         raise ValueError(f"{label} must be a positive finite number, got {k!r}")
     return float(k)
 

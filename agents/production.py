@@ -20,6 +20,7 @@ import numpy as np
 from flowgym.agents.base import DEFAULT_REQUEST, Agent, int_param
 from flowgym.envs.flow_control import FlowControlConfig
 from flowgym.envs.view import SystemView
+from flowgym.sim._checks import is_real
 
 __all__ = ["SGLangReservation", "GuaranteedNoEvict"]
 
@@ -64,7 +65,7 @@ class SGLangReservation(Agent):
         for nm, v in (("init_new_token_ratio", init_new_token_ratio),
                       ("min_new_token_ratio_factor", min_new_token_ratio_factor),
                       ("schedule_conservativeness", schedule_conservativeness)):
-            if isinstance(v, bool) or not isinstance(v, (int, float)) or not (v > 0 and np.isfinite(v)):
+            if not is_real(v) or not (v > 0 and np.isfinite(v)):
                 raise ValueError(f"{nm} must be a positive number, got {v!r}")
         for nm, v in (("new_token_ratio_decay_steps", new_token_ratio_decay_steps),
                       ("retract_decode_steps", retract_decode_steps), ("clip_max_new_tokens", clip_max_new_tokens)):

@@ -35,7 +35,6 @@ Not a timed test; run by hand (about 30 minutes on 2 cores for the defaults)::
 from __future__ import annotations
 
 import argparse
-import json
 import math
 import os
 import sys
@@ -46,6 +45,7 @@ from typing import Any
 import numpy as np
 
 from flowgym.envs.flow_control import FlowControlEnv
+from flowgym.lab import _json
 from flowgym.lab.evaluation import bound_unsupported, evaluate, lower_bounds, tune
 from flowgym.lab.scenarios import ADAPTIVE_SCENARIOS, AgentSpec, get_scenario
 
@@ -333,7 +333,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         with open(args.out + ".md", "w") as fh:
             fh.write(md + "\n")
         with open(args.out + ".json", "w") as fh:
-            json.dump(results, fh, indent=1, default=float)
+            _json.dump(results, fh, indent=1)
     return 0
 
 

@@ -80,6 +80,36 @@ def test_log_scores_are_minus_the_mean_log_over_draws_every_candidate_finished()
     np.testing.assert_array_equal(_log_scores([math.nan, math.nan], 2, 1), [0.0, 0.0])
 
 
+def test_log_scores_with_a_hinge_weigh_the_draws_lost_to_the_reference():
+    v = [10.0, 100.0,
+         20.0, 50.0]
+    ref = [20.0, 50.0]  # candidate 0 loses the second draw by a factor 2, candidate 1 loses none
+    s = _log_scores(v, 2, 2, ref, 1.5)
+    np.testing.assert_allclose(s, [-(math.log(10) + math.log(100) + 1.5 * math.log(2)) / 2,
+                                   -(math.log(20) + math.log(50)) / 2])
+    assert s[1] > s[0]  # without the hinge a tie (the same geometric mean); with it, the one that never loses wins
+    np.testing.assert_array_equal(_log_scores(v, 2, 2, ref, 0.0), _log_scores(v, 2, 2))
+    # a draw the reference did not finish is left out for every candidate
+    np.testing.assert_allclose(_log_scores(v, 2, 2, [math.nan, 50.0], 1.5),
+                               [-(math.log(100) + 1.5 * math.log(2)), -math.log(50)])
+
+
+def test_ars_with_a_hinge_runs_the_reference_on_every_draw_and_records_it(tmp_path):
+    """``hinge > 0``: one reference episode per training and selection draw (counted), the setting in the
+    model's meta, and a different search from the same seeds (the scores differ)."""
+    out = str(tmp_path / "hinge")
+    res = train_ars(out=out, hinge=2.0, **TINY)
+    # 2 reference + 2 evaluation episodes first; each update 2 reference + 8 candidates + 2 evaluation
+    assert res.episodes == 4 + 2 * (2 + 8 + 2)
+    meta = json.load(open(os.path.join(out, META_FILE)))
+    assert meta["hyperparameters"]["hinge"] == 2.0
+    res0 = train_ars(out=str(tmp_path / "plain"), **TINY)
+    its, its0 = (np.load(os.path.join(d, ITERATES_FILE)) for d in (out, str(tmp_path / "plain")))
+    np.testing.assert_array_equal(its[0], its0[0])
+    assert not np.array_equal(its[1:], its0[1:]) and res0.episodes == 2 + 2 * (8 + 2)
+    LearnedBudget(out)  # loads like any model
+
+
 def test_ars_writes_a_model_the_learned_agent_loads(tiny_model):
     out, res = tiny_model
     for f in (ARRAYS_FILE, NORM_FILE, META_FILE, "curves.csv"):
@@ -317,6 +347,11 @@ def test_config_errors_name_the_setting():
         ARSConfig(noise=-1.0).validate()
     with pytest.raises(ValueError, match="hidden"):
         ARSConfig(hidden=(0,)).validate()
+    for bad in (-1.0, True, math.inf, "2"):
+        with pytest.raises(ValueError, match="hinge must be a non-negative number"):
+            ARSConfig(hinge=bad).validate()
+    with pytest.raises(ValueError, match="hinge needs a two-anchor action"):
+        ARSConfig(hinge=1.0, multiplier_of="rate").validate()
     with pytest.raises(ValueError, match="env_overrides may not set 'workload'"):
         ARSConfig(env_overrides={"workload": {}}).validate()
     with pytest.raises(ValueError, match="seed must be at least norm_draws"):

@@ -8,7 +8,7 @@ import math
 import numpy as np
 import pytest
 
-from flowgym.sim._checks import MAX_OUTPUT_SLOTS, calendar_span, non_negative, positive, positive_int
+from flowgym.sim._checks import MAX_OUTPUT_SLOTS, calendar_span, is_real, non_negative, positive, positive_int
 
 
 def test_non_negative_accepts_zero_and_finite_numbers():
@@ -55,3 +55,24 @@ def test_calendar_span_is_the_smaller_of_M_and_the_longest_output():
         calendar_span(2**40, MAX_OUTPUT_SLOTS + 1)
     with pytest.raises(ValueError, match=r"longest output unknown, M=16777217\)"):
         calendar_span(MAX_OUTPUT_SLOTS + 1, None)
+
+
+def test_is_real_takes_python_and_numpy_numbers_and_no_bool_string_or_complex():
+    for v in (0, -3, 2.5, math.nan, math.inf, np.int32(4), np.float32(1.5), np.float64(2.0), np.uint8(1)):
+        assert is_real(v), v
+    for v in (True, False, np.bool_(True), "1.0", 1j, np.complex64(1), None, [1.0], np.array([1.0])):
+        assert not is_real(v), v
+
+
+def test_a_numpy_float32_setting_is_taken_where_a_float_is():
+    """The shared predicate: settings that took a Python float take a numpy float32 too (they did not all)."""
+    from flowgym.agents.adaptive import TwoAnchorBudget
+    from flowgym.envs.flow_control import FlowControlConfig
+
+    assert TwoAnchorBudget(k_rate=np.float32(1.5)).k_rate == 1.5
+    with pytest.raises(ValueError, match="k_rate"):
+        TwoAnchorBudget(k_rate=np.bool_(True))
+    from flowgym.envs.flow_control import DEFAULT_REWARD_WEIGHTS
+
+    key = sorted(DEFAULT_REWARD_WEIGHTS)[0]
+    FlowControlConfig(reward_weights={key: np.float32(0.5)}).validate()  # refused before (not a float subclass)

@@ -231,6 +231,13 @@ def test_bad_flags_are_named_by_argparse(argv, match, capsys):
       "process", "--address", "auto"], "address names a Ray cluster"),
     (["scenario", "list", "adaptive-mix"], "takes no name or --format"),
     (["run", "--trace", "x.csv", "--rate", "3"], "--rate sets the paper classes' Poisson rate"),
+    # an empty list is not the default lineup
+    (["compare", "--horizons", "50", "--seeds", "1", "--no-plots", "--quiet", "--agents", ""], "--agents names no agent"),
+    (["compare", "--horizons", "50", "--seeds", "1", "--no-plots", "--quiet", "--agents", " ; "],
+     "--agents names no agent"),
+    (["compare", "--horizons", "50", "--seeds", "1", "--no-plots", "--quiet", "--add-agents", ";"],
+     "--add-agents names no agent"),
+    (["hindsight", "--random", "5", "--agents", "", "--time-limit", "5"], "--agents names no agent"),
 ])
 def test_bad_input_is_refused_before_any_run(argv, match, capsys):
     assert main(argv) == 2

@@ -12,6 +12,7 @@ from typing import Any
 import gymnasium as gym
 import numpy as np
 
+from flowgym.sim._checks import is_real
 from flowgym.sim.admission import AdmissionRule
 from flowgym.sim.engine import EVICTION_RULES, QUEUE_ORDERS, RECORD_MODES, Engine
 from flowgym.sim.vllm import ENGINE_MODES, VLLM_MODE, VllmOptions, make_engine
@@ -209,7 +210,7 @@ class FlowControlConfig:
                 raise ValueError(f"{name} must be a positive integer, got {v!r}")
 
         def pos_num(name: str, v: Any) -> None:
-            if isinstance(v, bool) or not isinstance(v, (int, float, np.number)) or not (math.isfinite(v) and v > 0):
+            if not is_real(v) or not (math.isfinite(v) and v > 0):
                 raise ValueError(f"{name} must be a positive finite number, got {v!r}")
 
         def at_most(name: str, v: Any, cap: float, why: str) -> None:
@@ -301,7 +302,7 @@ class FlowControlConfig:
         if bad:
             raise ValueError(f"reward_weights has unknown key(s) {bad}; valid: {sorted(DEFAULT_REWARD_WEIGHTS)}")
         for k, v in self.reward_weights.items():
-            if isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v):
+            if not is_real(v) or not math.isfinite(v):
                 raise ValueError(f"reward_weights[{k!r}] must be a finite number, got {v!r}")
         if self.time_model != "slot":
             from flowgym.sim.latency import make_latency_model

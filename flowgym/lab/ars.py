@@ -38,7 +38,6 @@ from __future__ import annotations
 
 import csv
 import dataclasses
-import json
 import math
 import os
 import time
@@ -58,6 +57,8 @@ from flowgym.agents.learned import (
     LearnedBudget,
     describe_action_space,
 )
+from flowgym.lab import _json
+from flowgym.sim._checks import is_real
 
 __all__ = ["ARSConfig", "ARSResult", "train_ars", "CURVE_COLUMNS", "ITERATES_FILE"]
 
@@ -138,6 +139,14 @@ class ARSConfig:
     #: Update ``u = 1, 2, ...`` trains on draws ``seed + (u - 1) * draws + j``; the normalisation draws are
     #: ``seed - 1 - j``; the directions come from ``numpy.random.default_rng(seed)``.
     seed: int = 40_000
+    #: Weight ``w`` of a penalty on losing to the untuned two-anchor rule (0: none, the shipped recipe). With
+    #: ``w > 0`` a candidate's score on a draw is ``-(log t + w * max(0, log t - log t_ref))``, ``t`` its mean
+    #: time in system and ``t_ref`` that of the fixed two-anchor rule (``k_rate`` 1.4, ``k_safe`` 1, on the
+    #: same anchors as :attr:`multiplier_of`; :class:`~flowgym.agents.adaptive.TwoAnchorBudget`) on the same
+    #: draw and arrivals: the draws where the policy loses to that rule weigh ``1 + w`` times as much. The
+    #: selection evaluations score the same way (their ``eval_geo_time_in_system`` is then the penalised
+    #: geometric mean). docs/training.md, "Losing less often".
+    hinge: float = 0.0
     #: Processes running episodes (1: this one).
     workers: int = 1
     #: Overrides of the environment arguments (e.g. ``{"reward_weights": ...}``; not the workload).
@@ -179,9 +188,15 @@ class ARSConfig:
                 if alo <= bhi and blo <= ahi:
                     raise ValueError(f"the {a} seeds {alo}..{ahi} overlap the {b} seeds {blo}..{bhi}: "
                                      "choose seed and eval_seed so that every use has its own seeds")
+        if not is_real(self.hinge) or not (
+                math.isfinite(self.hinge) and self.hinge >= 0):
+            raise ValueError(f"hinge must be a non-negative number, got {self.hinge!r}")
+        if self.hinge > 0 and self.multiplier_of not in ("max", "max-head"):
+            raise ValueError("hinge needs a two-anchor action (multiplier_of 'max' or 'max-head', the reference "
+                             f"rule's), got multiplier_of={self.multiplier_of!r}")
         for name in ("noise", "step_size"):
             v = getattr(self, name)
-            if isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v) or v <= 0:
+            if not is_real(v) or not math.isfinite(v) or v <= 0:
                 raise ValueError(f"{name} must be a positive number, got {v!r}")
         if not isinstance(self.hidden, (tuple, list)) or any(
                 isinstance(h, bool) or not isinstance(h, (int, np.integer)) or h < 1 for h in self.hidden):
@@ -285,6 +300,18 @@ def _episode(task: tuple[np.ndarray, Any, int, dict[str, Any]]) -> float:
     return float(ep.metrics()["mean_time_in_system"])
 
 
+def _reference_episode(task: tuple[int, dict[str, Any]]) -> float:
+    """Mean time in system of the untuned two-anchor rule (the reference of ``ARSConfig.hinge``) on one draw."""
+    from flowgym.agents.adaptive import TwoAnchorBudget
+    from flowgym.lab.evaluation import run_episode
+
+    seed, env_kwargs = task
+    agent = TwoAnchorBudget(head=_SPEC["env_options"].get("multiplier_of") == "max-head",
+                            cap=int(_SPEC["env_options"].get("max_budget", 256)))
+    ep = run_episode(agent, env_kwargs, seed, env_kwargs.get("horizon"))
+    return float(ep.metrics()["mean_time_in_system"])
+
+
 def _observations(task: tuple[int, dict[str, Any]]) -> np.ndarray:
     """The raw load observations at the decision points of the initial policy (zero weights) on one draw."""
     from flowgym.lab.evaluation import run_episode
@@ -330,13 +357,22 @@ class _Runner:
             self.pool.shutdown(cancel_futures=True)
 
 
-def _log_scores(values: Sequence[float], n_candidates: int, n_draws: int) -> np.ndarray:
-    """Minus the mean log time in system of each candidate over the draws where every candidate has one."""
+def _log_scores(values: Sequence[float], n_candidates: int, n_draws: int,
+                reference: Sequence[float] | None = None, hinge: float = 0.0) -> np.ndarray:
+    """Minus the mean log time in system of each candidate over the draws where every candidate has one;
+    with ``hinge > 0``, plus ``hinge`` times its log excess over ``reference`` (one value per draw) where it
+    exceeds it (draws where the reference has no finite time are left out)."""
     v = np.asarray(values, dtype=np.float64).reshape(n_candidates, n_draws)
     ok = np.all(np.isfinite(v) & (v > 0), axis=0)
+    if hinge > 0 and reference is not None:
+        r = np.asarray(reference, dtype=np.float64)
+        ok &= np.isfinite(r) & (r > 0)
     if not ok.any():
         return np.zeros(n_candidates)
-    return -np.log(v[:, ok]).mean(axis=1)
+    lv = np.log(v[:, ok])
+    if hinge > 0 and reference is not None:
+        lv = lv + hinge * np.maximum(0.0, lv - np.log(r[ok]))
+    return -lv.mean(axis=1)
 
 
 # --------------------------------------------------------------------------- the search
@@ -479,20 +515,23 @@ def train_ars(cfg: ARSConfig | None = None, *, on_iteration: Any = None, **overr
         norm = (mean, np.sqrt(var + eps), clip)
 
         eval_kw = [draw(cfg.eval_seed + j) for j in range(cfg.eval_episodes)]
+        hinge = float(cfg.hinge)
+        eval_ref = (runner.map(_reference_episode, [(cfg.eval_seed + j, eval_kw[j]) for j in range(cfg.eval_episodes)])
+                    if hinge > 0 else None)
 
         def evaluate(th: np.ndarray) -> float:
             v = runner.map(_episode, [(th, norm, cfg.eval_seed + j, eval_kw[j]) for j in range(cfg.eval_episodes)])
             ok = [x for x in v if math.isfinite(x) and x > 0]
             if not ok:  # no evaluation draw finished a request: never a best policy
                 return math.inf
-            return float(math.exp(-_log_scores(v, 1, len(v))[0]))
+            return float(math.exp(-_log_scores(v, 1, len(v), eval_ref, hinge)[0]))
 
         bar = Progress(cfg.iterations, enabled=cfg.progress)
         rows: list[dict[str, Any]] = []
         best = (evaluate(theta), 0)  # the best evaluation and its update (its weights: iterates[update])
         rows.append({"iteration": 0, "episodes": cfg.eval_episodes, "decisions": 0, "wall_seconds": 0.0,
                      "eval_geo_time_in_system": best[0]})
-        episodes, decisions = cfg.eval_episodes, 0
+        episodes, decisions = cfg.eval_episodes + (len(eval_ref) if eval_ref is not None else 0), 0
         iterates = [theta.copy()]
         for it in range(1, cfg.iterations + 1):
             seeds = [cfg.seed + (it - 1) * cfg.draws + j for j in range(cfg.draws)]
@@ -501,14 +540,15 @@ def train_ars(cfg: ARSConfig | None = None, *, on_iteration: Any = None, **overr
             if mask is not None:
                 deltas *= mask
             cands = [theta + cfg.noise * d for d in deltas] + [theta - cfg.noise * d for d in deltas]
+            ref = runner.map(_reference_episode, list(zip(seeds, kws))) if hinge > 0 else None
             vals = runner.map(_episode, [(c, norm, s, kw) for c in cands for s, kw in zip(seeds, kws)])
-            scores = _log_scores(vals, len(cands), cfg.draws)
+            scores = _log_scores(vals, len(cands), cfg.draws, ref, hinge)
             rp, rm = scores[:cfg.directions], scores[cfg.directions:]
             spread = float(np.std(scores))
             step = cfg.step_size / (cfg.directions * spread) * ((rp - rm) @ deltas) if spread > 0 else np.zeros(n_w)
             theta = theta + step
             iterates.append(theta.copy())
-            episodes += len(vals)
+            episodes += len(vals) + (len(ref) if ref is not None else 0)
             decisions += sum(int(kw.get("horizon") or 0) for kw in kws) * len(cands) // cfg.action_repeat
             row: dict[str, Any] = {"iteration": it, "episodes": episodes, "decisions": decisions,
                                    "wall_seconds": time.perf_counter() - t0,
@@ -571,10 +611,9 @@ def train_ars(cfg: ARSConfig | None = None, *, on_iteration: Any = None, **overr
         "loadavg": list(os.getloadavg()) if hasattr(os, "getloadavg") else None,
         "versions": _versions(("gymnasium", "numpy")),  # ARS needs neither torch nor SB3
     }
-    from flowgym.lab.train import _json_default
 
     with open(os.path.join(cfg.out, META_FILE), "w") as fh:
-        json.dump(meta, fh, indent=1, default=_json_default)
+        _json.dump(meta, fh, indent=1)
     np.save(os.path.join(cfg.out, ITERATES_FILE), np.stack(iterates))
     with open(os.path.join(cfg.out, "curves.csv"), "w", newline="") as fh:
         w = csv.DictWriter(fh, fieldnames=list(CURVE_COLUMNS), extrasaction="ignore")

@@ -21,9 +21,9 @@ import time
 from collections.abc import Sequence
 from typing import Any
 
-
 from flowgym.envs.flow_control import FlowControlEnv
 from flowgym.envs.spaces import LOAD_OBSERVATIONS, MULTIPLIER_OF
+from flowgym.lab import _json
 from flowgym.lab.train import DEFAULT_TRAIN_MINUTES, GENERALIST_TRAIN_MINUTES
 from flowgym.sim.metrics import METRIC_NAMES
 from flowgym.sim.theory import max_global_budget
@@ -97,7 +97,7 @@ def _run(args: argparse.Namespace) -> int:
     m.pop("kv_usage")
     result = {"budget": budget, "rho": rho, "seed": args.seed, "wall_seconds": wall, **m}
     if args.json:
-        print(json.dumps(result, indent=2, default=float))
+        print(_json.dumps(result, indent=2))
         return 0
     load = "unknown" if rho is None else f"{rho:.3f}"
     print(f"FlowControl-v0  M={env.config.M}  load rho={load}  fixed budget B_t={budget}  "
@@ -147,6 +147,14 @@ def _horizons(text: str) -> list[int]:
     return out
 
 
+def _agent_list(flag: str, text: str) -> list[str]:
+    """The agents of a semicolon-separated ``flag`` (an empty one is an error, not the default lineup)."""
+    agents = [x.strip() for x in text.split(";") if x.strip()]
+    if not agents:
+        raise ValueError(f"{flag} names no agent ({text!r}); leave it out for the default agents")
+    return agents
+
+
 def _compare(args: argparse.Namespace) -> int:
     import os
 
@@ -155,9 +163,10 @@ def _compare(args: argparse.Namespace) -> int:
 
     sc = get_scenario(args.scenario, rate=args.rate)
     env_kwargs = sc.env_kwargs()
-    specs = [AgentSpec.parse(a) for a in args.agents.split(";")] if args.agents else list(sc.agents)
-    if args.add_agents:
-        specs += [AgentSpec.parse(a) for a in args.add_agents.split(";") if a.strip()]
+    specs = ([AgentSpec.parse(a) for a in _agent_list("--agents", args.agents)] if args.agents is not None
+             else list(sc.agents))
+    if args.add_agents is not None:
+        specs += [AgentSpec.parse(a) for a in _agent_list("--add-agents", args.add_agents)]
     probe = FlowControlEnv(**env_kwargs)  # bad scenario arguments (e.g. a negative --rate) fail here, before any output
     if args.bound:
         from flowgym.lab.evaluation import bound_unsupported
@@ -292,8 +301,8 @@ def _hindsight(args: argparse.Namespace) -> int:
             how = f"Poisson arrivals at load {args.online:g} ({rate:.3f} per slot)"
         what = (f"random instance (Jaillet et al.): {args.random} requests, prompt {s}, outputs U{{1..{M - s}}}, "
                 f"M={M}, {how}, seed {args.seed}")
-    if args.agents:
-        agents = [x.strip() for x in args.agents.split(";") if x.strip()]
+    if args.agents is not None:
+        agents = _agent_list("--agents", args.agents)
     else:
         from flowgym.sim.theory import max_global_budget
         from flowgym.sim.workloads import request_work
@@ -328,7 +337,7 @@ def _hindsight(args: argparse.Namespace) -> int:
             "rows": rows,
         }
         with open(args.json, "w") as fh:
-            json.dump(out, fh, indent=1, default=lambda v: v.tolist() if hasattr(v, "tolist") else float(v))
+            _json.dump(out, fh, indent=1)
         print(f"wrote {args.json}")
     return 0
 
@@ -518,7 +527,7 @@ _SB3_ONLY = ("n_envs", "vec_env", "learning_rate", "n_steps", "batch_size", "n_e
              "action_rule", "budget_levels", "norm_obs", "norm_reward", "clip_obs", "eval_freq", "checkpoint_freq",
              "select", "torch_threads", "device", "total_timesteps", "trials", "address")
 _ARS_ONLY = ("iterations", "directions", "draws", "noise", "step_size", "hidden", "eval_every", "norm_draws", "init",
-             "search")
+             "search", "hinge")
 
 
 def _train_ars(args: argparse.Namespace) -> int:
@@ -537,7 +546,7 @@ def _train_ars(args: argparse.Namespace) -> int:
         print(f"error: {', '.join(given)} configure the SB3 algorithms (add --algo ppo, or another, to train with "
               "SB3); --algo ars, the default without --scenario, trains a numpy policy on the load "
               "features with the log-multiplier action (its options: --iterations, --directions, --draws, --noise, "
-              "--step-size, --hidden, --eval-every, --norm-draws, --init, --search; docs/training.md)", file=sys.stderr)
+              "--step-size, --hidden, --eval-every, --norm-draws, --init, --search, --hinge; docs/training.md)", file=sys.stderr)
         return 2
     kw: dict[str, Any] = {}
     for k in ("scenario", "rate", "observation", "multipliers", "multiplier_of", "max_budget", "action_repeat", "eval_episodes",
@@ -906,6 +915,9 @@ def build_parser() -> argparse.ArgumentParser:
     t.add_argument("--search", choices=["all", "new-inputs"], default=None,
                    help="(ars) the weights the search moves: all (default), or new-inputs: with --init and a longer "
                    "--observation than that model's, only the weights on the new features and the output biases")
+    t.add_argument("--hinge", type=float, default=None, metavar="W",
+                   help="(ars) weigh the draws where the policy loses to the untuned two-anchor rule 1 + W times "
+                   f"(default {a.hinge:g}: no penalty; docs/training.md, 'Losing less often')")
     t.add_argument("--eval-every", type=int, default=None,
                    help=f"(ars) evaluate every N updates on the fixed draws; the best is kept (default {a.eval_every})")
     t.add_argument("--norm-draws", type=int, default=None,

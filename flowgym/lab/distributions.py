@@ -25,6 +25,7 @@ from typing import Any
 
 import numpy as np
 
+from flowgym.sim._checks import is_real
 from flowgym.sim.workloads import EmpiricalLengths, make_workload
 
 __all__ = ["RandomMix", "DISTRIBUTIONS", "make_distribution"]
@@ -121,7 +122,7 @@ class RandomMix:
                                    and x > 0 for x in v) or v[0] > v[1]):
                     raise ValueError(f"random-mix: {f.name} must be [low, high] with 0 < low <= high, got {v!r}")
             elif f.name.endswith("_p"):
-                if isinstance(v, bool) or not isinstance(v, (int, float)) or not 0 <= v <= 1:
+                if not is_real(v) or not 0 <= v <= 1:
                     raise ValueError(f"random-mix: {f.name} must be a probability in [0, 1], got {v!r}")
         w = self.trace_window
         if (not isinstance(w, (tuple, list)) or len(w) != 2

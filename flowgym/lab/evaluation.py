@@ -15,7 +15,6 @@ the environment's seed alone, and each agent's own randomness from its own.
 from __future__ import annotations
 
 import csv
-import json
 import math
 import sys
 import threading
@@ -28,6 +27,7 @@ import numpy as np
 
 from flowgym.agents import make_agent
 from flowgym.envs.flow_control import FlowControlConfig, FlowControlEnv
+from flowgym.lab import _json
 from flowgym.sim.metrics import METRIC_NAMES, metrics_at
 from flowgym.lab.scenarios import AgentSpec
 
@@ -369,17 +369,8 @@ class ResultTable:
             **extra,
         }
         with open(path, "w") as fh:
-            json.dump(data, fh, indent=1, default=_json_default)
+            _json.dump(data, fh, indent=1)
 
-
-def _json_default(o: Any) -> Any:
-    if isinstance(o, np.integer):
-        return int(o)
-    if isinstance(o, np.floating):
-        return float(o)
-    if isinstance(o, np.ndarray):
-        return o.tolist()
-    raise TypeError(type(o).__name__)
 
 
 def build_agent(spec: AgentSpec, **override: Any) -> Any:

@@ -83,7 +83,7 @@ from typing import Any
 
 import numpy as np
 
-from flowgym.sim._checks import int_array
+from flowgym.sim._checks import int_array, is_real
 
 __all__ = [
     "OBJECTIVES",
@@ -809,12 +809,12 @@ def solve_hindsight(
     a, l, o, M = _check_instance(arrival, prompt_len, output_len, M)
     if objective not in OBJECTIVES:
         raise ValueError(f"objective must be one of {OBJECTIVES}, got {objective!r}")
-    if (isinstance(time_limit, bool) or not isinstance(time_limit, (int, float, np.integer, np.floating))
+    if (not is_real(time_limit)
             or not time_limit > 0):
         raise ValueError(f"time_limit must be a positive number of seconds, got {time_limit!r}")
     if slack is not None and (isinstance(slack, bool) or not isinstance(slack, (int, np.integer)) or slack < 0):
         raise ValueError(f"slack must be a non-negative integer number of slots, got {slack!r}")
-    if horizon is not None and (isinstance(horizon, bool) or not isinstance(horizon, (int, float, np.integer, np.floating))
+    if horizon is not None and (not is_real(horizon)
                                 or not math.isfinite(horizon) or int(horizon) != horizon or horizon < 1):
         raise ValueError(f"horizon must be a positive integer, got {horizon!r}")
     if objective in _MAXIMISE and horizon is None:

@@ -30,7 +30,6 @@ a verdict that differs from the recorded one makes ``flowgym reproduce`` exit 1.
 from __future__ import annotations
 
 import copy
-import json
 import math
 import os
 import time
@@ -40,6 +39,8 @@ from importlib import resources
 from typing import Any
 
 import numpy as np
+
+from flowgym.lab import _json
 
 __all__ = [
     "appb_instance",
@@ -497,7 +498,7 @@ def run_setting(setting: Setting, *, quick: bool, out: str | None = None, backen
                           "rates": list(rates), "rho": float(load(M, rates, classes))}}
         if out:
             with open(os.path.join(out, f"{setting.id}.json"), "w") as fh:
-                json.dump(res, fh, indent=1)
+                _json.dump(res, fh, indent=1)
         return res
     if setting.kind == "hindsight":
         return _run_hindsight(setting, args, out, backend, log, t0)
@@ -588,7 +589,7 @@ def _run_hindsight(setting: Setting, args: dict[str, Any], out: str | None, back
     res_d = {"instances": instances, "rate": rate, "span": span, "wall_seconds": wall}
     if out:
         with open(os.path.join(out, f"{setting.id}.json"), "w") as fh:
-            json.dump(res_d, fh, indent=1)
+            _json.dump(res_d, fh, indent=1)
         with open(os.path.join(out, f"{setting.id}.csv"), "w") as fh:
             names = list(agents)
             fh.write("instance,n,status,optimum," + ",".join(f"ratio_{k}" for k in names) + "\n")
@@ -626,9 +627,9 @@ def reproduce(*, quick: bool = False, only: Sequence[str] | None = None, out: st
     results = [evaluate_claim(c, data[c.setting], quick=quick) for c in claims]
     if out:
         with open(os.path.join(out, "claims.json"), "w") as fh:
-            json.dump({"quick": quick, "claims": [r.to_dict() for r in results],
+            _json.dump({"quick": quick, "claims": [r.to_dict() for r in results],
                        "settings": {sid: {k: v for k, v in data[sid].items() if k != "rows"} for sid in needed}},
-                      fh, indent=1, default=lambda v: v.tolist() if hasattr(v, "tolist") else float(v))
+                      fh, indent=1)
         with open(os.path.join(out, "claims.md"), "w") as fh:
             fh.write(claims_markdown(results, quick))
     return results

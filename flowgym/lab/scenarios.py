@@ -20,6 +20,7 @@ from importlib import resources
 from typing import Any
 
 from flowgym.lab import _toml
+from flowgym.sim._checks import is_real
 
 __all__ = [
     "AgentSpec",
@@ -413,7 +414,7 @@ def _apply_rate(spec: Any, env: dict[str, Any], rate: Any, where: str) -> tuple[
     if unknown:
         raise ValueError(f"{where}: unknown key {unknown[0]!r}; allowed: default, meaning, set, scale")
     default = spec.get("default")
-    if isinstance(default, bool) or not isinstance(default, (int, float)) or not (0 < default < math.inf):
+    if not is_real(default) or not (0 < default < math.inf):
         raise ValueError(f"{where}.default must be a positive number, got {default!r}")
     paths = {k: spec.get(k, []) for k in ("set", "scale")}
     for k, v in paths.items():
@@ -421,8 +422,12 @@ def _apply_rate(spec: Any, env: dict[str, Any], rate: Any, where: str) -> tuple[
             raise ValueError(f"{where}.{k} must be an array of paths such as 'env.workload.rate', got {v!r}")
     if not paths["set"] and not paths["scale"]:
         raise ValueError(f"{where}: give set and/or scale (the env values the rate sets or multiplies)")
+    named = [p.strip() for p in paths["set"] + paths["scale"]]
+    twice = sorted({p for p in named if named.count(p) > 1})
+    if twice:  # set then scaled, or scaled twice: the rate would apply to it twice
+        raise ValueError(f"{where}: {twice[0]!r} is named more than once in set and scale; name each value once")
     value = default if rate is None else rate
-    if isinstance(value, bool) or not isinstance(value, (int, float)) or not (0 < value < math.inf):
+    if not is_real(value) or not (0 < value < math.inf):
         raise ValueError(f"rate must be a positive number ({spec.get('meaning', 'the scenario rate')}), got {rate!r}")
     value = float(value)
     for p in paths["set"]:

@@ -41,7 +41,6 @@ from __future__ import annotations
 
 import csv
 import dataclasses
-import json
 import math
 import os
 import sys
@@ -72,6 +71,8 @@ from flowgym.agents.learned import (
     write_safe,
 )
 from flowgym.envs.flow_control import OBSERVATION_OPTIONS
+from flowgym.lab import _json
+from flowgym.sim._checks import is_real
 
 __all__ = [
     "TrainConfig",
@@ -237,7 +238,7 @@ class TrainConfig:
                 raise ValueError(f"{name} must be a {'non-negative' if zero else 'positive'} integer, got {v!r}")
 
         def pos_num(name: str, v: Any, zero: bool = False) -> None:
-            if isinstance(v, bool) or not isinstance(v, (int, float, np.number)) or not math.isfinite(v) \
+            if not is_real(v) or not math.isfinite(v) \
                     or v < 0 or (v == 0 and not zero):
                 raise ValueError(f"{name} must be a {'non-negative' if zero else 'positive'} number, got {v!r}")
 
@@ -277,7 +278,7 @@ class TrainConfig:
                              f"got action={self.action!r}")
         for name in ("gamma", "gae_lambda"):
             v = getattr(self, name)
-            if isinstance(v, bool) or not isinstance(v, (int, float)) or not 0 < v <= 1:
+            if not is_real(v) or not 0 < v <= 1:
                 raise ValueError(f"{name} must be in (0, 1], got {v!r}")
         if self.vec_env not in ("auto", "batched", "dummy", "subproc"):
             raise ValueError(f"vec_env must be 'auto', 'batched', 'dummy' or 'subproc', got {self.vec_env!r}")
@@ -839,7 +840,7 @@ def train(cfg: TrainConfig | None = None, *, on_eval: Any = None, **overrides: A
                                                                               distribution=dist))
     meta = write_safe(out, kept.policy, kept_norm, meta)
     with open(os.path.join(out, META_FILE), "w") as fh:
-        json.dump(meta, fh, indent=1, default=_json_default)
+        _json.dump(meta, fh, indent=1)
     _check_safe_copy(out, kept, kept_norm)
     _write_curves(rec.rows, os.path.join(out, CURVES_FILE))
     if cfg.plot:
@@ -972,15 +973,6 @@ def _versions(modules: Sequence[str] = ("stable_baselines3", "sb3_contrib", "tor
     out["flowgym"] = flowgym.__version__
     return out
 
-
-def _json_default(o: Any) -> Any:
-    if isinstance(o, np.integer):
-        return int(o)
-    if isinstance(o, np.floating):
-        return float(o)
-    if isinstance(o, (np.ndarray, tuple)):
-        return list(o)
-    raise TypeError(f"not JSON-serialisable: {type(o).__name__}")
 
 
 def _write_curves(rows: Sequence[Mapping[str, Any]], path: str) -> None:

@@ -7,12 +7,19 @@ from typing import Any
 
 import numpy as np
 
-__all__ = ["non_negative", "positive", "positive_int", "int_array", "calendar_span", "MAX_OUTPUT_SLOTS"]
+__all__ = ["is_real", "non_negative", "positive", "positive_int", "int_array", "calendar_span", "MAX_OUTPUT_SLOTS"]
 
 #: Longest output (in tokens, so in slots of decoding) the engines can schedule: their completion
 #: calendars and per-token tables have one entry per slot of the longest output (2**24: 16.8M
 #: tokens, 128 MiB per int64 table).
 MAX_OUTPUT_SLOTS = 2**24
+
+
+def is_real(value: Any) -> bool:
+    """Whether ``value`` is a real number: a Python or numpy integer or float, not a bool (``True`` is an
+    ``int`` to Python, never a count or a rate to flowgym) and not a string or a complex number. Finite or not:
+    the caller checks its range."""
+    return isinstance(value, (int, float, np.integer, np.floating)) and not isinstance(value, (bool, np.bool_))
 
 
 def non_negative(name: str, value: Any) -> float:

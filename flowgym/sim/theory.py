@@ -25,7 +25,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from flowgym.sim._checks import int_array
+from flowgym.sim._checks import int_array, is_real
 from flowgym.sim.workloads import request_work
 
 __all__ = [
@@ -69,7 +69,7 @@ def _classes(classes: Sequence[Sequence[int]]) -> np.ndarray:
 
 
 def _check_M(M: float) -> None:
-    if isinstance(M, bool) or not isinstance(M, (int, float, np.number)) or not (math.isfinite(M) and M > 0):
+    if not is_real(M) or not (math.isfinite(M) and M > 0):
         raise ValueError(f"M must be a positive finite number, got {M!r}")
 
 
@@ -139,7 +139,7 @@ def max_global_budget(M: float, mean_work: float, eps: float = 0.0) -> int:
     _check_M(M)
     if not 0 <= eps < 1:
         raise ValueError(f"eps must be in [0, 1), got {eps}")
-    if isinstance(mean_work, bool) or not isinstance(mean_work, (int, float, np.integer, np.floating)) or not (
+    if not is_real(mean_work) or not (
             math.isfinite(mean_work) and mean_work > 0):
         raise ValueError(f"mean_work must be a positive finite number, got {mean_work!r}")
     cap = (1 - eps) * M

@@ -74,6 +74,7 @@ from typing import Any
 
 import numpy as np
 
+from flowgym.sim._checks import is_real
 from flowgym.sim.engine import Engine, SlotStats
 from flowgym.sim.metrics import compute_metrics
 from flowgym.sim.rules import Lane
@@ -202,7 +203,7 @@ class VllmOptions:
             if not isinstance(getattr(self, name), bool):
                 raise ValueError(f"engine_options {name} must be True or False, got {getattr(self, name)!r}")
         w = self.watermark
-        if isinstance(w, bool) or not isinstance(w, (int, float)) or not (0.0 <= w < 1.0):
+        if not is_real(w) or not (0.0 <= w < 1.0):
             raise ValueError(f"engine_options watermark must be a fraction in [0, 1), got {w!r}")
         for name, valid in (("admission", ("blocks", "count")), ("preemption", ("recompute", "discard")),
                             ("preempt_order", PREEMPT_ORDERS), ("requeue", ("front", "back"))):

@@ -1,0 +1,43 @@
+"""Strict JSON for every file and line flowgym writes: numpy scalars and arrays as plain numbers and
+lists, and a number that is not finite (a metric with no finished request, an unbounded score) as
+``null``, never as the bare ``NaN`` / ``Infinity`` that Python's :mod:`json` writes by default and
+that other JSON readers (``jq``, JavaScript, most databases) refuse."""
+
+from __future__ import annotations
+
+import json
+import math
+from collections.abc import Mapping
+from typing import IO, Any
+
+import numpy as np
+
+__all__ = ["plain", "dump", "dumps"]
+
+
+def plain(o: Any) -> Any:
+    """``o`` with numpy values made Python values, tuples lists, and non-finite floats ``None``."""
+    if isinstance(o, Mapping):
+        return {k: plain(v) for k, v in o.items()}
+    if isinstance(o, (list, tuple)):
+        return [plain(v) for v in o]
+    if isinstance(o, np.ndarray):
+        return plain(o.tolist())
+    if isinstance(o, (bool, np.bool_)):
+        return bool(o)
+    if isinstance(o, np.integer):
+        return int(o)
+    if isinstance(o, (float, np.floating)):
+        f = float(o)
+        return f if math.isfinite(f) else None
+    return o
+
+
+def dump(obj: Any, fh: IO[str], **kwargs: Any) -> None:
+    """:func:`json.dump` of :func:`plain` ``(obj)``, refusing anything still not JSON."""
+    json.dump(plain(obj), fh, allow_nan=False, **kwargs)
+
+
+def dumps(obj: Any, **kwargs: Any) -> str:
+    """:func:`json.dumps` of :func:`plain` ``(obj)``."""
+    return json.dumps(plain(obj), allow_nan=False, **kwargs)
