@@ -17,6 +17,7 @@ from flowgym.agents.base import Agent
 from flowgym.envs.flow_control import OBSERVATION_OPTIONS, FlowControlConfig
 from flowgym.envs.spaces import log_multiplier_size
 from flowgym.envs.view import SystemView
+from flowgym.sim import _json
 
 __all__ = [
     "LearnedBudget",
@@ -431,7 +432,7 @@ def resave(path: str) -> None:
             vec = pickle.load(fh)
     meta = write_safe(path, model.policy, vec, meta)
     with open(os.path.join(path, META_FILE), "w") as fh:
-        json.dump(meta, fh, indent=1)
+        _json.dump(meta, fh, indent=1)
 
 
 class ArrayPolicy:

@@ -45,9 +45,9 @@ from typing import Any
 import numpy as np
 
 from flowgym.envs.flow_control import FlowControlEnv
-from flowgym.lab import _json
 from flowgym.lab.evaluation import bound_unsupported, evaluate, lower_bounds, tune
 from flowgym.lab.scenarios import ADAPTIVE_SCENARIOS, AgentSpec, get_scenario
+from flowgym.sim import _json
 
 #: Fixed-budget grid of the tuning (wide: the held-out scenarios' best budgets range 12..96).
 FIXED_GRID = [1, 2, 3, 4, 6, 8, 12, 16, 24, 32, 40, 48, 64, 96, 128, 192, 256]

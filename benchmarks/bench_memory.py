@@ -23,9 +23,10 @@ import subprocess
 import sys
 
 RUN = r"""
-import json, sys, time
+import sys, time
 import numpy as np
 from flowgym.envs.flow_control import FlowControlEnv
+from flowgym.sim import _json
 
 def rss_mb():
     with open("/proc/self/status") as fh:
@@ -49,7 +50,7 @@ t1 = time.perf_counter()
 m = env.metrics()
 wall_m = time.perf_counter() - t1
 m = {k: v for k, v in m.items() if not isinstance(v, np.ndarray)}
-print(json.dumps({"record": record, "rss_100k": rss_100k, "rss_end": rss_end, "engine_100k": eng_100k,
+print(_json.dumps({"record": record, "rss_100k": rss_100k, "rss_end": rss_end, "engine_100k": eng_100k,
                   "engine_end": eng_end, "wall": wall, "wall_metrics": wall_m, "metrics": m}))
 """
 

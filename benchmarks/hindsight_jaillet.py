@@ -34,7 +34,6 @@ on each instance in hindsight (best of their grid), which favours them.
 from __future__ import annotations
 
 import argparse
-import json
 import math
 import sys
 import time
@@ -46,6 +45,7 @@ from flowgym.lab.hindsight import run_agent_on_trace, solve_hindsight
 from flowgym.lab.reproduce import APPB_M
 from flowgym.lab.reproduce import appb_instance as reproduce_appb_instance
 from flowgym.lab.scenarios import ALPHA_GRID
+from flowgym.sim import _json
 
 AGENTS = ["mc-sf", "mc", "a-min", "greedy-lifo"]
 B_GRID_SMALL = [1, 2, 3, 4, 6, 8]
@@ -161,8 +161,7 @@ def main() -> int:
     report(records, args, wall)
     if args.json:
         with open(args.json, "w") as fh:
-            json.dump({"args": vars(args), "wall_seconds": wall, "records": records}, fh, indent=1,
-                      default=lambda v: v.tolist() if hasattr(v, "tolist") else float(v))
+            _json.dump({"args": vars(args), "wall_seconds": wall, "records": records}, fh, indent=1)
     return 0
 
 

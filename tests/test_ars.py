@@ -108,6 +108,52 @@ def test_ars_with_a_hinge_runs_the_reference_on_every_draw_and_records_it(tmp_pa
     np.testing.assert_array_equal(its[0], its0[0])
     assert not np.array_equal(its[1:], its0[1:]) and res0.episodes == 2 + 2 * (8 + 2)
     LearnedBudget(out)  # loads like any model
+    with open(os.path.join(out, "curves.csv")) as fh:
+        first = next(csv.DictReader(fh))
+    assert int(first["episodes"]) == 4  # the references are counted from row 0
+
+
+def test_the_hinge_reference_runs_in_the_candidates_environment(monkeypatch):
+    """The reference gets back every option the draws lose to the agent (eviction, rate_window, ...), not only
+    its action's: it is the same system, served by another rule."""
+    from flowgym.lab import ars
+    from flowgym.lab import evaluation
+
+    seen = {}
+    real = evaluation.run_episode
+
+    def spy(agent, env_kwargs, seed, horizon, *a, **k):
+        ep = real(agent, env_kwargs, seed, horizon, *a, **k)
+        seen["config"] = ep.config
+        return ep
+
+    monkeypatch.setattr(evaluation, "run_episode", spy)
+    opts = {"observation": "load-v2", "action": "log-multiplier", "multipliers": [0.5, 4.0],
+            "multiplier_of": "max-head", "max_budget": 64, "eviction": "all", "rate_window": 16,
+            "output_length_known": True}
+    monkeypatch.setattr(ars, "_SPEC", {"env_options": opts})
+    kw = {"M": 6000, "workload": RandomMix(horizon=200)(np.random.default_rng(3))["workload"], "horizon": 200}
+    t = ars._reference_episode((3, kw))
+    cfg = seen["config"]
+    assert (cfg.eviction, cfg.rate_window, cfg.output_length_known, cfg.max_budget) == ("all", 16, True, 64)
+    assert cfg.multiplier_of == "max-head" and math.isfinite(t)
+
+
+def test_an_evaluation_with_no_draw_the_reference_finished_is_never_kept():
+    """``_log_scores`` leaves out the draws the reference did not finish; with none left the score is 0, which
+    the search's evaluation must not read as a geometric mean of 1 (it returns inf there: tested through the
+    mask, as an evaluation cannot be made to lose its reference cheaply)."""
+    np.testing.assert_array_equal(_log_scores([30.0, 40.0], 1, 2, [math.nan, math.nan], 2.0), [0.0])
+    with pytest.raises(ValueError, match="one time per draw"):
+        _log_scores([30.0, 40.0], 1, 2, [20.0], 2.0)
+
+
+def test_hinge_search_is_the_same_with_two_workers(tmp_path):
+    """The reference runs in the spawned workers too (from the spec they are given): the same search."""
+    a = train_ars(out=str(tmp_path / "one"), hinge=1.0, **{**TINY, "iterations": 1})
+    b = train_ars(out=str(tmp_path / "two"), hinge=1.0, workers=2, **{**TINY, "iterations": 1})
+    np.testing.assert_array_equal(np.load(os.path.join(a.out, ITERATES_FILE)), np.load(os.path.join(b.out, ITERATES_FILE)))
+    assert a.best_eval == b.best_eval
 
 
 def test_ars_writes_a_model_the_learned_agent_loads(tiny_model):

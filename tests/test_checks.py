@@ -60,7 +60,8 @@ def test_calendar_span_is_the_smaller_of_M_and_the_longest_output():
 def test_is_real_takes_python_and_numpy_numbers_and_no_bool_string_or_complex():
     for v in (0, -3, 2.5, math.nan, math.inf, np.int32(4), np.float32(1.5), np.float64(2.0), np.uint8(1)):
         assert is_real(v), v
-    for v in (True, False, np.bool_(True), "1.0", 1j, np.complex64(1), None, [1.0], np.array([1.0])):
+    for v in (True, False, np.bool_(True), "1.0", 1j, np.complex64(1), None, [1.0], np.array([1.0]),
+              np.timedelta64(5, "s")):
         assert not is_real(v), v
 
 
@@ -76,3 +77,13 @@ def test_a_numpy_float32_setting_is_taken_where_a_float_is():
 
     key = sorted(DEFAULT_REWARD_WEIGHTS)[0]
     FlowControlConfig(reward_weights={key: np.float32(0.5)}).validate()  # refused before (not a float subclass)
+    # and the reward stays in double precision
+    from flowgym.envs.flow_control import FlowControlEnv
+
+    env = FlowControlEnv(reward_weights={"in_system": np.float32(0.1)}, horizon=5)
+    env.reset(seed=0)
+    _, r, *_ = env.step(4)
+    env2 = FlowControlEnv(reward_weights={"in_system": float(np.float32(0.1))}, horizon=5)  # the same number
+    env2.reset(seed=0)
+    _, r2, *_ = env2.step(4)
+    assert r == r2 and type(r) is float

@@ -238,6 +238,8 @@ def test_bad_flags_are_named_by_argparse(argv, match, capsys):
     (["compare", "--horizons", "50", "--seeds", "1", "--no-plots", "--quiet", "--add-agents", ";"],
      "--add-agents names no agent"),
     (["hindsight", "--random", "5", "--agents", "", "--time-limit", "5"], "--agents names no agent"),
+    (["compare", "--horizons", "50", "--seeds", "1", "--no-plots", "--quiet", "--agents", "mc;;a-min"],
+     "--agents has an empty entry ('mc;;a-min')"),
 ])
 def test_bad_input_is_refused_before_any_run(argv, match, capsys):
     assert main(argv) == 2

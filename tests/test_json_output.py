@@ -6,7 +6,7 @@ import math
 import numpy as np
 import pytest
 
-from flowgym.lab import _json
+from flowgym.sim import _json
 from flowgym.lab.evaluation import ResultTable
 from flowgym.sim.metrics import METRIC_NAMES
 

@@ -633,10 +633,10 @@ class FlowControlEnv(gym.Env[Any, Any]):
         w = {**DEFAULT_REWARD_WEIGHTS, **cfg.reward_weights}
         s = float(cfg.reward_scale)
         self._w_in, self._w_waste, self._w_ev, self._w_done = (
-            w["in_system"] / s,
-            w["wasted_tokens"] / s,
-            w["evictions"] / s,
-            w["completed"] / s,
+            float(w["in_system"]) / s,  # Python floats: a numpy float32 weight must not make the reward float32
+            float(w["wasted_tokens"]) / s,
+            float(w["evictions"]) / s,
+            float(w["completed"]) / s,
         )
         self._alpha = 1.0 / float(cfg.rate_window)
         self._timed = self.engine.timed

@@ -57,7 +57,7 @@ from flowgym.agents.learned import (
     LearnedBudget,
     describe_action_space,
 )
-from flowgym.lab import _json
+from flowgym.sim import _json
 from flowgym.sim._checks import is_real
 
 __all__ = ["ARSConfig", "ARSResult", "train_ars", "CURVE_COLUMNS", "ITERATES_FILE"]
@@ -306,8 +306,13 @@ def _reference_episode(task: tuple[int, dict[str, Any]]) -> float:
     from flowgym.lab.evaluation import run_episode
 
     seed, env_kwargs = task
-    agent = TwoAnchorBudget(head=_SPEC["env_options"].get("multiplier_of") == "max-head",
-                            cap=int(_SPEC["env_options"].get("max_budget", 256)))
+    opts = _SPEC["env_options"]
+    agent = TwoAnchorBudget(head=opts.get("multiplier_of") == "max-head", cap=int(opts.get("max_budget", 256)))
+    # the candidates' environment: every option of theirs but the action's and the observation's own (the
+    # reference sets its action; the observation does not change the dynamics, but e.g. rate_window,
+    # eviction and output_length_known do)
+    own = ("observation", "action", "multipliers", "multiplier_of", "max_budget")
+    env_kwargs = {**env_kwargs, **{k: v for k, v in opts.items() if k not in own}}
     ep = run_episode(agent, env_kwargs, seed, env_kwargs.get("horizon"))
     return float(ep.metrics()["mean_time_in_system"])
 
@@ -366,6 +371,8 @@ def _log_scores(values: Sequence[float], n_candidates: int, n_draws: int,
     ok = np.all(np.isfinite(v) & (v > 0), axis=0)
     if hinge > 0 and reference is not None:
         r = np.asarray(reference, dtype=np.float64)
+        if r.shape != (n_draws,):
+            raise ValueError(f"reference must hold one time per draw ({n_draws}), got shape {r.shape}")
         ok &= np.isfinite(r) & (r > 0)
     if not ok.any():
         return np.zeros(n_candidates)
@@ -520,18 +527,21 @@ def train_ars(cfg: ARSConfig | None = None, *, on_iteration: Any = None, **overr
                     if hinge > 0 else None)
 
         def evaluate(th: np.ndarray) -> float:
-            v = runner.map(_episode, [(th, norm, cfg.eval_seed + j, eval_kw[j]) for j in range(cfg.eval_episodes)])
-            ok = [x for x in v if math.isfinite(x) and x > 0]
-            if not ok:  # no evaluation draw finished a request: never a best policy
+            v = np.asarray(runner.map(_episode, [(th, norm, cfg.eval_seed + j, eval_kw[j])
+                                                 for j in range(cfg.eval_episodes)]), dtype=np.float64)
+            ok = np.isfinite(v) & (v > 0)
+            if eval_ref is not None:
+                ok &= np.isfinite(eval_ref) & (np.asarray(eval_ref) > 0)
+            if not ok.any():  # no draw where it (with a hinge, and the reference) finished a request: never kept
                 return math.inf
             return float(math.exp(-_log_scores(v, 1, len(v), eval_ref, hinge)[0]))
 
         bar = Progress(cfg.iterations, enabled=cfg.progress)
         rows: list[dict[str, Any]] = []
         best = (evaluate(theta), 0)  # the best evaluation and its update (its weights: iterates[update])
-        rows.append({"iteration": 0, "episodes": cfg.eval_episodes, "decisions": 0, "wall_seconds": 0.0,
-                     "eval_geo_time_in_system": best[0]})
         episodes, decisions = cfg.eval_episodes + (len(eval_ref) if eval_ref is not None else 0), 0
+        rows.append({"iteration": 0, "episodes": episodes, "decisions": 0, "wall_seconds": 0.0,
+                     "eval_geo_time_in_system": best[0]})
         iterates = [theta.copy()]
         for it in range(1, cfg.iterations + 1):
             seeds = [cfg.seed + (it - 1) * cfg.draws + j for j in range(cfg.draws)]

@@ -23,8 +23,8 @@ from typing import Any
 
 from flowgym.envs.flow_control import FlowControlEnv
 from flowgym.envs.spaces import LOAD_OBSERVATIONS, MULTIPLIER_OF
-from flowgym.lab import _json
 from flowgym.lab.train import DEFAULT_TRAIN_MINUTES, GENERALIST_TRAIN_MINUTES
+from flowgym.sim import _json
 from flowgym.sim.metrics import METRIC_NAMES
 from flowgym.sim.theory import max_global_budget
 
@@ -148,11 +148,16 @@ def _horizons(text: str) -> list[int]:
 
 
 def _agent_list(flag: str, text: str) -> list[str]:
-    """The agents of a semicolon-separated ``flag`` (an empty one is an error, not the default lineup)."""
-    agents = [x.strip() for x in text.split(";") if x.strip()]
-    if not agents:
+    """The agents of a semicolon-separated ``flag`` (an empty one is an error, not the default lineup; so is an
+    empty entry, as in ``mc;;fixed:b=8``, which is likely a typo)."""
+    items = [x.strip() for x in text.split(";")]
+    if items and not items[-1] and len(items) > 1:  # one trailing ';' is harmless
+        items.pop()
+    if not any(items):
         raise ValueError(f"{flag} names no agent ({text!r}); leave it out for the default agents")
-    return agents
+    if not all(items):
+        raise ValueError(f"{flag} has an empty entry ({text!r}): agents are separated by one ';'")
+    return items
 
 
 def _compare(args: argparse.Namespace) -> int:
@@ -572,7 +577,7 @@ def _train_ars(args: argparse.Namespace) -> int:
           f"({cfg.workers} processes, seed {cfg.seed}); load average {os.getloadavg()[0]:.2f}; writing {cfg.out}/")
     res = train_ars(cfg)
     print(f"trained {res.iterations} updates ({res.episodes} episodes) in {res.wall_seconds:.0f} s; kept the policy "
-          f"of update {res.best_iteration} (geometric mean time in system {res.best_eval:.2f} on the "
+          f"of update {res.best_iteration} ({'geometric mean time in system' if not cfg.hinge else 'penalised geometric mean time in system, --hinge ' + format(cfg.hinge, 'g')} {res.best_eval:.2f} on the "
           f"{cfg.eval_episodes} evaluation draws)")
     _print_table(res.table)
     print(f"wrote {cfg.out}/ (policy.npz, normalization.npz, flowgym_agent.json, curves.csv, iterates.npy"

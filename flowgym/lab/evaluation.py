@@ -27,7 +27,7 @@ import numpy as np
 
 from flowgym.agents import make_agent
 from flowgym.envs.flow_control import FlowControlConfig, FlowControlEnv
-from flowgym.lab import _json
+from flowgym.sim import _json
 from flowgym.sim.metrics import METRIC_NAMES, metrics_at
 from flowgym.lab.scenarios import AgentSpec
 

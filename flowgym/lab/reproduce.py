@@ -40,7 +40,7 @@ from typing import Any
 
 import numpy as np
 
-from flowgym.lab import _json
+from flowgym.sim import _json
 
 __all__ = [
     "appb_instance",

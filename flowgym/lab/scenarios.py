@@ -422,10 +422,15 @@ def _apply_rate(spec: Any, env: dict[str, Any], rate: Any, where: str) -> tuple[
             raise ValueError(f"{where}.{k} must be an array of paths such as 'env.workload.rate', got {v!r}")
     if not paths["set"] and not paths["scale"]:
         raise ValueError(f"{where}: give set and/or scale (the env values the rate sets or multiplies)")
-    named = [p.strip() for p in paths["set"] + paths["scale"]]
-    twice = sorted({p for p in named if named.count(p) > 1})
-    if twice:  # set then scaled, or scaled twice: the rate would apply to it twice
-        raise ValueError(f"{where}: {twice[0]!r} is named more than once in set and scale; name each value once")
+    # each value once: set then scaled, scaled twice (also as 'rates.01' beside 'rates.1'), or a list scaled
+    # beside one of its items, would apply the rate to it twice
+    named = [(p, ".".join(str(int(x)) if x.isdigit() else x for x in p.split("."))) for p in paths["set"] + paths["scale"]]
+    for i, (p, cp) in enumerate(named):
+        for q, cq in named[i + 1:]:
+            if cp == cq or cq.startswith(cp + ".") or cp.startswith(cq + "."):
+                raise ValueError(f"{where}: {p!r} and {q!r} name the same value (or one holds the other) in set "
+                                 "and scale; name each value once" if p != q else
+                                 f"{where}: {p!r} is named more than once in set and scale; name each value once")
     value = default if rate is None else rate
     if not is_real(value) or not (0 < value < math.inf):
         raise ValueError(f"rate must be a positive number ({spec.get('meaning', 'the scenario rate')}), got {rate!r}")

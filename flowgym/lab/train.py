@@ -71,7 +71,7 @@ from flowgym.agents.learned import (
     write_safe,
 )
 from flowgym.envs.flow_control import OBSERVATION_OPTIONS
-from flowgym.lab import _json
+from flowgym.sim import _json
 from flowgym.sim._checks import is_real
 
 __all__ = [

@@ -1,4 +1,4 @@
-"""Strict JSON for every file and line flowgym writes: numpy scalars and arrays as plain numbers and
+"""Strict JSON for every file and line flowgym writes (here, the lowest layer, so that every layer writes it): numpy scalars and arrays as plain numbers and
 lists, and a number that is not finite (a metric with no finished request, an unbounded score) as
 ``null``, never as the bare ``NaN`` / ``Infinity`` that Python's :mod:`json` writes by default and
 that other JSON readers (``jq``, JavaScript, most databases) refuse."""
@@ -17,8 +17,8 @@ __all__ = ["plain", "dump", "dumps"]
 
 def plain(o: Any) -> Any:
     """``o`` with numpy values made Python values, tuples lists, and non-finite floats ``None``."""
-    if isinstance(o, Mapping):
-        return {k: plain(v) for k, v in o.items()}
+    if isinstance(o, Mapping):  # numpy keys as Python ones (JSON keys are strings; json writes these as such)
+        return {(k.item() if isinstance(k, np.generic) else k): plain(v) for k, v in o.items()}
     if isinstance(o, (list, tuple)):
         return [plain(v) for v in o]
     if isinstance(o, np.ndarray):
