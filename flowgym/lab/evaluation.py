@@ -282,7 +282,11 @@ class ResultTable:
     time_unit: str = "slot"
 
     def summary(self) -> list[dict[str, Any]]:
-        """Mean and 95% CI half-width (``<metric>_ci``) of each metric, per agent and horizon."""
+        """Mean and 95% CI half-width (``<metric>_ci``) of each metric, per agent and horizon.
+
+        ``n`` is the number of seeds; a metric's mean and interval are over the seeds where it has a value
+        (a latency is NaN on a seed where no request finished), so they can rest on fewer than ``n``.
+        """
         out = []
         for agent in self.agents:
             for T in self.horizons:
