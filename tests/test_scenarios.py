@@ -86,6 +86,7 @@ def _data(**changes):
     ({"rate": {"default": 1.0, "scale": ["env.workload.rate.speed"]}},
      r"rate.scale: 'env.workload.rate.speed' names no value in env"),
     ({"rate": {"default": 0, "set": ["env.M"]}}, r"rate.default must be a positive number"),
+    ({"rate": {"default": 1.0, "scale": ["env.workload.rate.rates.\u00b2"]}}, "rate.scale: .* no item '\u00b2'"),
     ({"rate": {"default": 1.0, "set": ["env.M"], "scale": ["env.M"]}},
      r"rate: 'env.M' is named more than once in set and scale"),
     ({"rate": {"default": 1.0, "scale": ["env.workload.rate.rates", "env.workload.rate.rates"]}},

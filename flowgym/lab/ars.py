@@ -188,8 +188,7 @@ class ARSConfig:
                 if alo <= bhi and blo <= ahi:
                     raise ValueError(f"the {a} seeds {alo}..{ahi} overlap the {b} seeds {blo}..{bhi}: "
                                      "choose seed and eval_seed so that every use has its own seeds")
-        if not is_real(self.hinge) or not (
-                math.isfinite(self.hinge) and self.hinge >= 0):
+        if not is_real(self.hinge) or not (math.isfinite(self.hinge) and self.hinge >= 0):
             raise ValueError(f"hinge must be a non-negative number, got {self.hinge!r}")
         if self.hinge > 0 and self.multiplier_of not in ("max", "max-head"):
             raise ValueError("hinge needs a two-anchor action (multiplier_of 'max' or 'max-head', the reference "

@@ -576,9 +576,9 @@ def _train_ars(args: argparse.Namespace) -> int:
           f"policy) on {on}: {cfg.iterations} updates x {2 * cfg.directions} candidates x {cfg.draws} draws "
           f"({cfg.workers} processes, seed {cfg.seed}); load average {os.getloadavg()[0]:.2f}; writing {cfg.out}/")
     res = train_ars(cfg)
+    score = "geometric mean time in system" + (f" penalised by --hinge {cfg.hinge:g}" if cfg.hinge else "")
     print(f"trained {res.iterations} updates ({res.episodes} episodes) in {res.wall_seconds:.0f} s; kept the policy "
-          f"of update {res.best_iteration} ({'geometric mean time in system' if not cfg.hinge else 'penalised geometric mean time in system, --hinge ' + format(cfg.hinge, 'g')} {res.best_eval:.2f} on the "
-          f"{cfg.eval_episodes} evaluation draws)")
+          f"of update {res.best_iteration} ({score} {res.best_eval:.2f} on the {cfg.eval_episodes} evaluation draws)")
     _print_table(res.table)
     print(f"wrote {cfg.out}/ (policy.npz, normalization.npz, flowgym_agent.json, curves.csv, iterates.npy"
           + (", eval.*" if res.table is not None else "") + ")")

@@ -390,7 +390,7 @@ def _walk(env_root: dict[str, Any], path: str, where: str) -> tuple[Any, Any]:
         node = _step(node, p, ".".join(parts[: i + 1]), where)
     last = parts[-1]
     if isinstance(node, list):
-        if not last.isdigit() or int(last) >= len(node):
+        if not last.isdecimal() or int(last) >= len(node):
             raise ValueError(f"{where}: {path!r}: no item {last!r} (the list has {len(node)})")
         return node, int(last)
     if not isinstance(node, dict) or last not in node:
@@ -399,7 +399,7 @@ def _walk(env_root: dict[str, Any], path: str, where: str) -> tuple[Any, Any]:
 
 
 def _step(node: Any, p: str, sofar: str, where: str) -> Any:
-    if isinstance(node, list) and p.isdigit() and int(p) < len(node):
+    if isinstance(node, list) and p.isdecimal() and int(p) < len(node):
         return node[int(p)]
     if isinstance(node, dict) and p in node:
         return node[p]
@@ -424,7 +424,7 @@ def _apply_rate(spec: Any, env: dict[str, Any], rate: Any, where: str) -> tuple[
         raise ValueError(f"{where}: give set and/or scale (the env values the rate sets or multiplies)")
     # each value once: set then scaled, scaled twice (also as 'rates.01' beside 'rates.1'), or a list scaled
     # beside one of its items, would apply the rate to it twice
-    named = [(p, ".".join(str(int(x)) if x.isdigit() else x for x in p.split("."))) for p in paths["set"] + paths["scale"]]
+    named = [(p, ".".join(str(int(x)) if x.isdecimal() else x for x in p.split("."))) for p in paths["set"] + paths["scale"]]
     for i, (p, cp) in enumerate(named):
         for q, cq in named[i + 1:]:
             if cp == cq or cq.startswith(cp + ".") or cp.startswith(cq + "."):
@@ -561,7 +561,7 @@ def parse_seeds(text: str | int | list[int], *, first: int = 0) -> list[int]:
             raise ValueError(f"seeds: a list of non-negative integers, got {text!r}")
         return list(text)
     s = str(text).strip()
-    if s.isdigit():
+    if s.isdecimal():
         return parse_seeds(int(s), first=first)
     out: list[int] = []
     for part in s.split(","):
