@@ -51,7 +51,7 @@ m = env.metrics()
 wall_m = time.perf_counter() - t1
 m = {k: v for k, v in m.items() if not isinstance(v, np.ndarray)}
 print(_json.dumps({"record": record, "rss_100k": rss_100k, "rss_end": rss_end, "engine_100k": eng_100k,
-                  "engine_end": eng_end, "wall": wall, "wall_metrics": wall_m, "metrics": m}))
+                   "engine_end": eng_end, "wall": wall, "wall_metrics": wall_m, "metrics": m}))
 """
 
 COUNTS = ("T", "completed", "arrived", "rejected", "unfinished", "evictions", "overflow_events", "wasted_tokens")

@@ -144,6 +144,11 @@ def test_an_evaluation_with_no_draw_the_reference_finished_is_never_kept():
     the search's evaluation must not read as a geometric mean of 1 (it returns inf there: tested through the
     mask, as an evaluation cannot be made to lose its reference cheaply)."""
     np.testing.assert_array_equal(_log_scores([30.0, 40.0], 1, 2, [math.nan, math.nan], 2.0), [0.0])
+    from flowgym.lab.ars import _scored_draws
+
+    assert not _scored_draws(np.array([[30.0, 40.0]]), [math.nan, math.nan], 2.0).any()  # evaluate() returns inf
+    np.testing.assert_array_equal(_scored_draws(np.array([[30.0, 40.0]]), [math.nan, 20.0], 2.0), [False, True])
+    np.testing.assert_array_equal(_scored_draws(np.array([[30.0, 40.0]]), [math.nan, math.nan], 0.0), [True, True])
     with pytest.raises(ValueError, match="one time per draw"):
         _log_scores([30.0, 40.0], 1, 2, [20.0], 2.0)
 

@@ -367,18 +367,25 @@ def _log_scores(values: Sequence[float], n_candidates: int, n_draws: int,
     with ``hinge > 0``, plus ``hinge`` times its log excess over ``reference`` (one value per draw) where it
     exceeds it (draws where the reference has no finite time are left out)."""
     v = np.asarray(values, dtype=np.float64).reshape(n_candidates, n_draws)
-    ok = np.all(np.isfinite(v) & (v > 0), axis=0)
-    if hinge > 0 and reference is not None:
-        r = np.asarray(reference, dtype=np.float64)
-        if r.shape != (n_draws,):
-            raise ValueError(f"reference must hold one time per draw ({n_draws}), got shape {r.shape}")
-        ok &= np.isfinite(r) & (r > 0)
+    ok = _scored_draws(v, reference, hinge)
     if not ok.any():
         return np.zeros(n_candidates)
     lv = np.log(v[:, ok])
     if hinge > 0 and reference is not None:
-        lv = lv + hinge * np.maximum(0.0, lv - np.log(r[ok]))
+        lv = lv + hinge * np.maximum(0.0, lv - np.log(np.asarray(reference, dtype=np.float64)[ok]))
     return -lv.mean(axis=1)
+
+
+def _scored_draws(v: np.ndarray, reference: Sequence[float] | None, hinge: float) -> np.ndarray:
+    """The draws :func:`_log_scores` scores (``v``: candidates x draws): every candidate finished a request there
+    and, with ``hinge > 0``, so did the reference."""
+    ok = np.all(np.isfinite(v) & (v > 0), axis=0)
+    if hinge > 0 and reference is not None:
+        r = np.asarray(reference, dtype=np.float64)
+        if r.shape != (v.shape[1],):
+            raise ValueError(f"reference must hold one time per draw ({v.shape[1]}), got shape {r.shape}")
+        ok &= np.isfinite(r) & (r > 0)
+    return ok
 
 
 # --------------------------------------------------------------------------- the search
@@ -528,10 +535,7 @@ def train_ars(cfg: ARSConfig | None = None, *, on_iteration: Any = None, **overr
         def evaluate(th: np.ndarray) -> float:
             v = np.asarray(runner.map(_episode, [(th, norm, cfg.eval_seed + j, eval_kw[j])
                                                  for j in range(cfg.eval_episodes)]), dtype=np.float64)
-            ok = np.isfinite(v) & (v > 0)
-            if eval_ref is not None:
-                ok &= np.isfinite(eval_ref) & (np.asarray(eval_ref) > 0)
-            if not ok.any():  # no draw where it (with a hinge, and the reference) finished a request: never kept
+            if not _scored_draws(v[None, :], eval_ref, hinge).any():  # nothing to score (not exp(0) = 1): never kept
                 return math.inf
             return float(math.exp(-_log_scores(v, 1, len(v), eval_ref, hinge)[0]))
 

@@ -376,7 +376,6 @@ class ResultTable:
             _json.dump(data, fh, indent=1)
 
 
-
 def build_agent(spec: AgentSpec, **override: Any) -> Any:
     """The agent a spec names (:func:`flowgym.agents.make_agent`), its ``params`` updated by ``override``."""
     return make_agent(spec.name, **{**spec.params, **override})

@@ -809,13 +809,12 @@ def solve_hindsight(
     a, l, o, M = _check_instance(arrival, prompt_len, output_len, M)
     if objective not in OBJECTIVES:
         raise ValueError(f"objective must be one of {OBJECTIVES}, got {objective!r}")
-    if (not is_real(time_limit)
-            or not time_limit > 0):
+    if not is_real(time_limit) or not time_limit > 0:
         raise ValueError(f"time_limit must be a positive number of seconds, got {time_limit!r}")
     if slack is not None and (isinstance(slack, bool) or not isinstance(slack, (int, np.integer)) or slack < 0):
         raise ValueError(f"slack must be a non-negative integer number of slots, got {slack!r}")
-    if horizon is not None and (not is_real(horizon)
-                                or not math.isfinite(horizon) or int(horizon) != horizon or horizon < 1):
+    if horizon is not None and (not is_real(horizon) or not math.isfinite(horizon) or int(horizon) != horizon
+                                or horizon < 1):
         raise ValueError(f"horizon must be a positive integer, got {horizon!r}")
     if objective in _MAXIMISE and horizon is None:
         raise ValueError(f"objective {objective!r} counts what finishes by a horizon T: give horizon=T")

@@ -974,7 +974,6 @@ def _versions(modules: Sequence[str] = ("stable_baselines3", "sb3_contrib", "tor
     return out
 
 
-
 def _write_curves(rows: Sequence[Mapping[str, Any]], path: str) -> None:
     # geo_time_in_system: the evaluations' geometric mean, what selects the model on a distribution
     cols = ["kind", "timesteps", "wall_seconds", "mean_step_reward", "mean_return", "mean_time_in_system",

@@ -18,8 +18,7 @@ MAX_OUTPUT_SLOTS = 2**24
 def is_real(value: Any) -> bool:
     """Whether ``value`` is a real number: a Python or numpy integer or float, not a bool (``True`` is an
     ``int`` to Python, never a count or a rate to flowgym), not a numpy ``timedelta64`` and not a string or a
-    complex number. Finite or not:
-    the caller checks its range."""
+    complex number. Finite or not: the caller checks its range."""
     return isinstance(value, (int, float, np.integer, np.floating)) and not isinstance(
         value, (bool, np.bool_, np.timedelta64))  # numpy's timedelta64 is an integer type to isinstance
 

@@ -1,7 +1,7 @@
-"""Strict JSON for every file and line flowgym writes (here, the lowest layer, so that every layer writes it): numpy scalars and arrays as plain numbers and
-lists, and a number that is not finite (a metric with no finished request, an unbounded score) as
-``null``, never as the bare ``NaN`` / ``Infinity`` that Python's :mod:`json` writes by default and
-that other JSON readers (``jq``, JavaScript, most databases) refuse."""
+"""Strict JSON for every file and line flowgym writes (in the lowest layer, so that every layer writes it):
+numpy scalars and arrays as plain numbers and lists, and a number that is not finite (a metric with no
+finished request, an unbounded score) as ``null``, never as the bare ``NaN`` / ``Infinity`` that Python's
+:mod:`json` writes by default and that other JSON readers (``jq``, JavaScript, most databases) refuse."""
 
 from __future__ import annotations
 
