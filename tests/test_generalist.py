@@ -809,13 +809,31 @@ def test_the_sweeps_beyond_the_report_build_their_scenarios_deterministically(mo
     sys.path[:0] = [str(root), str(root / "learned_experiments")]
     try:
         mods = {}
-        for name in ("stationary_sweep", "nonstationary_sweep", "anchors"):
+        for name in ("stationary_sweep", "nonstationary_sweep", "anchors", "family_mix"):
             spec = importlib.util.spec_from_file_location(name, root / "learned_experiments" / f"{name}.py")
             mods[name] = importlib.util.module_from_spec(spec)
             spec.loader.exec_module(mods[name])
     finally:
         sys.path[:] = saved  # the scripts insert their own paths too
     st, ns, anchors = mods["stationary_sweep"], mods["nonstationary_sweep"], mods["anchors"]
+    # family_mix's training distribution: the sweep's draws (draw_from a seed's stream is draw(seed)) or
+    # RandomMix's, the same ones for the same stream
+    fm = mods["family_mix"]
+    assert json.dumps(ns.draw_from(np.random.default_rng(9003))) == json.dumps(ns.draw(9003))
+    mix = fm.FamilyMix(0.5)
+    kinds = set()
+    for seed in range(40000, 40012):
+        a, b = mix(np.random.default_rng(seed)), mix(np.random.default_rng(seed))
+        assert json.dumps(a, sort_keys=True) == json.dumps(b, sort_keys=True)
+        kinds.add(a["M"] in ns.CACHES and a.get("horizon") == ns.HORIZON and "time_model" not in a
+                  and a["workload"].get("kind") == "mix"
+                  and all(s["lengths"]["pairs"] in ns.FAMILIES.values() for s in a["workload"]["streams"]))
+    assert kinds == {True, False}  # both kinds of draw
+    rng = np.random.default_rng(5)
+    rng.random()  # the coin, then the sweep's draw from the rest of the stream
+    assert json.dumps(fm.FamilyMix(1.0)(np.random.default_rng(5))) == json.dumps(ns.draw_from(rng)[1])
+    with pytest.raises(ValueError, match="p must be"):
+        fm.FamilyMix(1.5)
     sc = st.scenarios()
     assert len(sc) == len(st.MIXES) * len(st.CACHES) * len(st.LOADS) == 32
     for kw in list(sc.values())[::7]:

@@ -80,7 +80,12 @@ HORIZON = 4000
 
 def draw(seed: int) -> tuple[str, dict[str, Any]]:
     """One scenario (a label and its environment arguments) from ``seed``."""
-    rng = np.random.default_rng(seed)
+    return draw_from(np.random.default_rng(seed))
+
+
+def draw_from(rng: np.random.Generator) -> tuple[str, dict[str, Any]]:
+    """One scenario (a label and its environment arguments) from the random stream ``rng``
+    (:func:`draw` with ``numpy.random.default_rng(seed)``; ``family_mix.py`` trains on these)."""
     M = int(rng.choice(CACHES))
     fams = [f for f in FAMILIES if M >= 24000 or f not in LARGE_ONLY]
     shape = str(rng.choice(["turns", "turns", "burst", "overload"]))
