@@ -435,3 +435,108 @@ def test_outputs_too_long_to_schedule_are_named():
     with pytest.raises(ValueError, match="outputs of up to"):
         gym.make_vec("FlowControl-v0", num_envs=2, M=2**31,
                      workload={"kind": "poisson", "classes": [[1, 2**30]], "rates": 0.1})
+
+
+# --------------------------------------------------------------------------- the environment layer (a review, 2026-11-28)
+
+
+def test_sync_vector_env_refuses_a_batch_of_the_wrong_size_before_any_env_steps():
+    """The fallback vector env checked actions with a plain zip: a short batch stepped some environments, then
+    Gymnasium raised a raw zip error, leaving the environments out of step."""
+    v = gym.make_vec("FlowControl-v0", num_envs=3, horizon=20, record="stream")  # not batchable: the fallback
+    assert v.backend == "sync"
+    v.reset(seed=0)
+    for bad in (np.array([1, 2]), np.array([1, 2, 3, 4]), 3, None):
+        with pytest.raises(ValueError, match=r"a batch of 3 actions"):
+            v.step(bad)
+    assert [e.unwrapped.engine.t for e in v.envs] == [0, 0, 0]  # nothing stepped
+    v.step(np.array([1, 2, 3]))
+    assert [e.unwrapped.engine.t for e in v.envs] == [1, 1, 1]
+
+
+def test_config_instance_passes_its_objects_not_copies():
+    """config=FlowControlConfig(...) deep-copied every field: a callable time_model holding a lock failed with a
+    raw pickling error, and a stateful one was silently replaced by a copy."""
+    import threading
+
+    from flowgym.envs.flow_control import FlowControlConfig, FlowControlEnv
+
+    class Lat:
+        def __init__(self) -> None:
+            self.lock, self.calls = threading.Lock(), 0
+
+        def __call__(self, P, D, K, B):
+            self.calls += 1
+            return 0.02
+
+    lat = Lat()
+    wl = {"kind": "iid", "rate": 2.0, "lengths": {"kind": "empirical", "pairs": [[10, 10]], "weights": [1.0]},
+          "timed": True}
+    env = FlowControlEnv(config=FlowControlConfig(workload=wl, time_model=lat, horizon=10))
+    env.reset(seed=0)
+    env.step(3)
+    assert env.config.time_model is lat and lat.calls == 1
+
+
+def test_randomized_env_unseeded_reset_draws_from_entropy():
+    """RandomizedFlowControlEnv's sampler generator started at seed 0: every unseeded instance drew the same
+    workloads (vectorised copies would train on N identical episodes)."""
+    from flowgym.envs.randomized import RandomizedFlowControlEnv
+    from flowgym.lab.distributions import RandomMix
+
+    envs = [RandomizedFlowControlEnv(RandomMix(horizon=50), observation="load", action="multiplier") for _ in range(3)]
+    drawn = [e.reset()[1]["config"] for e in envs]
+    assert not drawn[0] == drawn[1] == drawn[2]  # three entropy draws agreeing: a one in billions chance
+    assert envs[0].reset(seed=3)[1]["config"] == envs[1].reset(seed=3)[1]["config"]  # a seed still decides
+
+
+@pytest.mark.parametrize("method", ["view", "metrics", "request_log", "series", "render"])
+def test_results_before_reset_are_refused_by_name(method):
+    from flowgym.envs.flow_control import FlowControlEnv
+
+    env = FlowControlEnv(render_mode="ansi")
+    with pytest.raises(RuntimeError, match=rf"call reset\(\) before {method}\(\)"):
+        getattr(env, method)()
+
+
+def test_reward_weights_that_would_overflow_the_reward_are_refused():
+    from flowgym.envs.flow_control import FlowControlEnv
+
+    with pytest.raises(ValueError, match=r"reward_weights\['in_system'\] / reward_scale must be at most"):
+        FlowControlEnv(reward_weights={"in_system": 1e300}, reward_scale=1e-10)
+    env = FlowControlEnv(reward_weights={"completed": 1e99, "in_system": 1e99}, reward_scale=1.0, horizon=50)
+    env.reset(seed=0)
+    assert all(np.isfinite(env.step(4)[1]) for _ in range(50))
+
+
+def test_sb3_vec_env_refuses_a_batch_of_the_wrong_shape():
+    pytest.importorskip("stable_baselines3")
+    from flowgym.envs.sb3 import FlowControlSB3VecEnv
+
+    venv = FlowControlSB3VecEnv(3)
+    venv.reset()
+    for bad in (np.array([1, 2]), np.array([[1, 2, 3]]), np.array([1, 2, 3, 4])):
+        with pytest.raises(ValueError, match=r"shape \(3,\) \(or \(3, 1\)\)"):
+            venv.step(bad)
+    venv.step(np.array([[1], [2], [3]]))  # SB3's (n_envs, 1) is accepted
+
+
+def test_bool_budgets_are_refused_everywhere_by_name():
+    from flowgym.envs.flow_control import FlowControlEnv
+
+    env = FlowControlEnv()
+    env.reset(seed=0)
+    for bad in (True, np.bool_(False)):
+        with pytest.raises(ValueError, match="not in the action space Discrete.*it holds a bool"):
+            env.step(bad)
+    pc = FlowControlEnv(workload={"kind": "poisson", "classes": [[10, 20], [10, 40], [10, 60]], "rates": 0.5},
+                        per_class_budget=True, output_length_known=True)
+    pc.reset(seed=0)
+    for bad in ([True, 2, 3], np.array([True, False, True])):
+        with pytest.raises(ValueError, match="not in the action space MultiDiscrete.*it holds a bool"):
+            pc.step(bad)
+    v = gym.make_vec("FlowControl-v0", num_envs=3, horizon=20)
+    assert v.backend == "batched"
+    v.reset(seed=0)
+    with pytest.raises(ValueError, match="actions must be an integer array"):
+        v.step([True, 2, 3])

@@ -85,6 +85,11 @@ OBS_BOUND_CAP = 1e30
 MAX_MULTIPLIER = 1e12
 
 
+#: The largest ``|reward weight| / reward_scale``: a slot's reward sums a few such terms times counts below
+#: 1e18, so it stays finite (1e308 weights over a scale of 0.5 gave inf - inf = nan).
+MAX_REWARD_WEIGHT = 1e100
+
+
 @dataclass
 class FlowControlConfig:
     """Every argument of :class:`FlowControlEnv`, with its default.
@@ -187,8 +192,9 @@ class FlowControlConfig:
         """Build from an instance, a mapping and/or keyword arguments (keywords win); validate."""
         base: dict[str, Any] = {}
         if isinstance(config, FlowControlConfig):
-            base = dataclasses.asdict(config)
-            base["workload"] = config.workload
+            # the fields themselves (asdict would deep-copy them: a callable time_model holding a lock
+            # would fail, a stateful one be replaced by a copy)
+            base = {f.name: getattr(config, f.name) for f in dataclasses.fields(config)}
         elif isinstance(config, Mapping):
             base = dict(config)
         elif config is not None:
@@ -304,6 +310,9 @@ class FlowControlConfig:
         for k, v in self.reward_weights.items():
             if not is_real(v) or not math.isfinite(v):
                 raise ValueError(f"reward_weights[{k!r}] must be a finite number, got {v!r}")
+            if abs(float(v)) / float(self.reward_scale) > MAX_REWARD_WEIGHT:  # a reward of counts times it stays finite
+                raise ValueError(f"reward_weights[{k!r}] / reward_scale must be at most {MAX_REWARD_WEIGHT:g} in size "
+                                 f"(larger ones overflow the reward to inf or nan), got {v!r} / {self.reward_scale!r}")
         if self.time_model != "slot":
             from flowgym.sim.latency import make_latency_model
 
@@ -407,7 +416,8 @@ class FlowControlEnv(gym.Env[Any, Any]):
     Per slot, ``-(w_in * N_t + w_waste * wasted_t + w_ev * evictions_t - w_done * completed_t) / reward_scale``
     with ``N_t`` the requests in the system during slot ``t`` (queued or active,
     slot ``t``'s arrivals included) and the weights ``reward_weights`` (default
-    ``in_system=1, wasted_tokens=1, evictions=0, completed=0``, scale 100). By
+    ``in_system=1, wasted_tokens=1, evictions=0, completed=0``, scale 100; each weight
+    over the scale at most ``1e100`` in size, so the reward stays finite). By
     Little's law the sum of ``N_t`` over an episode is the total time requests
     spend in the system, so maximising the default return minimises total (and
     so average) latency, the paper's responsiveness metric; a wasted token (a
@@ -788,6 +798,7 @@ class FlowControlEnv(gym.Env[Any, Any]):
         """
         if self.render_mode is None:
             return None
+        self._require_reset("render()")
         e = self.engine
         if self.render_mode == "ansi":
             return (
@@ -826,12 +837,17 @@ class FlowControlEnv(gym.Env[Any, Any]):
 
     # ------------------------------------------------------------------ results
 
+    def _require_reset(self, what: str) -> None:
+        if not self._started:
+            raise RuntimeError(f"call reset() before {what}")
+
     def view(self) -> SystemView:
         """The read-only :class:`~flowgym.envs.view.SystemView` that scripted agents read.
 
         A live window on the engine (its properties read the current state), so one
         instance serves the whole life of the environment.
         """
+        self._require_reset("view()")
         if self._view is None:
             self._view = SystemView(self.engine, self.config.output_length_known)
         return self._view
@@ -845,6 +861,7 @@ class FlowControlEnv(gym.Env[Any, Any]):
         ``output_length_known=False``. ``ValueError`` with ``record="stream"``, which
         does not keep them.
         """
+        self._require_reset("request_log()")
         return self.engine.request_log()
 
     def metrics(self) -> dict[str, Any]:
@@ -853,6 +870,7 @@ class FlowControlEnv(gym.Env[Any, Any]):
         With ``record="stream"`` from running sums (same counts and means), ``p95_latency``
         from a bounded sketch and ``kv_usage`` decimated (``kv_usage_block`` slots a point).
         """
+        self._require_reset("metrics()")
         return self.engine.metrics()
 
     def series(self) -> dict[str, np.ndarray]:
@@ -860,6 +878,7 @@ class FlowControlEnv(gym.Env[Any, Any]):
 
         With ``record="stream"`` the last 4,096 slots only (their slot numbers in ``t``).
         """
+        self._require_reset("series()")
         return self.engine.series()
 
     @property

@@ -9,7 +9,9 @@ bounds, so they are refused) and a budget or multiplier action with a fixed rang
 
 The draw is a pure function of the reset seed: ``reset(seed=s)`` reseeds the sampler's
 generator with ``s`` (so evaluation episodes on fixed seeds meet the same workloads every
-time), and ``reset()`` without a seed draws the next workload from the same generator.
+time), and ``reset()`` without a seed draws the next workload from the same generator; a first
+``reset()`` without any seed seeds it from the environment's ``np_random`` (operating-system
+entropy, as Gymnasium's own environments), so two unseeded environments draw different workloads.
 """
 
 from __future__ import annotations
@@ -50,7 +52,7 @@ class RandomizedFlowControlEnv(gym.Env[Any, Any]):
                              "dict observations have M in their bounds, so their spaces change from draw to draw)")
         self.sampler = sampler
         self.fixed = dict(fixed)
-        self._rng = np.random.default_rng(0)
+        self._rng: np.random.Generator | None = None  # seeded by the first reset
         probe = self._build(self.sampler(np.random.default_rng(0)))
         self.observation_space = probe.observation_space
         self.action_space = probe.action_space
@@ -75,6 +77,8 @@ class RandomizedFlowControlEnv(gym.Env[Any, Any]):
         super().reset(seed=seed)
         if seed is not None:
             self._rng = np.random.default_rng(seed)
+        elif self._rng is None:  # never seeded: from the entropy super().reset() drew for np_random
+            self._rng = np.random.default_rng(int(self.np_random.integers(0, 2**63 - 1)))
         self.env = self._build(self.sampler(self._rng))
         obs, info = self.env.reset(seed=int(self._rng.integers(0, 2**63 - 1)), options=options)
         self._started = True

@@ -100,8 +100,13 @@ class FlowControlSB3VecEnv(VecEnv):
         return obs
 
     def step_async(self, actions: np.ndarray) -> None:
-        """Remember the actions (budgets, shape ``(num_envs,)``) for :meth:`step_wait`."""
-        self._actions = self.venv._budgets(np.asarray(actions).reshape(self.num_envs))
+        """Remember the actions (budgets, shape ``(num_envs,)``, or ``(num_envs, 1)`` as some SB3 policies give
+        them) for :meth:`step_wait`; another shape is refused by name."""
+        a = np.asarray(actions)
+        if a.shape not in ((self.num_envs,), (self.num_envs, 1)):
+            raise ValueError(f"actions must be an integer array of shape ({self.num_envs},) (or ({self.num_envs}, 1)) "
+                             f"in the action space {self.action_space}, got shape {a.shape}: {actions!r}")
+        self._actions = self.venv._budgets(a.reshape(self.num_envs))
 
     def step_wait(self) -> VecEnvStepReturn:
         """One slot for every environment; ending environments are reset at once (SB3 autoreset)."""

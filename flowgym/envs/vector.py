@@ -256,7 +256,8 @@ class FlowControlVectorEnv(VectorEnv):
         """``actions`` as int64 budgets; ``check_range=False`` leaves the range check to :meth:`_advance`."""
         N = self.num_envs
         a = np.asarray(actions)
-        if a.shape != (N,) or a.dtype.kind not in "iu":
+        if (a.shape != (N,) or a.dtype.kind not in "iu"
+                or (isinstance(actions, (list, tuple)) and any(isinstance(x, (bool, np.bool_)) for x in actions))):
             raise ValueError(
                 f"actions must be an integer array of shape ({N},) in the action space {self.action_space}, "
                 f"got {actions!r}"
@@ -454,7 +455,14 @@ class FlowControlSyncVectorEnv(SyncVectorEnv):
         """Every environment's action is checked before any environment steps (a bad one changes nothing)."""
         from gymnasium.vector.utils import iterate
 
-        for i, (env, a) in enumerate(zip(self.envs, iterate(self.action_space, actions))):
+        try:
+            batch = list(iterate(self.action_space, actions))
+        except (TypeError, ValueError):
+            batch = None
+        if batch is None or len(batch) != self.num_envs:  # checked before any environment steps
+            raise ValueError(f"actions must be a batch of {self.num_envs} actions (one per environment) in the "
+                             f"action space {self.action_space}, got {actions!r}")
+        for i, (env, a) in enumerate(zip(self.envs, batch)):
             try:
                 env.unwrapped.check_action(a)
             except ValueError as e:
