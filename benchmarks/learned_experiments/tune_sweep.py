@@ -26,7 +26,7 @@ import numpy as np
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from bench_learned import ratio_ci  # noqa: E402
+from bench_learned import _fmt, ratio_ci  # noqa: E402
 from nonstationary_sweep import HORIZON, draw  # noqa: E402
 from per_scenario import _Fixed  # noqa: E402
 
@@ -67,13 +67,9 @@ def main(argv: list[str] | None = None) -> int:
         per = {lab: np.array([r["mean_time_in_system"] for r in table.rows if r["agent"] == lab]) for lab in table.agents}
         fixed = np.asarray(hit["tis"]["best fixed"][:args.seeds])
         rs = np.asarray(hit["tis"]["rate-switch (tuned)"][:args.seeds])
-        def fmt(a: np.ndarray, b: np.ndarray) -> str:
-            r, lo, hi = ratio_ci(a, b)
-            return f"{r:.3f} [{lo:.2f}, {hi:.2f}]"
-
         print(f"{s} {label} (b={hit['b']}; search {wall:.0f} s): tuned / best fixed "
-              f"{fmt(per['tuned here'], fixed)}, / rate-switch {fmt(per['tuned here'], rs)}; "
-              f"generalist / best fixed {fmt(per['generalist'], fixed)}", flush=True)
+              f"{_fmt(ratio_ci(per['tuned here'], fixed))}, / rate-switch {_fmt(ratio_ci(per['tuned here'], rs))}; "
+              f"generalist / best fixed {_fmt(ratio_ci(per['generalist'], fixed))}", flush=True)
     return 0
 
 

@@ -237,8 +237,13 @@ def _is_bool(x: Any) -> bool:
     return isinstance(x, (bool, np.bool_)) or (isinstance(x, np.ndarray) and x.dtype.kind == "b")
 
 
+def _holds_bool(action: Any) -> bool:
+    """``action`` is a bool, or a list or tuple with one (which ``numpy.asarray`` would turn into integers)."""
+    return _is_bool(action) or (isinstance(action, (list, tuple)) and any(_is_bool(x) for x in action))
+
+
 def _bad_action(action: Any, space: spaces.Space) -> ValueError:
-    if _is_bool(action) or (isinstance(action, (list, tuple)) and any(_is_bool(x) for x in action)):
+    if _holds_bool(action):
         # refused although Gymnasium's Discrete.contains(True) holds: a flag is not a budget
         return ValueError(f"action {action!r} is not in the action space {space}: it holds a bool, a flag, not a number")
     return ValueError(f"action {action!r} is not in the action space {space}")
@@ -288,8 +293,7 @@ class PerClassBudget:
             a = np.asarray(action)
         except Exception:  # pragma: no cover - exotic objects
             raise _bad_action(action, self._space) from None
-        if (a.shape != (self.m,) or not np.issubdtype(a.dtype, np.integer)
-                or (isinstance(action, (list, tuple)) and any(_is_bool(x) for x in action))):
+        if a.shape != (self.m,) or not np.issubdtype(a.dtype, np.integer) or _holds_bool(action):
             raise _bad_action(action, self._space)
         if (a < 0).any() or (a > self.max_budget).any():
             raise _bad_action(action, self._space)
