@@ -819,16 +819,18 @@ def test_the_sweeps_beyond_the_report_build_their_scenarios_deterministically(mo
     # family_mix's training distribution: the sweep's draws (draw_from a seed's stream is draw(seed)) or
     # RandomMix's, the same ones for the same stream
     fm = mods["family_mix"]
-    assert json.dumps(ns.draw_from(np.random.default_rng(9003))) == json.dumps(ns.draw(9003))
     mix = fm.FamilyMix(0.5)
-    kinds = set()
+    kinds = []
     for seed in range(40000, 40012):
         a, b = mix(np.random.default_rng(seed)), mix(np.random.default_rng(seed))
         assert json.dumps(a, sort_keys=True) == json.dumps(b, sort_keys=True)
-        kinds.add(a["M"] in ns.CACHES and a.get("horizon") == ns.HORIZON and "time_model" not in a
-                  and a["workload"].get("kind") == "mix"
-                  and all(s["lengths"]["pairs"] in ns.FAMILIES.values() for s in a["workload"]["streams"]))
-    assert kinds == {True, False}  # both kinds of draw
+        sweep_kind = (a["M"] in ns.CACHES and "time_model" not in a and a["workload"].get("kind") == "mix"
+                      and all(s["lengths"]["pairs"] in ns.FAMILIES.values() for s in a["workload"]["streams"]))
+        assert sweep_kind == (np.random.default_rng(seed).random() < 0.5), seed  # the coin decides the kind
+        kinds.append(sweep_kind)
+    assert set(kinds) == {True, False}  # both kinds of draw
+    spec = mix.to_spec()  # what trained_on records: both parts and the share, as JSON
+    assert json.loads(json.dumps(spec)) == spec and spec["p"] == 0.5 and spec["random_mix"]["kind"] == "random-mix"
     rng = np.random.default_rng(5)
     rng.random()  # the coin, then the sweep's draw from the rest of the stream
     assert json.dumps(fm.FamilyMix(1.0)(np.random.default_rng(5))) == json.dumps(ns.draw_from(rng)[1])

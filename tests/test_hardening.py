@@ -504,6 +504,11 @@ def test_reward_weights_that_would_overflow_the_reward_are_refused():
 
     with pytest.raises(ValueError, match=r"reward_weights\['in_system'\] / reward_scale must be at most"):
         FlowControlEnv(reward_weights={"in_system": 1e300}, reward_scale=1e-10)
+    # a partial dict: the defaults of the weights not listed (in_system = 1) count against the scale too
+    with pytest.raises(ValueError, match=r"reward_weights\['in_system'\] / reward_scale .* \(its default"):
+        FlowControlEnv(reward_weights={"completed": 1e-207}, reward_scale=1e-306)
+    FlowControlEnv(reward_weights={"completed": 1e-207, "in_system": 0, "wasted_tokens": 0, "evictions": 0},
+                   reward_scale=1e-306)  # every term listed and small: accepted
     env = FlowControlEnv(reward_weights={"completed": 1e99, "in_system": 1e99}, reward_scale=1.0, horizon=50)
     env.reset(seed=0)
     assert all(np.isfinite(env.step(4)[1]) for _ in range(50))
@@ -540,3 +545,26 @@ def test_bool_budgets_are_refused_everywhere_by_name():
     v.reset(seed=0)
     with pytest.raises(ValueError, match="actions must be an integer array"):
         v.step([True, 2, 3])
+    with pytest.raises(ValueError, match="actions must be an integer array.*it holds a bool"):
+        v.step([np.array(True), 2, 3])  # a 0-d bool array in a list: asarray would make it 1
+
+
+def test_bool_budgets_are_refused_by_the_sb3_adapter_and_the_log_multiplier_action():
+    from flowgym.envs.flow_control import FlowControlEnv
+
+    env = FlowControlEnv(observation="load-v2", action="log-multiplier", multipliers=[0.5, 4.0], multiplier_of="max")
+    env.reset(seed=0)
+    with pytest.raises(ValueError, match=r"action \[True, 0.5\] is not in the action space Box.*it holds a bool"):
+        env.step([True, 0.5])  # the message shows the action given, not None
+    pytest.importorskip("stable_baselines3")
+    from flowgym.envs.sb3 import FlowControlSB3VecEnv
+
+    venv = FlowControlSB3VecEnv(3)
+    venv.reset()
+    for bad in ([True, 2, 3], np.array([True, False, True])):
+        with pytest.raises(ValueError, match="it holds a bool"):
+            venv.step(bad)
+    one = FlowControlSB3VecEnv(1)
+    one.reset()
+    one.step(np.int64(3))  # one environment: a single budget is taken, as reshape(1) took it
+    one.step(np.array([3]))

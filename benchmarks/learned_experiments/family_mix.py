@@ -53,6 +53,11 @@ class FamilyMix:
             return draw_from(rng)[1]
         return self.mix(rng)
 
+    def to_spec(self) -> dict[str, Any]:
+        """What a model's ``flowgym_agent.json`` records under ``trained_on``: both parts and the share."""
+        return {"kind": "family-mix", "p": self.p, "sweep": "nonstationary_sweep.draw_from",
+                "random_mix": self.mix.to_spec()}
+
 
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])

@@ -1,7 +1,7 @@
 """The generalist searched further on one of the sweep's scenarios: can its action reach the best fixed budget
 there? (docs/training.md, "Training on the sweep's kind of load").
 
-On some of ``nonstationary_sweep.py``'s scenarios the generalist is 4-6% behind the best fixed budget, and a
+On some of ``nonstationary_sweep.py``'s scenarios the generalist is 3-6% behind the best fixed budget, and a
 model trained on the sweep's own generator (``family_mix.py``) is too. This asks whether a policy of the same
 observation and action *can* play what the fixed budget plays there: a random search from the shipped
 generalist on that scenario alone (``per_scenario.py``'s code path: ``train_ars`` with the scenario's arguments
@@ -11,7 +11,8 @@ and the sweep's tuned references on the sweep's report seeds 8000..::
     python benchmarks/learned_experiments/tune_sweep.py --refs refs.json --out runs/tune-sweep \\
         --scenarios 9014,9016 [--iterations 12] [--draws 1] [--seeds 10]
 
-``--refs`` is the sweep's reference file (``nonstationary_sweep.py --refs``), which must hold the scenarios.
+``--refs`` is the sweep's reference file (``nonstationary_sweep.py --refs``), which must hold the scenarios,
+tuned for them as they are now (its key is checked, as the sweep checks it).
 """
 
 from __future__ import annotations
@@ -27,7 +28,7 @@ import numpy as np
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from bench_learned import _fmt, ratio_ci  # noqa: E402
-from nonstationary_sweep import HORIZON, draw  # noqa: E402
+from nonstationary_sweep import HORIZON, draw, reference_key  # noqa: E402
 from per_scenario import _Fixed  # noqa: E402
 
 from flowgym.lab.ars import ARSConfig, train_ars  # noqa: E402
@@ -56,6 +57,9 @@ def main(argv: list[str] | None = None) -> int:
         hit = refs.get(str(s))
         if hit is None or hit["seeds"][:args.seeds] != seeds:
             raise SystemExit(f"--refs has no references of scenario {s} on seeds {seeds[0]}-{seeds[-1]}")
+        if hit.get("key") != reference_key(kw):  # tuned for another scenario, grid or version: stale
+            raise SystemExit(f"--refs holds stale references of scenario {s} (their key is not this scenario's); "
+                             "rerun nonstationary_sweep.py --refs FILE to tune them again")
         out = os.path.join(args.out, str(s))
         t0 = time.perf_counter()
         train_ars(ARSConfig(distribution=_Fixed(label, kw), init="shipped", workers=args.workers, final_eval_seeds=0,

@@ -310,9 +310,13 @@ class FlowControlConfig:
         for k, v in self.reward_weights.items():
             if not is_real(v) or not math.isfinite(v):
                 raise ValueError(f"reward_weights[{k!r}] must be a finite number, got {v!r}")
+        # the defaults of the weights not listed count too: they are merged into the reward
+        for k, v in {**DEFAULT_REWARD_WEIGHTS, **self.reward_weights}.items():
             if abs(float(v)) / float(self.reward_scale) > MAX_REWARD_WEIGHT:  # a reward of counts times it stays finite
+                given = "" if k in self.reward_weights else " (its default; set it to 0 to drop the term)"
                 raise ValueError(f"reward_weights[{k!r}] / reward_scale must be at most {MAX_REWARD_WEIGHT:g} in size "
-                                 f"(larger ones overflow the reward to inf or nan), got {v!r} / {self.reward_scale!r}")
+                                 f"(larger ones overflow the reward to inf or nan), got {v!r}{given} / "
+                                 f"{self.reward_scale!r}")
         if self.time_model != "slot":
             from flowgym.sim.latency import make_latency_model
 

@@ -40,6 +40,7 @@ except ImportError as e:  # pragma: no cover - depends on the installation
         "flowgym.envs.sb3 needs stable-baselines3: pip install 'flowgym[train]'"
     ) from e
 
+from flowgym.envs.spaces import _holds_bool
 from flowgym.envs.vector import FlowControlVectorEnv
 
 __all__ = ["FlowControlSB3VecEnv"]
@@ -101,9 +102,13 @@ class FlowControlSB3VecEnv(VecEnv):
 
     def step_async(self, actions: np.ndarray) -> None:
         """Remember the actions (budgets, shape ``(num_envs,)``, or ``(num_envs, 1)`` as some SB3 policies give
-        them) for :meth:`step_wait`; another shape is refused by name."""
+        them, or one budget with one environment) for :meth:`step_wait`; another shape, or a bool, is refused
+        by name."""
+        if _holds_bool(actions):  # before asarray, which turns [True, 2, 3] into integers
+            raise ValueError(f"actions {actions!r} are not in the action space {self.action_space}: "
+                             "it holds a bool, a flag, not a number")
         a = np.asarray(actions)
-        if a.shape not in ((self.num_envs,), (self.num_envs, 1)):
+        if a.shape not in ((self.num_envs,), (self.num_envs, 1)) and not (self.num_envs == 1 and a.shape == ()):
             raise ValueError(f"actions must be an integer array of shape ({self.num_envs},) (or ({self.num_envs}, 1)) "
                              f"in the action space {self.action_space}, got shape {a.shape}: {actions!r}")
         self._actions = self.venv._budgets(a.reshape(self.num_envs))

@@ -430,13 +430,14 @@ class LogMultiplierBudget:
 
     def multipliers(self, action: Any) -> np.ndarray:
         """The multipliers of an action (one per anchor); raises ``ValueError`` naming an action outside the box."""
-        if isinstance(action, (list, tuple)):  # what Box.contains accepts too: a sequence of numbers
-            action = (np.asarray(action) if all(isinstance(x, (int, float, np.integer, np.floating))
-                                                and not isinstance(x, (bool, np.bool_)) for x in action) else None)
-        numeric = (isinstance(action, (int, float, np.integer, np.floating)) and not isinstance(action, (bool, np.bool_))
-                   or isinstance(action, np.ndarray) and (np.issubdtype(action.dtype, np.integer)
-                                                          or np.issubdtype(action.dtype, np.floating)))
-        a = np.asarray(action, dtype=np.float64).reshape(-1) if numeric else None
+        x = action
+        if isinstance(x, (list, tuple)):  # what Box.contains accepts too: a sequence of numbers
+            x = (np.asarray(x) if all(isinstance(e, (int, float, np.integer, np.floating))
+                                      and not isinstance(e, (bool, np.bool_)) for e in x) else None)
+        numeric = (isinstance(x, (int, float, np.integer, np.floating)) and not isinstance(x, (bool, np.bool_))
+                   or isinstance(x, np.ndarray) and (np.issubdtype(x.dtype, np.integer)
+                                                     or np.issubdtype(x.dtype, np.floating)))
+        a = np.asarray(x, dtype=np.float64).reshape(-1) if numeric else None
         if a is None or a.size != self.dim or not np.isfinite(a).all() or (np.abs(a) > 1.0).any():
             raise _bad_action(action, self._space)
         return self.k_min * (self.k_max / self.k_min) ** ((a + 1.0) / 2.0)

@@ -31,7 +31,7 @@ from flowgym.sim import kernels
 from flowgym.sim._seeding import reseed
 from flowgym.sim.batched import BatchedEngine, BudgetError, unsupported
 from flowgym.envs.flow_control import DEFAULT_REWARD_WEIGHTS, FlowControlConfig, FlowControlEnv
-from flowgym.envs.spaces import LOAD_OBSERVATIONS
+from flowgym.envs.spaces import LOAD_OBSERVATIONS, _holds_bool
 
 __all__ = ["FlowControlVectorEnv", "FlowControlSyncVectorEnv", "make_vector_env", "batched_unsupported"]
 
@@ -256,11 +256,11 @@ class FlowControlVectorEnv(VectorEnv):
         """``actions`` as int64 budgets; ``check_range=False`` leaves the range check to :meth:`_advance`."""
         N = self.num_envs
         a = np.asarray(actions)
-        if (a.shape != (N,) or a.dtype.kind not in "iu"
-                or (isinstance(actions, (list, tuple)) and any(isinstance(x, (bool, np.bool_)) for x in actions))):
+        if a.shape != (N,) or a.dtype.kind not in "iu" or _holds_bool(actions):
+            flag = ": it holds a bool, a flag, not a number" if _holds_bool(actions) or a.dtype.kind == "b" else ""
             raise ValueError(
                 f"actions must be an integer array of shape ({N},) in the action space {self.action_space}, "
-                f"got {actions!r}"
+                f"got {actions!r}{flag}"
             )
         if (check_range or a.dtype.kind == "u") and a.size and (  # unsigned: checked before int64 could wrap it
                 int(a.min()) < 0 or int(a.max()) > self._max_budget):
