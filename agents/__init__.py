@@ -75,11 +75,12 @@ AGENTS: dict[str, type[Agent]] = {
 
 
 def make_agent(name: str, **params: Any) -> Agent:
-    """An agent by name with its parameters, e.g. ``make_agent("flow-control", b=12)``."""
-    try:
-        cls = AGENTS[name]
-    except KeyError:
-        raise ValueError(f"unknown agent {name!r}; known: {sorted(AGENTS)}") from None
+    """An agent by name with its parameters, e.g. ``make_agent("flow-control", b=12)``.
+
+    A bad name or parameter raises ``ValueError`` naming the agent."""
+    if not isinstance(name, str) or name not in AGENTS:
+        raise ValueError(f"unknown agent {name!r}; known: {sorted(AGENTS)}")
+    cls = AGENTS[name]
     import inspect
 
     accepted = [n for n, p in inspect.signature(cls).parameters.items()
@@ -91,4 +92,8 @@ def make_agent(name: str, **params: Any) -> Agent:
     try:
         return cls(**params)
     except TypeError as e:
+        raise ValueError(f"agent {name!r}: {e}") from None
+    except ValueError as e:  # the constructor names the parameter; the agent is named here unless it did
+        if name in str(e):
+            raise
         raise ValueError(f"agent {name!r}: {e}") from None

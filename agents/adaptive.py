@@ -19,7 +19,8 @@ from typing import Any
 
 import numpy as np
 
-from flowgym.agents.base import Agent, int_param
+from flowgym.agents.base import MAX_INT_PARAM, Agent, int_param
+from flowgym.envs.flow_control import MAX_MULTIPLIER
 from flowgym.envs.view import SystemView
 from flowgym.sim._checks import is_real
 
@@ -27,9 +28,10 @@ __all__ = ["SafeBudget", "TwoAnchorBudget", "ScheduledBudget"]
 
 
 def _multiplier(label: str, k: Any) -> float:
-    """``k`` as a float; raises ``ValueError`` naming ``label`` unless it is a positive finite number."""
-    if not is_real(k) or not (math.isfinite(k) and k > 0):
-        raise ValueError(f"{label} must be a positive finite number, got {k!r}")
+    """``k`` as a float; raises ``ValueError`` naming ``label`` unless it is a positive finite number, at most
+    the environment's largest multiplier (:data:`~flowgym.envs.flow_control.MAX_MULTIPLIER`)."""
+    if not is_real(k) or not 0 < k <= MAX_MULTIPLIER:  # the range first: no float(10**400); nan fails it
+        raise ValueError(f"{label} must be a positive finite number (at most {MAX_MULTIPLIER:g}), got {k!r}")
     return float(k)
 
 
@@ -64,7 +66,7 @@ class SafeBudget(Agent):
         return 0  # the only multiplier: k
 
     def label(self) -> str:
-        return f"safe-budget k={self.k:g}"
+        return f"safe-budget k={self.k:g}" + ("" if self.cap == 256 else f" cap={self.cap}")
 
 
 class TwoAnchorBudget(Agent):
@@ -108,16 +110,21 @@ class TwoAnchorBudget(Agent):
         return self._action.copy()
 
     def label(self) -> str:
-        return f"two-anchor k_rate={self.k_rate:g} k_safe={self.k_safe:g}" + (" head" if self.head else "")
+        return (f"two-anchor k_rate={self.k_rate:g} k_safe={self.k_safe:g}" + (" head" if self.head else "")
+                + ("" if self.cap == 256 else f" cap={self.cap}"))
 
 
 class ScheduledBudget(Agent):
-    """``B_t = budgets[i]`` for ``times[i] <= t' < times[i + 1]``, ``t' = t mod period`` (or ``t``).
+    """``B_t = budgets[i]`` for ``times[i] <= t' < times[i + 1]``, ``t' = now mod period`` (or ``now``).
+
+    ``now`` is the environment's clock at the decision (:attr:`SystemView.now`): the slot in slot time,
+    the seconds at the start of the iteration in continuous time (a ``time_model``), so the times and the
+    period are in slots or in seconds accordingly.
 
     Args:
-        times: start slot of each piece (ascending, the first 0).
+        times: start of each piece (slots or seconds; ascending, the first 0).
         budgets: the budget of each piece (non-negative integers, one per time).
-        period: repeat the schedule every ``period`` slots (``None``: the last piece lasts).
+        period: repeat the schedule every ``period`` slots or seconds (``None``: the last piece lasts).
     """
 
     name = "schedule"
@@ -126,23 +133,26 @@ class ScheduledBudget(Agent):
         if not isinstance(times, (Sequence, np.ndarray)) or isinstance(times, str) or any(
                 isinstance(x, (bool, np.bool_)) or not isinstance(x, (int, float, np.integer, np.floating)) for x in times):
             raise ValueError(f"times must be a list of numbers (slots or seconds), got {times!r}")
+        if not all(-1e15 <= x <= 1e15 for x in times):  # before float(): no float(10**400); nan and inf fail it
+            raise ValueError(f"times must start at 0 and increase strictly, each finite and at most 1e15, got {times!r}")
         ts = [float(x) for x in times]
+        if isinstance(budgets, str) or not isinstance(budgets, (Sequence, np.ndarray)):
+            raise ValueError(f"budgets must be a list of non-negative integers, got {budgets!r}")
         bs = list(budgets)
         if not ts or len(ts) != len(bs):
             raise ValueError(f"times and budgets must be non-empty and of the same length, got {times!r}, {budgets!r}")
         if ts[0] != 0 or any(b <= a for a, b in zip(ts, ts[1:])) or not all(map(math.isfinite, ts)):
             raise ValueError(f"times must start at 0 and increase strictly, got {times!r}")
         for b in bs:
-            if isinstance(b, bool) or not isinstance(b, (int, np.integer)) or b < 0:
-                raise ValueError(f"budgets must be non-negative integers, got {budgets!r}")
-        if period is not None and (isinstance(period, (bool, np.bool_)) or not isinstance(period, (int, float, np.integer, np.floating))
-                                   or not (math.isfinite(period) and period > ts[-1])):
-            raise ValueError(f"period must be a number beyond the last time {ts[-1]:g}, got {period!r}")
+            if isinstance(b, bool) or not isinstance(b, (int, np.integer)) or not 0 <= b <= MAX_INT_PARAM:
+                raise ValueError(f"budgets must be non-negative integers (at most {MAX_INT_PARAM:g}), got {budgets!r}")
+        if period is not None and (not is_real(period) or not ts[-1] < period <= 1e15):  # nan fails the range
+            raise ValueError(f"period must be a number beyond the last time {ts[-1]:g}, got {period!r} (at most 1e15)")
         self.times, self.budgets, self.period = ts, [int(b) for b in bs], None if period is None else float(period)
         self.requires = {"max_budget": max(1, *self.budgets)}
 
     def act(self, observation: Any, view: SystemView) -> int:
-        t = float(view.t) if self.period is None else float(view.t) % self.period
+        t = view.now if self.period is None else view.now % self.period
         i = int(np.searchsorted(self.times, t, side="right")) - 1
         return self.budgets[i]
 

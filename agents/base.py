@@ -19,7 +19,7 @@ from flowgym.envs.flow_control import FlowControlConfig
 from flowgym.envs.view import SystemView
 from flowgym.sim.admission import AdmissionRule
 
-__all__ = ["Agent", "int_param", "DEFAULT_REQUEST"]
+__all__ = ["Agent", "int_param", "real_param", "DEFAULT_REQUEST"]
 
 #: The ``max_budget`` an agent without its own cap asks the environment for (the environment takes the larger of
 #: this and the scenario's): room for a large batch, not a limit of the agent's.
@@ -36,6 +36,18 @@ def int_param(label: str, v: Any, minimum: int = 0) -> int:
     if not ok:
         raise ValueError(f"{label} must be an integer from {minimum} to {MAX_INT_PARAM:g}, got {v!r}")
     return int(v)
+
+
+def real_param(label: str, v: Any, minimum: float = 0.0, maximum: float = 1e12, *, positive: bool = False,
+               unit: str = "") -> float:
+    """``v`` as a float; raises ``ValueError`` naming ``label`` unless it is a real number (not a bool or a
+    string) from ``minimum`` (excluded when ``positive``) to ``maximum``. ``unit`` is added to the message."""
+    ok = (not isinstance(v, (bool, np.bool_, np.timedelta64)) and isinstance(v, (int, float, np.integer, np.floating))
+          and (v > minimum if positive else v >= minimum) and v <= maximum)  # the range first: no float(10**400)
+    if not ok:
+        low = f"above {minimum:g}" if positive else f"from {minimum:g}"
+        raise ValueError(f"{label}{unit} must be a number {low} to {maximum:g}, got {v!r}")
+    return float(v)
 
 
 class Agent:
@@ -85,8 +97,14 @@ class Agent:
         return self.config.max_budget if own is None else min(int(own), self.config.max_budget)
 
     def label(self) -> str:
-        """Name with parameters, for tables."""
-        return self.name
+        """Name with parameters, for tables: two agents that differ in a parameter differ in label (a comparison
+        refuses two rows of one label)."""
+        return self.name + self._max_budget_label()
+
+    def _max_budget_label(self) -> str:
+        """`` max_budget=N`` when the agent was given its own ``max_budget``, else nothing."""
+        own = getattr(self, "max_budget", None)
+        return "" if own is None else f" max_budget={own}"
 
     def __repr__(self) -> str:
         return f"{type(self).__name__}({self.label()!r})"

@@ -8,7 +8,7 @@ from typing import Any
 
 import numpy as np
 
-from flowgym.agents.base import Agent, int_param
+from flowgym.agents.base import MAX_INT_PARAM, Agent, int_param
 from flowgym.envs.view import SystemView
 from flowgym.sim.admission import AdmissionRule
 
@@ -38,10 +38,14 @@ class FlowControl(Agent):
         if isinstance(b, (Sequence, np.ndarray)) and not isinstance(b, str):
             if any(isinstance(x, (bool, np.bool_, str)) for x in np.ravel(np.asarray(b, dtype=object))):
                 raise ValueError(f"per-class budgets b must be non-negative integers, got {b!r}")
-            raw = np.asarray(b, dtype=np.float64)
+            try:  # a 400-digit integer does not fit a float: refused below by name, not by numpy's OverflowError
+                raw = np.asarray(b, dtype=np.float64)
+            except (OverflowError, TypeError, ValueError):
+                raw = np.array([np.nan])
             if (raw.ndim != 1 or raw.size == 0 or not np.isfinite(raw).all() or (raw < 0).any()
-                    or (raw != np.floor(raw)).any()):
-                raise ValueError(f"per-class budgets b must be non-negative integers, got {b!r}")
+                    or (raw > MAX_INT_PARAM).any() or (raw != np.floor(raw)).any()):
+                raise ValueError(f"per-class budgets b must be non-negative integers (at most {MAX_INT_PARAM:g}), "
+                                 f"got {b!r}")
             self.per_class = raw.astype(np.int64)
             if cap is not None:
                 raise ValueError("cap (random budgets) applies to a global budget b, not per-class budgets")
@@ -105,11 +109,11 @@ class RateSwitch(Agent):
 
     def __init__(self, high: int = 40, low: int = 4, threshold: float = 10.0) -> None:
         high, low = int_param("high", high), int_param("low", low)
-        if isinstance(threshold, (bool, np.bool_)) or not isinstance(threshold, (int, float, np.integer, np.floating)):
-            raise ValueError(f"threshold (arrivals per slot) must be a non-negative number, got {threshold!r}")
+        if (isinstance(threshold, (bool, np.bool_)) or not isinstance(threshold, (int, float, np.integer, np.floating))
+                or not 0 <= threshold <= 1e12):  # the range before float(): no float(10**400); nan fails it
+            raise ValueError(f"threshold (arrivals per slot) must be a non-negative number (at most 1e12), "
+                             f"got {threshold!r}")
         thr = float(threshold)
-        if not np.isfinite(thr) or thr < 0:
-            raise ValueError(f"threshold (arrivals per slot) must be a non-negative number, got {threshold!r}")
         self.high, self.low, self.threshold = int(high), int(low), thr
         self.requires = {"eviction": "lifo", "observation": "dict", "max_budget": max(1, self.high, self.low)}
 

@@ -55,7 +55,7 @@ class AlphaProtectionGreedy(Agent):
         return greedy_fit_count(view, (1 - self.alpha) * view.M, self.limit)
 
     def label(self) -> str:
-        return f"alpha-greedy alpha={self.alpha:g}"
+        return f"alpha-greedy alpha={self.alpha:g}" + self._max_budget_label()
 
 
 class GreedyLIFO(Agent):

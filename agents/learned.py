@@ -675,6 +675,9 @@ class LearnedBudget(Agent):
 
     def __init__(self, path: str | None = None, label: str | None = None, action_rule: str | None = None,
                  trust: bool = False, carry_state: bool = True) -> None:
+        if label is not None and not isinstance(label, str):  # a table label: 5 would fail only when printed
+            raise ValueError(f"learned agent: label must be a string, got {label!r}")
+        default_label = label is None or label == ""
         if path is None:
             path = DEFAULT_MODEL
             label = label or "learned (generalist)"
@@ -712,7 +715,7 @@ class LearnedBudget(Agent):
             self.model, self._norm = _load_arrays(self.path, self.meta)
         else:
             self._load_sb3(trust)
-        self._finish_init(label, action_rule)
+        self._finish_init(label, action_rule, name_variant=default_label)
 
     def _load_sb3(self, trust: bool) -> None:
         require_sb3()
@@ -730,7 +733,7 @@ class LearnedBudget(Agent):
                 f"with trust=True ('learned:path=DIR,trust=true'), or convert it once with "
                 f"flowgym.agents.learned.resave(DIR) (writes {POLICY_FILE} and {NORM_FILE})")
 
-    def _finish_init(self, label: str | None, action_rule: str | None = None) -> None:
+    def _finish_init(self, label: str | None, action_rule: str | None = None, name_variant: bool = False) -> None:
         if tuple(self.model.observation_space.shape) != self.obs_shape:
             raise ValueError(f"learned agent: model observation shape {self.model.observation_space.shape} "
                              f"differs from {META_FILE}'s {self.obs_shape}")
@@ -775,6 +778,11 @@ class LearnedBudget(Agent):
         if self.action_rule not in ACTION_RULES:
             raise ValueError(f"learned agent: action_rule must be one of {list(ACTION_RULES)}, got {self.action_rule!r}")
         self._label = label or f"learned ({os.path.basename(os.path.normpath(self.path))})"
+        if name_variant:  # a variant of the same model gets its own label (a comparison refuses two alike)
+            if action_rule is not None and action_rule != self.meta.get("action_rule", "mode"):
+                self._label += f" action_rule={action_rule}"
+            if not self.carry_state and self.recurrent:  # only a recurrent policy carries a state
+                self._label += " carry_state=false"
 
     @classmethod
     def from_policy(cls, policy: ArrayPolicy, norm: Any, env_options: dict[str, Any], action_repeat: int,

@@ -17,7 +17,7 @@ from typing import Any
 
 import numpy as np
 
-from flowgym.agents.base import DEFAULT_REQUEST, Agent, int_param
+from flowgym.agents.base import DEFAULT_REQUEST, MAX_INT_PARAM, Agent, int_param
 from flowgym.envs.flow_control import FlowControlConfig
 from flowgym.envs.view import SystemView
 from flowgym.sim._checks import is_real
@@ -48,7 +48,8 @@ class SGLangReservation(Agent):
 
     Args (SGLang's defaults, ``python/sglang/srt/environ.py`` / ``global_config``):
         init_new_token_ratio: 0.7 (``SGLANG_INIT_NEW_TOKEN_RATIO``).
-        min_new_token_ratio_factor: 0.14 (``SGLANG_MIN_NEW_TOKEN_RATIO_FACTOR``).
+        min_new_token_ratio_factor: 0.14 (``SGLANG_MIN_NEW_TOKEN_RATIO_FACTOR``); at most 1 (the ratio decays
+            from ``init`` down to ``init * factor``).
         new_token_ratio_decay_steps: 600 (``SGLANG_NEW_TOKEN_RATIO_DECAY_STEPS``).
         retract_decode_steps: 20 (``SGLANG_RETRACT_DECODE_STEPS``).
         clip_max_new_tokens: 4096 (``SGLANG_CLIP_MAX_NEW_TOKENS_ESTIMATION``).
@@ -62,19 +63,20 @@ class SGLangReservation(Agent):
                  new_token_ratio_decay_steps: int = 600, retract_decode_steps: int = 20,
                  clip_max_new_tokens: int = 4096, schedule_conservativeness: float = 1.0,
                  max_budget: int | None = None) -> None:
-        for nm, v in (("init_new_token_ratio", init_new_token_ratio),
-                      ("min_new_token_ratio_factor", min_new_token_ratio_factor),
-                      ("schedule_conservativeness", schedule_conservativeness)):
-            if not is_real(v) or not (v > 0 and np.isfinite(v)):
-                raise ValueError(f"{nm} must be a positive number, got {v!r}")
+        for nm, v, hi in (("init_new_token_ratio", init_new_token_ratio, 1e12),
+                          ("min_new_token_ratio_factor", min_new_token_ratio_factor, 1.0),  # min <= init: it decays
+                          ("schedule_conservativeness", schedule_conservativeness, 1e12)):
+            if not is_real(v) or not 0 < v <= hi:  # the range before float(): no float(10**400); nan fails it
+                raise ValueError(f"{nm} must be a positive number (at most {hi:g}), got {v!r}")
         for nm, v in (("new_token_ratio_decay_steps", new_token_ratio_decay_steps),
                       ("retract_decode_steps", retract_decode_steps), ("clip_max_new_tokens", clip_max_new_tokens)):
-            if isinstance(v, bool) or not isinstance(v, (int, np.integer)) or v < 1:
-                raise ValueError(f"{nm} must be a positive integer, got {v!r}")
+            if isinstance(v, (bool, np.bool_)) or not isinstance(v, (int, np.integer)) or not 1 <= v <= MAX_INT_PARAM:
+                raise ValueError(f"{nm} must be a positive integer (at most {MAX_INT_PARAM:g}), got {v!r}")
         self.init_ratio = min(float(init_new_token_ratio) * float(schedule_conservativeness), 1.0)
         self.min_ratio = min(self.init_ratio * float(min_new_token_ratio_factor), 1.0)
         self.decay = (self.init_ratio - self.min_ratio) / int(new_token_ratio_decay_steps)
         self.retract_steps = int(retract_decode_steps)
+        self.factor, self.decay_steps = float(min_new_token_ratio_factor), int(new_token_ratio_decay_steps)
         self.clip = int(clip_max_new_tokens)
         self.params = dict(init_new_token_ratio=init_new_token_ratio, min_new_token_ratio_factor=min_new_token_ratio_factor,
                            new_token_ratio_decay_steps=new_token_ratio_decay_steps, schedule_conservativeness=schedule_conservativeness)
@@ -107,7 +109,11 @@ class SGLangReservation(Agent):
         return int(np.searchsorted(np.cumsum(cost), rem, side="left"))
 
     def label(self) -> str:
-        return f"sglang-reserve ratio0={self.init_ratio:g}"
+        # ratio0 (init x conservativeness) as before; the other settings where they are not SGLang's defaults
+        rest = "".join(f" {k}={v:g}" for k, v, default in (
+            ("min_factor", self.factor, 0.14), ("decay_steps", self.decay_steps, 600),
+            ("retract_steps", self.retract_steps, 20), ("clip", self.clip, 4096)) if v != default)
+        return f"sglang-reserve ratio0={self.init_ratio:g}" + rest + self._max_budget_label()
 
 
 class GuaranteedNoEvict(Agent):
@@ -161,4 +167,5 @@ class GuaranteedNoEvict(Agent):
         return int(np.searchsorted(np.cumsum(need), avail, side="right"))
 
     def label(self) -> str:
-        return "trt-no-evict" if self.max_num_requests is None else f"trt-no-evict n={self.max_num_requests}"
+        n = "" if self.max_num_requests is None else f" n={self.max_num_requests}"
+        return "trt-no-evict" + n + self._max_budget_label()

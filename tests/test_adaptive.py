@@ -18,7 +18,8 @@ def test_safe_budget_asks_for_its_one_multiplier_and_a_cap_of_256_by_default():
     assert a.requires == {"action": "multiplier", "multipliers": (2.0,), "max_budget": 256}
     assert a.act(None, None) == 0
     assert SafeBudget(k=0.5, cap=1).requires == {"action": "multiplier", "multipliers": (0.5,), "max_budget": 1}
-    assert SafeBudget(k=3, cap=np.int64(5)).label() == "safe-budget k=3"
+    assert SafeBudget(k=3, cap=np.int64(5)).label() == "safe-budget k=3 cap=5"  # a cap not the default is shown
+    assert SafeBudget(k=3).label() == "safe-budget k=3"
 
 
 @pytest.mark.parametrize("k", [0, 0.0, -1.0, math.inf, math.nan, True, "2", None])
@@ -41,7 +42,7 @@ def test_safe_budget_refuses_a_cap_that_is_not_a_positive_integer(cap):
 
 
 def _view(t):
-    return SimpleNamespace(t=t)
+    return SimpleNamespace(t=t, now=float(t))
 
 
 def test_schedule_pieces_start_at_their_times_without_period():
@@ -53,6 +54,25 @@ def test_schedule_pieces_start_at_their_times_without_period():
     p = ScheduledBudget(times=[0, 2.5], budgets=[1, 2], period=4)
     assert [p.act(None, _view(t)) for t in range(9)] == [1, 1, 1, 2, 1, 1, 1, 2, 1]
     assert p.label() == "schedule 0:1,2.5:2 every 4"
+
+
+def test_schedule_in_continuous_time_switches_on_seconds_not_iterations():
+    """In continuous time the schedule's times are seconds of the environment's clock (``view.now``)."""
+    from flowgym import FlowControlEnv, Trace
+
+    lin = {"kind": "linear", "c0": 1.0, "c_prefill": 0.1, "c_decode": 0.01, "c_kv": 0.001}
+    tr = Trace([0.0, 0.5, 1.2, 10.0], [2, 1, 3, 4], [2, 1, 1, 1], timed=True)
+    env = FlowControlEnv(M=100, workload=tr, horizon=None, time_model=lin)
+    a = ScheduledBudget(times=[0, 1.1, 5], budgets=[1, 2, 3])  # in iterations: 1, 2, 2; in seconds 0, 1.2, 10: 1, 2, 3
+    env.reset(seed=0)
+    played, clock, done = [], [], False
+    while not done:
+        view = env.view()
+        clock.append(view.now)
+        played.append(a.act(None, view))
+        done = any(env.step(played[-1])[2:4])
+    assert env.view().timed and clock[:3] == [0.0, 1.2, 10.0]
+    assert played[:3] == [1, 2, 3]
 
 
 def test_schedule_asks_for_a_max_budget_of_its_largest_budget_and_at_least_1():

@@ -568,3 +568,70 @@ def test_bool_budgets_are_refused_by_the_sb3_adapter_and_the_log_multiplier_acti
     one.reset()
     one.step(np.int64(3))  # one environment: a single budget is taken, as reshape(1) took it
     one.step(np.array([3]))
+
+
+def test_agent_variants_get_distinct_labels_and_a_label_key():
+    """Two variants of one agent differ in label (a comparison refuses two rows of one label); any agent string
+    takes ``label=`` as written; a learned agent's label must be a string."""
+    from flowgym.agents import make_agent
+    from flowgym.agents.learned import LearnedBudget
+    from flowgym.lab.evaluation import evaluate
+    from flowgym.lab.scenarios import AgentSpec
+
+    pairs = [("sglang-reserve", {}, {"min_new_token_ratio_factor": 0.5}), ("sglang-reserve", {}, {"clip_max_new_tokens": 64}),
+             ("mc", {}, {"max_budget": 8}), ("mc-sf", {}, {"max_budget": 8}), ("a-min", {}, {"max_budget": 8}),
+             ("greedy-lifo", {}, {"max_budget": 8}), ("alpha-greedy", {}, {"max_budget": 8}),
+             ("trt-no-evict", {}, {"max_budget": 8}), ("safe-budget", {}, {"cap": 64}), ("two-anchor", {}, {"cap": 64})]
+    for name, p, q in pairs:
+        assert make_agent(name, **p).label() != make_agent(name, **q).label(), (name, q)
+    assert make_agent("mc", max_budget=8).label() == "mc max_budget=8"
+    assert LearnedBudget(action_rule="mean").label() != LearnedBudget().label()
+    spec = AgentSpec.parse("mc:max_budget=8,label=mc capped")
+    assert spec.label == "mc capped" and spec.params == {"max_budget": 8}
+    assert AgentSpec.parse("learned:label=5").params == {"label": "5"}  # as written: a string, never the number 5
+    quoted = AgentSpec.parse('mc:label="mc, capped",max_budget=8')  # a comma inside quotes does not split
+    assert quoted.label == "mc, capped" and quoted.params == {"max_budget": 8}
+    with pytest.raises(ValueError, match="parameter 'label' is given twice"):
+        AgentSpec.parse("mc:label=a,label=b")
+    with pytest.raises(ValueError, match="learned agent: label must be a string, got 5"):
+        LearnedBudget(label=5)
+    kw = {"M": 2000, "workload": {"kind": "poisson", "classes": [[10, 20]], "rates": 0.3}, "output_length_known": True}
+    table = evaluate([AgentSpec("mc"), AgentSpec.parse("mc:max_budget=1")], kw, [0], [50])
+    assert table.agents == ["mc", "mc max_budget=1"]
+
+
+@pytest.mark.parametrize("name, params, match", [
+    ("flow-control", {"b": [1e30, 2, 3]}, r"per-class budgets b must be non-negative integers \(at most 1e\+09\)"),
+    ("flow-control", {"b": [10**400, 2, 3]}, r"per-class budgets b must be non-negative integers"),
+    ("schedule", {"times": [0, 5], "budgets": [1, 10**30]}, r"budgets must be non-negative integers \(at most 1e\+09\)"),
+    ("schedule", {"times": [0, 10**400], "budgets": [1, 2]}, r"times must start at 0 and increase strictly, each finite"),
+    ("schedule", {"times": [0, 5], "budgets": [1, 2], "period": 10**400}, r"period must be a number beyond the last"),
+    ("safe-budget", {"k": 10**400}, r"k must be a positive finite number \(at most 1e\+12\)"),
+    ("safe-budget", {"k": 1e308}, r"k must be a positive finite number \(at most 1e\+12\)"),
+    ("two-anchor", {"k_rate": 1e308}, r"k_rate must be a positive finite number"),
+    ("rate-switch", {"threshold": 10**400}, r"threshold \(arrivals per slot\) must be a non-negative number"),
+    ("sglang-reserve", {"min_new_token_ratio_factor": 1.5}, r"min_new_token_ratio_factor must be a positive number \(at most 1\)"),
+    ("rate-switch", {"high": -1}, r"^agent 'rate-switch': high must be an integer"),
+])
+def test_agent_parameters_out_of_range_are_named(name, params, match):
+    from flowgym.agents import make_agent
+
+    with pytest.raises(ValueError, match=match):
+        make_agent(name, **params)
+
+
+def test_make_agent_names_a_name_that_is_not_a_string():
+    from flowgym.agents import make_agent
+
+    with pytest.raises(ValueError, match=r"unknown agent \['mc'\]"):
+        make_agent(["mc"])
+
+
+def test_check_hostable_names_the_agent_when_its_environment_cannot_be_built():
+    from flowgym.agents import make_agent
+    from flowgym.lab.evaluation import check_hostable
+
+    kw = {"M": 2000, "workload": {"kind": "poisson", "classes": [[10, 20], [10, 40]], "rates": 0.3},
+          "per_class_budget": True, "output_length_known": True}
+    with pytest.raises(ValueError, match=r"^agent 'safe-budget k=2' cannot run on this scenario: action='multiplier'"):
+        check_hostable(make_agent("safe-budget"), kw)

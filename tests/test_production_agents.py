@@ -117,8 +117,14 @@ def test_sglang_conservativeness_scales_the_initial_ratio_capped_at_one():
     two = SGLangReservation(schedule_conservativeness=2.0)
     assert two.init_ratio == 1.0 and two.min_ratio == pytest.approx(0.14)
     assert two.label() == "sglang-reserve ratio0=1"
-    # the floor is capped at 1 too: 0.7 * 2 = 1.4 -> 1
-    assert SGLangReservation(min_new_token_ratio_factor=2.0).min_ratio == 1.0
+    # a factor above 1 would put the floor above the start, the decay negative and the ratio growing without end
+    assert SGLangReservation(min_new_token_ratio_factor=1.0).min_ratio == pytest.approx(0.7)
+    with pytest.raises(ValueError, match=r"min_new_token_ratio_factor must be a positive number \(at most 1\)"):
+        SGLangReservation(min_new_token_ratio_factor=2.0)
+    for nm in ("init_new_token_ratio", "schedule_conservativeness", "clip_max_new_tokens",
+               "new_token_ratio_decay_steps"):  # a 400-digit integer: named, not numpy's OverflowError
+        with pytest.raises(ValueError, match=nm):
+            SGLangReservation(**{nm: 10**400})
     assert SGLangReservation(max_budget=7).env_options() == {"max_budget": 7}
 
 

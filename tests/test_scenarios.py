@@ -79,6 +79,7 @@ def _data(**changes):
 @pytest.mark.parametrize("change, match", [
     ({"colour": "red"}, r"mine.toml: unknown key 'colour'; allowed keys: name, description, env"),
     ({"agents": [{"name": "oracle"}]}, r"agents\[0\].name: 'oracle' is not an agent; allowed: flow-control, "),
+    ({"agents": [{"name": ["mc"]}]}, r"agents\[0\].name: \['mc'\] is not an agent; allowed: flow-control, "),
     ({"agents": [{"name": "mc", "params": {"bb": 1}}]}, r"agents\[0\]: agent 'mc' has no parameter 'bb'; its parameters"),
     ({"agents": [{"name": "flow-control", "tune": {"param": "b"}}]}, r"agents\[0\].tune must be a table"),
     ({"env": {"M": -3}}, r"mine.toml: env: M must be a positive integer"),

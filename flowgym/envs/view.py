@@ -61,7 +61,10 @@ class SystemView:
     """A read-only window on the engine at the decision point of slot ``t``.
 
     Attributes:
-        t: the slot about to be served.
+        t: the slot (engine iteration) about to be served.
+        timed: whether the environment runs in continuous time (a ``time_model``).
+        now: the clock at this decision point: the start of the iteration in seconds in continuous time,
+            else the slot ``t``.
         M: the KV budget.
         known: whether output lengths are visible.
         max_output_len: an upper bound on any request's output length (the
@@ -91,6 +94,7 @@ class SystemView:
         self.num_blocks = engine.num_blocks if isinstance(engine, VllmEngine) else engine.M
         self.lookahead = engine.lookahead if isinstance(engine, VllmEngine) else 1
         self._mt_bound = bound
+        self.timed = bool(engine.timed)
 
     @property
     def free_blocks(self) -> int:
@@ -118,6 +122,12 @@ class SystemView:
     @property
     def t(self) -> int:
         return self._e.t
+
+    @property
+    def now(self) -> float:
+        """The clock: seconds at the start of this iteration in continuous time, else the slot ``t``."""
+        e = self._e
+        return float(e.now) if self.timed else float(e.t)
 
     @property
     def held_tokens(self) -> int:

@@ -148,12 +148,14 @@ def check_hostable(agent: Any, env_kwargs: dict[str, Any]) -> None:
     options agree with the scenario's) and its first action is one the environment takes (e.g. per-class budgets
     for as many classes as the workload has). One reset and one step, so that a grid refuses such an agent before
     any cell runs rather than inside one."""
-    env = env_for(agent, env_kwargs, 1)
-    obs, _ = env.reset(seed=0)
-    agent.reset(env.config, seed=0)
-    try:
+    try:  # building the environment too: the agent's options may not suit the scenario's (e.g. per-class budgets)
+        env = env_for(agent, env_kwargs, 1)
+        obs, _ = env.reset(seed=0)
+        agent.reset(env.config, seed=0)
         env.step(agent.act(obs, env.view()))
     except ValueError as e:
+        if str(e).startswith(f"agent {agent.label()!r}"):  # env_for's conflict message names it already
+            raise
         raise ValueError(f"agent {agent.label()!r} cannot run on this scenario: {e}") from None
 
 

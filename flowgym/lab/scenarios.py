@@ -104,34 +104,53 @@ class AgentSpec:
     def parse(cls, text: str) -> AgentSpec:
         """From ``name`` or ``name:key=value,key=value`` (values parsed as JSON, else strings).
 
-        ``flow-control:b=12``, ``flow-control:b=[4,4,4]``, ``alpha-greedy:alpha=0.1``.
+        ``flow-control:b=12``, ``flow-control:b=[4,4,4]``, ``alpha-greedy:alpha=0.1``. The key ``label``
+        (any agent) is the row's label in tables, taken as written (``label=5`` is the text ``"5"``), so two
+        variants of one agent can run side by side: ``mc;mc:max_budget=8,label=mc capped``.
         """
         import json
 
         name, _, rest = text.partition(":")
+        name = name.strip()
         params: dict[str, Any] = {}
+        label: str | None = None
         if rest:
             for part in _split_params(rest):
                 k, eq, v = part.partition("=")
+                k = k.strip()
                 if not eq:
                     raise ValueError(f"agent {text!r}: parameter {part!r} is not key=value")
-                if k.strip() in params:  # the last one would silently win
-                    raise ValueError(f"agent {text!r}: parameter {k.strip()!r} is given twice")
+                if k in params or (k == "label" and label is not None):  # the last one would silently win
+                    raise ValueError(f"agent {text!r}: parameter {k!r} is given twice")
+                if k == "label":
+                    label = v.strip()
+                    if len(label) >= 2 and label[0] == label[-1] == '"':  # label="a, b": the text inside
+                        label = label[1:-1]
+                    if not label:
+                        raise ValueError(f"agent {text!r}: label is empty")
+                    continue
                 try:
-                    params[k.strip()] = json.loads(v)
+                    params[k] = json.loads(v)
                 except json.JSONDecodeError:
-                    params[k.strip()] = v
-        return cls(name.strip(), params)
+                    params[k] = v
+        if label is not None and name == "learned":  # the learned agent takes its label as a parameter too
+            params["label"] = label
+        return cls(name, params, label=label)
 
 
 def _split_params(s: str) -> list[str]:
-    out, depth, cur = [], 0, ""
+    """``key=value`` parts at the commas outside brackets and double quotes (``b=[4,4],label="a, b"``)."""
+    out, depth, cur, quoted = [], 0, "", False
     for ch in s:
-        if ch == "," and depth == 0:
+        if ch == '"':
+            quoted = not quoted
+        elif quoted:
+            pass
+        elif ch == "," and depth == 0:
             out.append(cur)
             cur = ""
             continue
-        if ch in "[(":
+        elif ch in "[(":
             depth += 1
         elif ch in "])":
             depth -= 1
@@ -320,7 +339,7 @@ def _agent_from(a: Any, where: str) -> AgentSpec:
     if unknown:
         raise ValueError(f"{where}: unknown key {unknown[0]!r}; allowed: name, label, params, tune")
     name = a.get("name")
-    if name not in AGENTS:
+    if not isinstance(name, str) or name not in AGENTS:
         raise ValueError(f"{where}.name: {name!r} is not an agent; allowed: {', '.join(AGENTS)}")
     params = a.get("params", {})
     if not isinstance(params, dict):
