@@ -635,3 +635,209 @@ def test_check_hostable_names_the_agent_when_its_environment_cannot_be_built():
           "per_class_budget": True, "output_length_known": True}
     with pytest.raises(ValueError, match=r"^agent 'safe-budget k=2' cannot run on this scenario: action='multiplier'"):
         check_hostable(make_agent("safe-budget"), kw)
+
+
+# --------------------------------------------------------------------------- the lab layer (CLI, files, outputs)
+
+_TINY = """name = "tiny"
+description = "{desc}"
+[env]
+M = 2000
+horizon = 60
+[env.workload]
+kind = "poisson"
+classes = [[10, 20]]
+rates = 0.3
+[[agents]]
+name = "mc"
+"""
+
+
+@pytest.mark.parametrize("argv, match", [
+    (["--no-tune", "--tune-seeds", "5"], "--tune-seeds has no effect: --no-tune"),
+    (["--no-tune", "--tune-horizon", "7"], "--tune-horizon has no effect: --no-tune"),
+    (["--agents", "mc", "--tune-seeds", "5"], "--tune-seeds has no effect: no agent of this line-up has a tuning"),
+    (["--agents", "mc;mc"], r"agents with the same label: \['mc'\]"),
+    (["--workers", "2"], "workers configures the process or ray backend"),
+    (["--horizons", "1152921504606846976"], "must be a positive integer up to 2\\*\\*53"),
+    (["--tune-horizon", "1" + "0" * 400], "--tune-horizon must be an integer <="),
+])
+def test_compare_refuses_flags_it_would_drop_or_cannot_run_and_leaves_no_folder(tmp_path, capsys, argv, match):
+    from flowgym.lab.cli import main
+
+    sc = tmp_path / "tiny.toml"
+    sc.write_text(_TINY.format(desc="tiny"))
+    out = tmp_path / "out"
+    with pytest.raises(SystemExit) if "--horizons" in argv or "--tune-horizon" in argv and "--no-tune" not in argv \
+            else _nullcontext():
+        assert main(["compare", "--scenario", str(sc), "--seeds", "1", "--no-plots", "--quiet", "--out", str(out),
+                     *argv]) == 2
+    assert match and __import__("re").search(match, capsys.readouterr().err)
+    assert not out.exists()  # refused before the output folder is made
+
+
+def _nullcontext():
+    import contextlib
+
+    return contextlib.nullcontext()
+
+
+def test_compare_without_tuning_may_report_on_the_default_tuning_seeds(tmp_path, capsys):
+    """Nothing tuned: the default tuning seeds 1000.. are not in use, so reporting on them is fine; the JSON
+    records no tuning and every agent's parameters."""
+    import json
+
+    from flowgym.lab.cli import main
+
+    sc = tmp_path / "tiny.toml"
+    sc.write_text(_TINY.format(desc="tiny"))
+    out = tmp_path / "out"
+    assert main(["compare", "--scenario", str(sc), "--seeds", "1000-1001", "--no-plots", "--quiet", "--out", str(out),
+                 "--agents", "mc;mc:max_budget=1,label=capped"]) == 0
+    data = json.loads((out / "tiny.json").read_text())
+    assert data["tune_seeds"] == [] and data["tune_horizon"] is None
+    assert data["agent_specs"]["capped"] == {"name": "mc", "params": {"max_budget": 1}}
+    header = (out / "tiny.csv").read_text().splitlines()[0].split(",")
+    assert header[-3:] == ["T", "elapsed", "n"]  # the slots run and the clock at each horizon are kept
+
+
+def test_scenario_description_with_an_index_or_attribute_in_braces_is_named(tmp_path):
+    from flowgym.lab.scenarios import load_scenario
+
+    for desc in ("x {rate[0]}", "x {rate.real.x}"):
+        sc = tmp_path / "d.toml"
+        sc.write_text(_TINY.format(desc=desc))
+        with pytest.raises(ValueError, match=r"description: only \{rate\}"):
+            load_scenario(sc)
+
+
+def test_huge_numbers_in_scenario_files_and_seeds_are_named(tmp_path):
+    from flowgym.lab.scenarios import load_scenario, parse_seeds
+
+    big = "1" + "0" * 400
+    sc = tmp_path / "h.toml"
+    sc.write_text(_TINY.format(desc="x").replace("[env]\n", f"horizons = [{big}]\n[env]\n"))
+    with pytest.raises(ValueError, match=r"horizons must be a non-empty array of positive integers \(up to 2\*\*53\)"):
+        load_scenario(sc)
+    sc.write_text(_TINY.format(desc="x") + f'[rate]\ndefault = {big}\nset = ["env.workload.rates"]\n')
+    with pytest.raises(ValueError, match=r"rate.default must be a positive number"):
+        load_scenario(sc)
+    with pytest.raises(ValueError, match="seeds: a count must be from 1 to 1e\\+06"):
+        parse_seeds("10000000000000")
+    with pytest.raises(ValueError, match="is not a seed or a range"):
+        parse_seeds("0-99999999999")
+
+
+def test_scenario_agent_label_may_not_be_empty(tmp_path):
+    from flowgym.lab.scenarios import load_scenario
+
+    sc = tmp_path / "l.toml"
+    sc.write_text(_TINY.format(desc="x") + 'label = ""\n')
+    with pytest.raises(ValueError, match=r"agents\[0\].label must be a non-empty string"):
+        load_scenario(sc)
+
+
+def test_evaluate_refuses_seeds_and_horizons_it_would_misread():
+    from flowgym.lab.evaluation import evaluate
+    from flowgym.lab.scenarios import AgentSpec
+
+    kw = {"M": 2000, "workload": {"kind": "poisson", "classes": [[10, 20]], "rates": 0.3}}
+    for seeds, horizons, match in (([0, 0, 0], [20], "lists a seed twice"), ([1.9], [20], "seeds must be"),
+                                   ("01", [20], "seeds must be"), ([0], [True], "horizons must be"),
+                                   ([0], [20.7], "horizons must be")):
+        with pytest.raises(ValueError, match=match):
+            evaluate([AgentSpec("mc")], kw, seeds, horizons)
+
+
+def test_hindsight_refuses_flags_of_the_other_source_and_too_large_instances(tmp_path, capsys):
+    from flowgym.lab.cli import main
+    from flowgym.lab.hindsight import compare_to_hindsight
+
+    tr = tmp_path / "tr.csv"
+    tr.write_text("arrival,prompt_len,output_len\n0,2,3\n1,2,2\n")
+    assert main(["hindsight", "--trace", str(tr), "--M", "40", "--online", "0.5", "--seed", "7"]) == 2
+    assert "--online and --seed apply to random instances, not with --trace" in capsys.readouterr().err
+    assert main(["hindsight", "--random", "3", "--cls-column", "c"]) == 2
+    assert "--cls-column applies to traces, not with --random" in capsys.readouterr().err
+    assert main(["hindsight", "--random", "3", "--M", str(2**53)]) == 2
+    assert "too large for the time-indexed program" in capsys.readouterr().err
+    assert main(["hindsight", "--random", "3", "--objectives", "completed", "--T", str(2**53)]) == 2
+    assert "horizon T must be a positive integer up to 1e+07" in capsys.readouterr().err
+    for kw, match in ((dict(objectives="total_latency"), "objectives must be a list"), (dict(T=-5), "horizon T must"),
+                      (dict(time_limit=float("nan")), "time_limit must"), (dict(cls=[0]), "cls has 1 entries")):
+        with pytest.raises(ValueError, match=match):  # in this process, before any worker cell
+            compare_to_hindsight([0, 1], [2, 2], [3, 2], 40, ["mc"], **kw)
+
+
+def test_train_refuses_what_a_distribution_would_drop_and_huge_numbers():
+    from flowgym.lab.ars import ARSConfig
+    from flowgym.lab.distributions import make_distribution
+
+    for key in ("M", "horizon"):
+        with pytest.raises(ValueError, match=f"env_overrides may not set '{key}' when training on a distribution"):
+            ARSConfig(env_overrides={key: 4000}).validate()
+    with pytest.raises(ValueError, match=r"unknown training distribution \['random-mix'\]"):
+        make_distribution({"kind": ["random-mix"]})
+    with pytest.raises(ValueError, match=r"random-mix: M_range must be \[low, high\] with 0 < low <= high <= 1e15"):
+        make_distribution({"kind": "random-mix", "M_range": [10**400, 10**400]})
+    with pytest.raises(ValueError, match="noise must be a positive number"):
+        ARSConfig(noise=10**400).validate()
+
+
+def test_reproduce_checks_write_docs_only_and_claims_fields_before_the_run(tmp_path, capsys):
+    from flowgym.lab.cli import main
+    from flowgym.lab.reproduce import ClaimsError, load_claims
+
+    out = tmp_path / "out"
+    assert main(["reproduce", "--write-docs", str(tmp_path / "none.md"), "--out", str(out)]) == 2
+    assert "--write-docs" in capsys.readouterr().err and not out.exists()
+    assert main(["reproduce", "--quick", "--only", "bogus", "--out", str(out)]) == 2
+    assert "--only: unknown section" in capsys.readouterr().err and not out.exists()
+    base = '''[settings.t]
+section = "theory"
+kind = "theory"
+params = {classes = [[10, 20]], budgets = [4], rates = [5.0], M = 16492}
+[[claims]]
+id = "a"
+statement = "s"
+setting = "t"
+kind = "theory"
+verdict = "holds"
+check = "%s"
+'''
+    from flowgym.lab.reproduce import THEORY_CHECKS
+
+    good = base % THEORY_CHECKS[0]
+    f = tmp_path / "c.toml"
+    f.write_text(good)
+    load_claims(str(f))
+    for extra, match in (('max_ratio = 2.0\n', "field 'max_ratio' does not apply to a theory claim"),
+                         ('comparison = "worse"\n', "field 'comparison' does not apply to a theory claim")):
+        f.write_text(good + extra)
+        with pytest.raises(ClaimsError, match=match):
+            load_claims(str(f))
+    f.write_text(good.replace("budgets = [4]", 'budgets = "four"'))
+    with pytest.raises(ClaimsError, match="params.budgets must be a non-empty array"):
+        load_claims(str(f))
+
+
+def test_trace_with_a_wanted_column_twice_is_refused(tmp_path):
+    p = tmp_path / "dup.csv"
+    p.write_text("arrival,prompt_len,output_len,output_len\n0,2,3,9\n1,2,2,9\n")
+    with pytest.raises(TraceError, match="has the column 'output_len' \\(for output_len\\) 2 times"):
+        Trace.from_csv(str(p))
+
+
+def test_metric_plots_name_iterations_and_seconds_in_continuous_time(tmp_path, monkeypatch):
+    pytest.importorskip("matplotlib")
+    from flowgym.lab import plots
+    from flowgym.lab.evaluation import TABLE_METRICS, ResultTable
+
+    rows = [{"agent": "a", "horizon": h, "seed": 0, **{m: 1.0 for m in TABLE_METRICS}} for h in (10, 20)]
+    table = ResultTable(rows, ["a"], [10, 20], [0], time_unit="s")
+    seen = []
+    import matplotlib.axes
+
+    monkeypatch.setattr(matplotlib.axes.Axes, "set_xlabel", lambda self, t, *a, **k: seen.append(t))
+    plots.plot_metrics_vs_horizon(table, str(tmp_path / "m.png"))
+    assert seen and all(t == "horizon T (iterations)" for t in seen)

@@ -82,7 +82,7 @@ def test_bad_backend_arguments():
 def test_compare_cli_backends_agree(tmp_path, capsys):
     from flowgym.lab.cli import main
 
-    args = ["compare", "--scenario", "adaptive-switch", "--horizons", "200", "--seeds", "900-901", "--tune-seeds", "1",
+    args = ["compare", "--scenario", "adaptive-switch", "--horizons", "200", "--seeds", "900-901",
             "--agents", "flow-control:b=8;mc", "--no-plots", "--quiet"]
     assert main(args + ["--out", str(tmp_path / "s")]) == 0
     assert main(args + ["--backend", "process", "--workers", "2", "--out", str(tmp_path / "p")]) == 0

@@ -164,7 +164,7 @@ def test_cli_three_commands_from_files(tmp_path, capsys):
     assert main(["run", "--scenario", str(path), "--horizon", "200", "--json"]) == 0
     out = json.loads(capsys.readouterr().out)
     assert out["T"] == 200
-    assert main(["compare", "--scenario", str(path), "--seeds", "900-901", "--tune-seeds", "1", "--horizons", "300",
+    assert main(["compare", "--scenario", str(path), "--seeds", "900-901", "--horizons", "300",
                  "--agents", "flow-control:b=8;mc", "--no-plots", "--quiet", "--out", str(tmp_path)]) == 0
     res = json.loads((tmp_path / "mine.json").read_text())
     assert res["seeds"] == [900, 901] and res["env"]["M"] == 12000

@@ -58,7 +58,7 @@ from flowgym.agents.learned import (
     describe_action_space,
 )
 from flowgym.sim import _json
-from flowgym.sim._checks import is_real
+from flowgym.sim._checks import is_finite_real
 
 __all__ = ["ARSConfig", "ARSResult", "train_ars", "CURVE_COLUMNS", "ITERATES_FILE"]
 
@@ -188,14 +188,14 @@ class ARSConfig:
                 if alo <= bhi and blo <= ahi:
                     raise ValueError(f"the {a} seeds {alo}..{ahi} overlap the {b} seeds {blo}..{bhi}: "
                                      "choose seed and eval_seed so that every use has its own seeds")
-        if not is_real(self.hinge) or not (math.isfinite(self.hinge) and self.hinge >= 0):
+        if not is_finite_real(self.hinge) or not self.hinge >= 0:
             raise ValueError(f"hinge must be a non-negative number, got {self.hinge!r}")
         if self.hinge > 0 and self.multiplier_of not in ("max", "max-head"):
             raise ValueError("hinge needs a two-anchor action (multiplier_of 'max' or 'max-head', the reference "
                              f"rule's), got multiplier_of={self.multiplier_of!r}")
         for name in ("noise", "step_size"):
             v = getattr(self, name)
-            if not is_real(v) or not math.isfinite(v) or v <= 0:
+            if not is_finite_real(v) or v <= 0:
                 raise ValueError(f"{name} must be a positive number, got {v!r}")
         if not isinstance(self.hidden, (tuple, list)) or any(
                 isinstance(h, bool) or not isinstance(h, (int, np.integer)) or h < 1 for h in self.hidden):
@@ -206,6 +206,11 @@ class ARSConfig:
             if bad in self.env_overrides:
                 raise ValueError(f"env_overrides may not set {bad!r}: the workload comes from the distribution or "
                                  "the scenario, and the observation and action are the search's own settings")
+        if self.distribution is not None:  # each draw sets these: an override would be dropped silently
+            for bad in ("M", "horizon"):
+                if bad in self.env_overrides:
+                    raise ValueError(f"env_overrides may not set {bad!r} when training on a distribution: each draw "
+                                     "sets its own M and horizon (the distribution's fields, docs/training.md)")
         from flowgym.envs.spaces import LOAD_OBSERVATIONS, one_of
 
         if self.observation not in LOAD_OBSERVATIONS:

@@ -141,8 +141,8 @@ def _horizons(text: str) -> list[int]:
             v = int(part)
         except ValueError:
             raise argparse.ArgumentTypeError(f"horizon {part!r} is not an integer") from None
-        if v < 1:
-            raise argparse.ArgumentTypeError(f"horizon {v} must be positive")
+        if not 1 <= v <= 2**53:  # the slots the simulator counts exactly
+            raise argparse.ArgumentTypeError(f"horizon {part} must be a positive integer up to 2**53")
         out.append(v)
     return out
 
@@ -188,9 +188,13 @@ def _compare(args: argparse.Namespace) -> int:
 
     for spec in specs:
         check_hostable(build_agent(spec), env_kwargs)  # an unknown agent or parameter, or one the scenario cannot run
-    if args.tune_horizon is not None and args.tune_horizon < 1:
-        print(f"error: --tune-horizon must be a positive number of slots, got {args.tune_horizon}", file=sys.stderr)
-        return 2
+    tuning = any(s.tune for s in specs) and not args.no_tune
+    if not tuning:  # a tuning flag with nothing to tune would be dropped silently: refuse it
+        given = [f for f, v in (("--tune-seeds", args.tune_seeds), ("--tune-horizon", args.tune_horizon)) if v is not None]
+        if given:
+            why = "--no-tune" if args.no_tune else "no agent of this line-up has a tuning grid"
+            print(f"error: {' and '.join(given)} has no effect: {why}; drop it", file=sys.stderr)
+            return 2
     if sc.finite:
         if args.horizons is not None:
             print(f"error: scenario {sc.name} runs to the end of its workload; drop --horizons", file=sys.stderr)
@@ -203,14 +207,27 @@ def _compare(args: argparse.Namespace) -> int:
                   else sc.tune_horizon or min(horizons[-1], 2000))
     tune_kwargs = sc.tune_env_kwargs()
     seeds = parse_seeds(args.seeds)
-    tune_seeds = parse_seeds(args.tune_seeds, first=1000)
+    tune_seeds = parse_seeds("2" if args.tune_seeds is None else args.tune_seeds, first=1000) if tuning else []
     if set(seeds) & set(tune_seeds):
         print(f"error: reporting seeds and tuning seeds overlap ({sorted(set(seeds) & set(tune_seeds))[:5]}); "
               "report on seeds the tuning did not see", file=sys.stderr)
         return 2
+    from flowgym.lab.parallel import check_backend
+
+    check_backend(args.backend, workers=args.workers, address=args.address)
+    labels = [f"{s.label or s.name} {s.tune[0]}=<tuned>" if s.tune and tuning else s.label or build_agent(s).label()
+              for s in specs]  # the table's labels (a tuned one's value is known after tuning): two alike are refused
+    dup = sorted({x for x in labels if labels.count(x) > 1})
+    if dup:
+        print(f"error: agents with the same label: {dup}; give them distinct labels (label=TEXT in an agent string)",
+              file=sys.stderr)
+        return 2
     _writable_dir("--out", args.out)  # the last check before the run: a refused command leaves no folder
     n_tune = sum(len(s.tune[1]) * len(tune_seeds) for s in specs if s.tune and not args.no_tune)
-    w_tune, w_run = episode_work(tune_kwargs, tune_h), episode_work(env_kwargs, None if horizons is None else horizons[-1])
+    if not tuning:
+        tune_h = None  # nothing tuned: the JSON records no tuning horizon (and no tuning seeds)
+    w_tune = episode_work(tune_kwargs, tune_h) if tuning else 0
+    w_run = episode_work(env_kwargs, None if horizons is None else horizons[-1])
     bar = Progress(n_tune * w_tune + len(specs) * len(seeds) * w_run, enabled=not args.quiet)
     print(sc.description)
     tuned: dict[str, object] = {}
@@ -278,6 +295,13 @@ def _hindsight(args: argparse.Namespace) -> int:
         print(f"error: --objectives must be a comma-separated subset of {','.join(OBJECTIVES)}", file=sys.stderr)
         return 2
     cls = None
+    other = ([f for f, v in (("--online", args.online), ("--seed", args.seed)) if v is not None] if args.trace is not None
+             else ["--cls-column"] if args.cls_column is not None else [])
+    if other:  # a flag of the other source would be dropped silently
+        mode, kind = ("--trace", "random instances") if args.trace is not None else ("--random", "traces")
+        verb = "applies" if len(other) == 1 else "apply"
+        print(f"error: {' and '.join(other)} {verb} to {kind}, not with {mode}; drop it", file=sys.stderr)
+        return 2
     if args.trace is not None:
         from flowgym.sim.workloads import Trace
 
@@ -292,6 +316,7 @@ def _hindsight(args: argparse.Namespace) -> int:
         M = args.M
         what = f"trace {args.trace} ({len(tr)} requests), M={M}"
     else:
+        args.seed = 0 if args.seed is None else args.seed
         rng = np.random.default_rng(args.seed)
         M = args.M if args.M is not None else int(rng.integers(30, 51))
         s = int(rng.integers(1, min(6, M)))  # a prompt of 1..5 tokens that leaves room for one output token
@@ -359,7 +384,15 @@ def _reproduce(args: argparse.Namespace) -> int:
         return 2
     from flowgym.lab.reproduce import load_claims
 
-    load_claims(args.claims)  # a bad claims file is named before the output folder is made
+    from flowgym.lab.parallel import check_backend
+    from flowgym.lab.reproduce import select_claims
+
+    select_claims(load_claims(args.claims), only)  # a bad claims file or --only is named before the folder is made
+    check_backend(args.backend, workers=args.workers, address=args.address)
+    if args.write_docs:
+        from flowgym.lab.reproduce import writable_docs
+
+        writable_docs(args.write_docs)  # a missing file or one without the claims block: named now, not after the run
     _writable_dir("--out", args.out)
     t0 = time.perf_counter()
     with _backend(args) as backend:
@@ -382,8 +415,9 @@ def _reproduce(args: argparse.Namespace) -> int:
     return 0
 
 
-def _int_from(flag: str, minimum: int) -> Any:
-    """An argparse type: an integer ``>= minimum`` (errors name ``flag``)."""
+def _int_from(flag: str, minimum: int, maximum: int = 2**53) -> Any:
+    """An argparse type: an integer from ``minimum`` to ``maximum`` (default 2**53, the counts the simulator
+    keeps exactly; errors name ``flag``)."""
 
     def parse(text: str) -> int:
         try:
@@ -392,6 +426,8 @@ def _int_from(flag: str, minimum: int) -> Any:
             raise argparse.ArgumentTypeError(f"{flag} takes an integer, got {text!r}") from None
         if v < minimum:
             raise argparse.ArgumentTypeError(f"{flag} must be an integer >= {minimum}, got {text!r}")
+        if v > maximum:
+            raise argparse.ArgumentTypeError(f"{flag} must be an integer <= {maximum:g}, got {text!r}")
         return v
 
     return parse
@@ -671,17 +707,18 @@ def build_parser() -> argparse.ArgumentParser:
     c.add_argument("--seeds", default="3",
                    help="reporting seeds: a count N (seeds 0..N-1; default 3), a range such as 900-919 (one seed: "
                    "900-900), or a list such as 1,2,7 (ranges and lists mix: 900-904,910)")
-    c.add_argument("--tune-seeds", default="2",
+    c.add_argument("--tune-seeds", default=None,
                    help="tuning seeds: a count N (seeds 1000..1000+N-1; default 2), a range or a list as --seeds; "
-                   "they may not overlap the reporting seeds")
-    c.add_argument("--tune-horizon", type=int, default=None,
+                   "they may not overlap the reporting seeds (only with an agent to tune)")
+    c.add_argument("--tune-horizon", type=_int_from("--tune-horizon", 1), default=None,
                    help="horizon of tuning runs (default: the scenario's tune_horizon, else min(T, 2000); run-to-end "
                    "scenarios tune on a smaller workload "
                    "run to its end: the first 5,000 requests, or the first 15 minutes of an Azure trace)")
     c.add_argument("--no-tune", action="store_true", help="use the scenario's default parameters")
     c.add_argument("--agents", default=None,
                    help="semicolon-separated agents, e.g. 'flow-control:b=12;mc;alpha-greedy:alpha=0.2'; "
-                   "a trained model: 'learned:path=examples/ppo_default'")
+                   "a trained model: 'learned:path=examples/ppo_default'; label=TEXT names a row "
+                   "('mc;mc:max_budget=8,label=mc capped')")
     c.add_argument("--add-agents", default=None,
                    help="agents to add to the line-up (the scenario's, tuned as usual, or --agents), e.g. "
                    "'learned:path=runs/ppo-my'")
@@ -735,7 +772,7 @@ def build_parser() -> argparse.ArgumentParser:
     h.add_argument("--cls-column", default=None, help="class-id column of the trace (for per-class flow control)")
     h.add_argument("--online", type=_positive_float("--online"), default=None, metavar="RHO",
                    help="random instance: Poisson arrivals at load RHO instead of all at slot 0")
-    h.add_argument("--seed", type=_int_from("--seed", 0), default=0, help="seed of the random instance")
+    h.add_argument("--seed", type=_int_from("--seed", 0), default=None, help="seed of the random instance (default 0)")
     h.add_argument("--objectives", default="total_latency,max_latency",
                    help="comma-separated: total_latency, max_latency, completed, tokens (default the first two)")
     h.add_argument("--T", type=_int_from("--T", 1), default=None, help="horizon of the completed/tokens objectives")
@@ -871,7 +908,8 @@ def build_parser() -> argparse.ArgumentParser:
                    "else every budget 0..max-budget; --max-budget alone: every budget)")
     t.add_argument("--env-overrides", type=_json_arg, default=None,
                    help='JSON of FlowControl-v0 arguments overriding the scenario\'s, e.g. '
-                   '\'{"reward_weights": {"in_system": 1, "wasted_tokens": 0.5}}\'')
+                   '\'{"reward_weights": {"in_system": 1, "wasted_tokens": 0.5}}\' (on a distribution not M or '
+                   'horizon: each draw sets its own)')
     t.add_argument("--no-norm-obs", dest="norm_obs", action="store_false", default=None,
                    help="do not normalise observations")
     t.add_argument("--no-norm-reward", dest="norm_reward", action="store_false", default=None,

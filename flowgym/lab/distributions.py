@@ -25,7 +25,7 @@ from typing import Any
 
 import numpy as np
 
-from flowgym.sim._checks import is_real
+from flowgym.sim._checks import is_finite_real, is_real
 from flowgym.sim.workloads import EmpiricalLengths, make_workload
 
 __all__ = ["RandomMix", "DISTRIBUTIONS", "make_distribution"]
@@ -118,15 +118,16 @@ class RandomMix:
             v = getattr(self, f.name)
             if f.name.endswith("_range"):
                 if (not isinstance(v, (tuple, list)) or len(v) != 2
-                        or not all(isinstance(x, (int, float)) and not isinstance(x, bool) and math.isfinite(x)
-                                   and x > 0 for x in v) or v[0] > v[1]):
-                    raise ValueError(f"random-mix: {f.name} must be [low, high] with 0 < low <= high, got {v!r}")
+                        or not all(isinstance(x, (int, float)) and not isinstance(x, bool)
+                                   and 0 < x <= 1e15 for x in v) or v[0] > v[1]):  # the range first: no float(10**400)
+                    raise ValueError(f"random-mix: {f.name} must be [low, high] with 0 < low <= high <= 1e15, "
+                                     f"got {v!r}")
             elif f.name.endswith("_p"):
                 if not is_real(v) or not 0 <= v <= 1:
                     raise ValueError(f"random-mix: {f.name} must be a probability in [0, 1], got {v!r}")
         w = self.trace_window
         if (not isinstance(w, (tuple, list)) or len(w) != 2
-                or not all(isinstance(x, (int, float)) and not isinstance(x, bool) and math.isfinite(x) for x in w)
+                or not all(isinstance(x, (int, float)) and is_finite_real(x) for x in w)
                 or not 0 <= w[0] < w[1]):
             raise ValueError(f"random-mix: trace_window must be [start, end] seconds with 0 <= start < end, got {w!r}")
         if w[1] - w[0] < MIN_TRACE_WINDOW:
@@ -271,6 +272,6 @@ def make_distribution(spec: str | Mapping[str, Any] | Callable[[np.random.Genera
     if not isinstance(spec, Mapping):
         raise ValueError(f"distribution must be a name, a mapping or a callable, got {spec!r}")
     kind = spec.get("kind")
-    if kind not in DISTRIBUTIONS:
+    if not isinstance(kind, str) or kind not in DISTRIBUTIONS:
         raise ValueError(f"unknown training distribution {kind!r}; known: {sorted(DISTRIBUTIONS)}")
     return DISTRIBUTIONS[kind].from_spec(spec)

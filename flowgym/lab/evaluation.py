@@ -282,6 +282,9 @@ class ResultTable:
     wall_seconds: dict[str, float] = field(default_factory=dict)
     #: unit of time of latencies and throughputs: ``"slot"``, or ``"s"`` in continuous time.
     time_unit: str = "slot"
+    #: what each label ran, by label: ``{"name": agent name, "params": its parameters}`` (an agent given as an
+    #: object: its name and class), so the JSON says which variant a row is.
+    agent_specs: dict[str, Any] = field(default_factory=dict)
 
     def summary(self) -> list[dict[str, Any]]:
         """Mean and 95% CI half-width (``<metric>_ci``) of each metric, per agent and horizon.
@@ -352,8 +355,10 @@ class ResultTable:
         return "\n".join(lines)
 
     def to_csv(self, path: str) -> None:
-        """Per-seed rows and summary rows (``seed`` = ``mean``) in one CSV."""
-        cols = ["agent", "horizon", "seed"] + list(TABLE_METRICS) + [m + "_ci" for m in TABLE_METRICS]
+        """Per-seed rows and summary rows (``seed`` = ``mean``) in one CSV; ``T`` (the slots run) and ``elapsed``
+        (the clock at the horizon: seconds in continuous time) on the per-seed rows, ``n`` (seeds) on the summary's."""
+        cols = (["agent", "horizon", "seed"] + list(TABLE_METRICS) + [m + "_ci" for m in TABLE_METRICS]
+                + ["T", "elapsed", "n"])
         with open(path, "w", newline="") as fh:
             wr = csv.DictWriter(fh, fieldnames=cols, extrasaction="ignore")
             wr.writeheader()
@@ -370,6 +375,7 @@ class ResultTable:
             "tuned": self.tuned,
             "wall_seconds": self.wall_seconds,
             "time_unit": self.time_unit,
+            "agent_specs": self.agent_specs,
             "rows": self.rows,
             "summary": self.summary(),
             **extra,
@@ -445,11 +451,16 @@ def evaluate(
     if horizons is None:  # run each episode to the end of its (finite) workload
         hs: list[Any] = [None]
     else:
+        if isinstance(horizons, (str, bytes)) or not all(
+                isinstance(h, (int, np.integer)) and not isinstance(h, (bool, np.bool_)) and 1 <= h <= 2**53
+                for h in horizons) or not len(horizons):  # True is not 1, 20.7 is not 20
+            raise ValueError(f"horizons must be positive integers (up to 2**53), got {horizons!r}")
         hs = sorted({int(h) for h in horizons})
-        if not hs or hs[0] < 1:
-            raise ValueError(f"horizons must be positive integers, got {list(horizons)}")
-    if not seeds:
-        raise ValueError("give at least one seed")
+    if isinstance(seeds, (str, bytes)) or not len(seeds) or not all(
+            isinstance(x, (int, np.integer)) and not isinstance(x, (bool, np.bool_)) and x >= 0 for x in seeds):
+        raise ValueError(f"seeds must be a non-empty list of non-negative integers, got {seeds!r}")
+    if len(set(int(x) for x in seeds)) != len(seeds):  # a seed twice is one sample counted twice: a narrower CI
+        raise ValueError(f"seeds lists a seed twice: {seeds!r}")
     for agent, _ in items:  # bad input (an agent the scenario cannot host) fails here, before any run
         env_for(build_agent(agent) if isinstance(agent, AgentSpec) else agent, env_kwargs, hs[-1])
     work = episode_work(env_kwargs, hs[-1])
@@ -459,6 +470,9 @@ def evaluate(
     with using(backend) as be:
         results = be.map(run_episode_cell, cells, done=lambda c: bar.update(f"{c.label} seed {c.seed}", work))
     table = ResultTable([], labels, hs, list(seeds))
+    table.agent_specs = {lab: ({"name": a.name, "params": a.params} if isinstance(a, AgentSpec)
+                               else {"name": getattr(a, "name", type(a).__name__), "class": type(a).__name__})
+                         for a, lab in items}
     for cell, res in zip(cells, results):  # in the cells' order: agents, then seeds
         table.time_unit = res["time_unit"]  # as the env built it
         table.rows.extend(res["rows"])

@@ -83,7 +83,7 @@ from typing import Any
 
 import numpy as np
 
-from flowgym.sim._checks import int_array, is_real
+from flowgym.sim._checks import int_array, is_finite_real, is_real
 
 __all__ = [
     "OBJECTIVES",
@@ -104,6 +104,9 @@ _I64 = np.int64
 OBJECTIVES = ("total_latency", "max_latency", "completed", "tokens")
 
 _MAXIMISE = ("completed", "tokens")
+#: The largest ``M``, latest possible finish (last arrival + every output + the longest prompt) and horizon ``T``
+#: of an instance, in slots: the time-indexed program and its replay hold arrays of that length.
+MAX_SPAN = 10**7
 
 
 class ReplayMismatch(AssertionError):
@@ -130,7 +133,22 @@ def _check_instance(arrival: Any, prompt_len: Any, output_len: Any, M: Any) -> t
             f"can never complete: at its last slot it holds more than M tokens{more}. "
             "The simulator rejects such requests on arrival; drop them or raise M."
         )
+    span = int(a.max()) + int(o.sum()) + int(l.max())
+    if M > MAX_SPAN or span > MAX_SPAN:
+        raise ValueError(f"the instance is too large for the time-indexed program: M = {int(M)} and the latest "
+                         f"possible finish {span} must be at most {MAX_SPAN:g} slots (hindsight solves small "
+                         "instances: tens of requests)")
     return a, l, o, int(M)
+
+
+def _check_solve_args(objectives: Sequence[str], horizon: Any, time_limit: Any) -> None:
+    """``ValueError`` naming the bad argument (before any solve or worker runs)."""
+    if isinstance(objectives, str) or not all(isinstance(k, str) and k in OBJECTIVES for k in objectives):
+        raise ValueError(f"objectives must be a list of {OBJECTIVES}, got {objectives!r}")
+    if not is_real(time_limit) or not 0 < time_limit < math.inf:
+        raise ValueError(f"time_limit must be a positive number of seconds, got {time_limit!r}")
+    if horizon is not None and (not is_real(horizon) or not 1 <= horizon <= MAX_SPAN or int(horizon) != horizon):
+        raise ValueError(f"horizon T must be a positive integer up to {MAX_SPAN:g} slots, got {horizon!r}")
 
 
 # --------------------------------------------------------------------------- schedules
@@ -807,13 +825,15 @@ def solve_hindsight(
     """
     t0 = time.perf_counter()
     a, l, o, M = _check_instance(arrival, prompt_len, output_len, M)
-    if objective not in OBJECTIVES:
+    if not isinstance(objective, str) or objective not in OBJECTIVES:
         raise ValueError(f"objective must be one of {OBJECTIVES}, got {objective!r}")
     if not is_real(time_limit) or not time_limit > 0:
         raise ValueError(f"time_limit must be a positive number of seconds, got {time_limit!r}")
+    if horizon is not None and is_real(horizon) and horizon > MAX_SPAN:
+        raise ValueError(f"horizon must be a positive integer up to {MAX_SPAN:g} slots, got {horizon!r}")
     if slack is not None and (isinstance(slack, bool) or not isinstance(slack, (int, np.integer)) or slack < 0):
         raise ValueError(f"slack must be a non-negative integer number of slots, got {slack!r}")
-    if horizon is not None and (not is_real(horizon) or not math.isfinite(horizon) or int(horizon) != horizon
+    if horizon is not None and (not is_finite_real(horizon) or int(horizon) != horizon
                                 or horizon < 1):
         raise ValueError(f"horizon must be a positive integer, got {horizon!r}")
     if objective in _MAXIMISE and horizon is None:
@@ -1162,8 +1182,11 @@ def compare_to_hindsight(
     ratio lies between them. ``time_limit`` applies to each objective.
     """
     a, l, o, M = _check_instance(arrival, prompt_len, output_len, M)
+    _check_solve_args(objectives, T, time_limit)
     if any(k in _MAXIMISE for k in objectives) and T is None:
         raise ValueError("the throughput objectives need a horizon T")
+    if cls is not None:
+        cls = int_array("cls", cls, a.size, 0)
     from flowgym.lab.parallel import using
 
     res = dict(results or {})

@@ -217,21 +217,29 @@ def make_backend(name: str | Backend | None = "serial", *, workers: int | None =
     or ``ray`` (a local cluster of ``workers`` CPUs, or the cluster at ``address``)."""
     if isinstance(name, Backend):
         return name
+    check_backend(name, workers=workers, address=address)
+    if name in (None, "serial"):
+        return Backend()
+    if name == "process":
+        return ProcessBackend(workers)
+    return RayBackend(workers, address)
+
+
+def check_backend(name: str | None, *, workers: int | None = None, address: str | None = None) -> None:
+    """``ValueError`` unless :func:`make_backend` takes these arguments (checked without starting anything, so a
+    command can refuse them before it writes)."""
     if workers is not None and (isinstance(workers, bool) or not isinstance(workers, int) or workers < 1):
         raise ValueError(f"workers must be a positive integer, got {workers!r}")
     if name in (None, "serial"):
         if workers is not None or address is not None:  # asked for, and it would not apply: say so
             raise ValueError(f"{'workers' if workers is not None else 'address'} configures the process or ray "
                              "backend; the serial backend runs in this process (give backend='process' or 'ray')")
-        return Backend()
-    if name == "process":
+    elif name == "process":
         if address is not None:
             raise ValueError("address names a Ray cluster; the process backend runs local processes (give "
                              "backend='ray')")
-        return ProcessBackend(workers)
-    if name == "ray":
-        return RayBackend(workers, address)
-    raise ValueError(f"backend must be one of {', '.join(BACKENDS)}, got {name!r}")
+    elif name != "ray":
+        raise ValueError(f"backend must be one of {', '.join(BACKENDS)}, got {name!r}")
 
 
 def using(backend: str | Backend | None) -> Any:

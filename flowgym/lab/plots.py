@@ -81,8 +81,9 @@ def plot_metrics_vs_horizon(table: ResultTable, path: str, title: str = "") -> N
                         markevery=1)
                 if np.isfinite(ci).all():
                     ax.fill_between(x, y - ci, y + ci, alpha=0.12, color=st["color"])
-        ax.set_xlabel("horizon T (slots)")
-        ax.set_ylabel(_label(kind, text, "slot"), fontsize=8)
+        # in continuous time a horizon counts engine iterations and latencies are in seconds
+        ax.set_xlabel("horizon T (slots)" if table.time_unit == "slot" else "horizon T (iterations)")
+        ax.set_ylabel(_label(kind, text, table.time_unit), fontsize=8)
         if kind == "count":
             ax.set_yscale("symlog", linthresh=1.0)  # zero and hundreds of thousands on one panel
         ax.grid(alpha=0.3)

@@ -159,6 +159,30 @@ RUN_FIELDS = ("seeds", "seed", "horizons", "env", "tune_env", "tune_seeds", "tun
 PARAM_FIELDS = ("agents", "classes", "budgets", "rates", "M")
 CLAIM_FIELDS = ("id", "statement", "setting", "kind", "verdict", "quick_verdict", "agent", "baselines", "metrics",
                 "comparison", "max", "max_ratio", "check", "note")
+#: The fields each kind of claim reads besides id, statement, setting, kind, verdict, quick_verdict and note: a
+#: field of another kind is refused (it would be read by nothing).
+KIND_FIELDS = {"compare": ("agent", "baselines", "metrics", "comparison"), "bound": ("agent", "max"),
+               "ratio": ("agent", "max_ratio"), "theory": ("check",)}
+
+
+def _check_params(p: dict[str, Any], where: str) -> None:
+    """The types of a setting's ``params`` (read by its runner), each named when wrong."""
+    def num(x: Any) -> bool:
+        return isinstance(x, (int, float)) and not isinstance(x, bool) and math.isfinite(x) and x >= 0
+
+    if "M" in p and (isinstance(p["M"], bool) or not isinstance(p["M"], int) or not 1 <= p["M"] <= 2**53):
+        raise ClaimsError(f"{where}: params.M must be a positive integer, got {p['M']!r}")
+    for k in ("budgets", "rates"):
+        if k in p and (not isinstance(p[k], list) or not p[k] or not all(num(x) for x in p[k])):
+            raise ClaimsError(f"{where}: params.{k} must be a non-empty array of non-negative numbers, got {p[k]!r}")
+    if "classes" in p and (not isinstance(p["classes"], list) or not p["classes"] or not all(
+            isinstance(c, list) and len(c) == 2 and all(isinstance(x, int) and not isinstance(x, bool) and x >= 1
+                                                        for x in c) for c in p["classes"])):
+        raise ClaimsError(f"{where}: params.classes must be an array of [prompt_len, output_len] pairs of positive "
+                          f"integers, got {p['classes']!r}")
+    if "agents" in p and (not isinstance(p["agents"], dict) or not all(
+            isinstance(k, str) and isinstance(v, str) for k, v in p["agents"].items())):
+        raise ClaimsError(f"{where}: params.agents must be a table of label = \"agent string\", got {p['agents']!r}")
 
 
 def _no_unknown(d: dict[str, Any], allowed: Sequence[str], where: str) -> None:
@@ -221,6 +245,7 @@ def load_claims(path: str | os.PathLike[str] | None = None) -> ClaimSet:
         for k in ("full", "quick"):
             _no_unknown(s.get(k, {}), RUN_FIELDS, f"{where}: {k}")
         _no_unknown(s.get("params", {}), PARAM_FIELDS, f"{where}: params")
+        _check_params(s.get("params", {}), where)
         settings[sid] = Setting(sid, section, kind, scenario, None if rate is None else float(rate),
                                 dict(s.get("full", {})), dict(s.get("quick", {})), dict(s.get("params", {})))
     raw_claims = data.get("claims")
@@ -275,7 +300,8 @@ def load_claims(path: str | os.PathLike[str] | None = None) -> ClaimSet:
                 raise ClaimsError(f"{where}: field 'comparison' must be one of {COMPARISONS}, got {comparison!r}")
         elif kind == "bound":
             raw = _req(c, "max", where, dict)
-            if not raw or not all(isinstance(v, (int, float)) and not isinstance(v, bool) for v in raw.values()):
+            if not raw or not all(isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v)
+                                  for v in raw.values()):
                 raise ClaimsError(f"{where}: field 'max' must map metrics to numbers, got {raw!r}")
             for m in raw:
                 if m not in METRIC_NAMES:
@@ -286,8 +312,8 @@ def load_claims(path: str | os.PathLike[str] | None = None) -> ClaimSet:
             if skind != "hindsight":
                 raise ClaimsError(f"{where}: a ratio claim needs a hindsight setting, {sid!r} is {skind}")
             max_ratio = float(_req(c, "max_ratio", where, (int, float)))
-            if max_ratio < 1:
-                raise ClaimsError(f"{where}: field 'max_ratio' must be >= 1, got {max_ratio}")
+            if not 1 <= max_ratio < math.inf:  # nan fails it too
+                raise ClaimsError(f"{where}: field 'max_ratio' must be a finite number >= 1, got {max_ratio}")
             metrics = ("ratio_total_latency",)
         else:  # theory
             if skind != "theory":
@@ -295,6 +321,10 @@ def load_claims(path: str | os.PathLike[str] | None = None) -> ClaimSet:
             check = _req(c, "check", where, str)
             if check not in THEORY_CHECKS:
                 raise ClaimsError(f"{where}: field 'check' must be one of {THEORY_CHECKS}, got {check!r}")
+        stray = [f for f in c if f not in KIND_FIELDS[kind] and any(f in v for v in KIND_FIELDS.values())]
+        if stray:  # a field of another kind of claim: read by nothing
+            raise ClaimsError(f"{where}: field {stray[0]!r} does not apply to a {kind} claim (its own: "
+                              f"{', '.join(KIND_FIELDS[kind])})")
         claims.append(Claim(cid, statement, sid, kind, verdict, qv, agent, baselines, metrics, comparison, mx,
                             max_ratio, check, str(c.get("note", ""))))
     return ClaimSet(settings, claims)
@@ -601,6 +631,20 @@ def _run_hindsight(setting: Setting, args: dict[str, Any], out: str | None, back
 
 # --- the whole run ------------------------------------------------------------------------------
 
+def select_claims(cs: Any, only: Sequence[str] | None) -> list[Any]:
+    """The claims of ``cs`` (:func:`load_claims`) that ``only`` selects (sections, setting ids or claim ids; all
+    when empty); ``ValueError`` naming any that is none of those."""
+    claims = cs.claims
+    if only:
+        keys = set(only)
+        known = set(SECTIONS) | set(cs.settings) | {c.id for c in claims}
+        bad = sorted(keys - known)
+        if bad:
+            raise ValueError(f"--only: unknown section, setting or claim {bad} (sections: {', '.join(SECTIONS)})")
+        claims = [c for c in claims if c.id in keys or c.setting in keys or cs.settings[c.setting].section in keys]
+    return claims
+
+
 def reproduce(*, quick: bool = False, only: Sequence[str] | None = None, out: str | None = "results/reproduce",
               claims_path: str | os.PathLike[str] | None = None, backend: Any = "serial",
               log: Callable[[str], None] = print) -> list[ClaimResult]:
@@ -610,14 +654,7 @@ def reproduce(*, quick: bool = False, only: Sequence[str] | None = None, out: st
     :class:`ClaimResult` per claim, in the file's order.
     """
     cs = load_claims(claims_path)
-    claims = cs.claims
-    if only:
-        keys = set(only)
-        known = set(SECTIONS) | set(cs.settings) | {c.id for c in claims}
-        bad = sorted(keys - known)
-        if bad:
-            raise ValueError(f"--only: unknown section, setting or claim {bad} (sections: {', '.join(SECTIONS)})")
-        claims = [c for c in claims if c.id in keys or c.setting in keys or cs.settings[c.setting].section in keys]
+    claims = select_claims(cs, only)
     if out:
         os.makedirs(out, exist_ok=True)
     needed = list(dict.fromkeys(c.setting for c in claims))
@@ -695,12 +732,24 @@ def check_docs(docs_path: str | os.PathLike[str], claims: ClaimSet | None = None
     return problems
 
 
-def write_docs(docs_path: str | os.PathLike[str], results: Sequence[ClaimResult | dict[str, Any]]) -> None:
-    """Replace the generated block of ``docs_path`` with ``results``' verdicts (see :func:`docs_table`)."""
-    with open(docs_path) as fh:
-        text = fh.read()
+def writable_docs(docs_path: str | os.PathLike[str]) -> str:
+    """The text of ``docs_path``; ``ValueError`` naming it unless it can be read and written and holds the
+    generated claims block (checked before a run, so a long run never ends in a bad path)."""
+    try:
+        with open(docs_path) as fh:
+            text = fh.read()
+    except (OSError, UnicodeDecodeError) as e:
+        raise ValueError(f"--write-docs {os.fspath(docs_path)!r} cannot be read ({e})") from None
     if DOCS_BEGIN not in text or DOCS_END not in text:
         raise ValueError(f"{docs_path} has no generated claims block ({DOCS_BEGIN} ... {DOCS_END})")
+    if not os.access(docs_path, os.W_OK):
+        raise ValueError(f"--write-docs {os.fspath(docs_path)!r} is not a file this user can write")
+    return text
+
+
+def write_docs(docs_path: str | os.PathLike[str], results: Sequence[ClaimResult | dict[str, Any]]) -> None:
+    """Replace the generated block of ``docs_path`` with ``results``' verdicts (see :func:`docs_table`)."""
+    text = writable_docs(docs_path)
     head, rest = text.split(DOCS_BEGIN, 1)
     tail = rest.split(DOCS_END, 1)[1]
     with open(docs_path, "w") as fh:

@@ -275,12 +275,13 @@ class Scenario:
             raise ValueError(f"{where}: finite must be true or false, got {finite!r}")
         horizons = data.get("horizons")
         if horizons is not None and (not isinstance(horizons, list) or not horizons or any(
-                isinstance(h, bool) or not isinstance(h, int) or h < 1 for h in horizons)):
-            raise ValueError(f"{where}: horizons must be a non-empty array of positive integers, got {horizons!r}")
+                isinstance(h, bool) or not isinstance(h, int) or not 1 <= h <= 2**53 for h in horizons)):
+            raise ValueError(f"{where}: horizons must be a non-empty array of positive integers (up to 2**53), "
+                             f"got {horizons!r}")
         tune_horizon = data.get("tune_horizon")
         if tune_horizon is not None and (isinstance(tune_horizon, bool) or not isinstance(tune_horizon, int)
-                                         or tune_horizon < 1):
-            raise ValueError(f"{where}: tune_horizon must be a positive integer, got {tune_horizon!r}")
+                                         or not 1 <= tune_horizon <= 2**53):
+            raise ValueError(f"{where}: tune_horizon must be a positive integer (up to 2**53), got {tune_horizon!r}")
         tune_env = data.get("tune_env", {})
         if not isinstance(tune_env, dict):
             raise ValueError(f"{where}: tune_env must be a table, got {tune_env!r}")
@@ -299,7 +300,7 @@ class Scenario:
             raise ValueError(f"{where}: this scenario has no rate table, so --rate/rate= cannot change it")
         try:
             desc = desc.format(rate=value if value is not None else float("nan"))
-        except (KeyError, IndexError, ValueError) as e:
+        except (KeyError, IndexError, ValueError, TypeError, AttributeError) as e:  # {load}, {rate[0]}, {rate.x}
             raise ValueError(f"{where}: description: only {{rate}} / {{rate:g}} may stand in braces ({e})") from None
         if rate is not None:
             _check_env(env, f"{where}: env at rate {rate!r}")
@@ -345,8 +346,8 @@ def _agent_from(a: Any, where: str) -> AgentSpec:
     if not isinstance(params, dict):
         raise ValueError(f"{where}.params must be a table, got {params!r}")
     label = a.get("label")
-    if label is not None and not isinstance(label, str):
-        raise ValueError(f"{where}.label must be a string, got {label!r}")
+    if label is not None and (not isinstance(label, str) or not label.strip()):  # "" would fall back to the default
+        raise ValueError(f"{where}.label must be a non-empty string, got {label!r}")
     tune = a.get("tune")
     if tune is not None:
         if not isinstance(tune, dict) or set(tune) != {"param", "grid"} or not isinstance(tune["param"], str) \
@@ -425,6 +426,10 @@ def _step(node: Any, p: str, sofar: str, where: str) -> Any:
     raise ValueError(f"{where}: {sofar!r} names no value in env")
 
 
+#: The largest rate (or rate default) a scenario takes: any finite rate a float holds with room to scale.
+MAX_RATE = 1e300
+
+
 def _apply_rate(spec: Any, env: dict[str, Any], rate: Any, where: str) -> tuple[float, float]:
     """Set and/or scale the env values the ``rate`` table names; returns (default, value used)."""
     if not isinstance(spec, dict):
@@ -433,7 +438,7 @@ def _apply_rate(spec: Any, env: dict[str, Any], rate: Any, where: str) -> tuple[
     if unknown:
         raise ValueError(f"{where}: unknown key {unknown[0]!r}; allowed: default, meaning, set, scale")
     default = spec.get("default")
-    if not is_real(default) or not (0 < default < math.inf):
+    if not is_real(default) or not (0 < default <= MAX_RATE):  # the range first: no float(10**400)
         raise ValueError(f"{where}.default must be a positive number, got {default!r}")
     paths = {k: spec.get(k, []) for k in ("set", "scale")}
     for k, v in paths.items():
@@ -451,7 +456,7 @@ def _apply_rate(spec: Any, env: dict[str, Any], rate: Any, where: str) -> tuple[
                                  "and scale; name each value once" if p != q else
                                  f"{where}: {p!r} is named more than once in set and scale; name each value once")
     value = default if rate is None else rate
-    if not is_real(value) or not (0 < value < math.inf):
+    if not is_real(value) or not (0 < value <= MAX_RATE):
         raise ValueError(f"rate must be a positive number ({spec.get('meaning', 'the scenario rate')}), got {rate!r}")
     value = float(value)
     for p in paths["set"]:
@@ -566,14 +571,18 @@ def scenario_text(name: str, fmt: str = "toml") -> str:
     return _toml.dumps(data, f"flowgym scenario {data['name']!r}; format: docs/scenarios.md")
 
 
+#: The most seeds a seed list holds (a count, ranges and lists together).
+MAX_SEEDS = 10**6
+
+
 def parse_seeds(text: str | int | list[int], *, first: int = 0) -> list[int]:
     """Seeds from ``"5"`` (five seeds ``first..first+4``), ``"900-919"`` (a range, both ends
     included), ``"1,2,7"`` or ``"900-904,910"``; an int is a count, a list is taken as is."""
     if isinstance(text, bool):
         raise ValueError(f"seeds: got {text!r}")
     if isinstance(text, int):
-        if text < 1:
-            raise ValueError(f"seeds: a count must be at least 1, got {text}")
+        if not 1 <= text <= MAX_SEEDS:
+            raise ValueError(f"seeds: a count must be from 1 to {MAX_SEEDS:g}, got {text}")
         return list(range(first, first + text))
     if isinstance(text, list):
         if not text or any(isinstance(s, bool) or not isinstance(s, int) or s < 0 for s in text):
@@ -589,7 +598,7 @@ def parse_seeds(text: str | int | list[int], *, first: int = 0) -> list[int]:
         try:
             if dash:
                 a, b = int(lo), int(hi)
-                if a < 0 or b < a:
+                if a < 0 or b < a or b - a + 1 > MAX_SEEDS:
                     raise ValueError
                 out += list(range(a, b + 1))
             else:
@@ -598,8 +607,10 @@ def parse_seeds(text: str | int | list[int], *, first: int = 0) -> list[int]:
                     raise ValueError
                 out.append(a)
         except ValueError:
-            raise ValueError(f"seeds: {part!r} in {s!r} is not a seed or a range such as 900-919 "
+            raise ValueError(f"seeds: {part!r} in {s!r} is not a seed or a range such as 900-919 of at most {MAX_SEEDS:g} "
                              "(give a count, ranges and/or lists: 5, 900-919, 1,2,7)") from None
     if len(set(out)) != len(out):
         raise ValueError(f"seeds: {s!r} lists a seed twice")
+    if len(out) > MAX_SEEDS:
+        raise ValueError(f"seeds: {s!r} holds {len(out)} seeds; at most {MAX_SEEDS:g}")
     return out

@@ -72,7 +72,7 @@ from flowgym.agents.learned import (
 )
 from flowgym.envs.flow_control import OBSERVATION_OPTIONS
 from flowgym.sim import _json
-from flowgym.sim._checks import is_real
+from flowgym.sim._checks import is_finite_real, is_real
 
 __all__ = [
     "TrainConfig",
@@ -100,6 +100,10 @@ GENERALIST_MULTIPLIERS = (0.5, 0.7, 0.85, 1.0, 1.15, 1.3, 1.5, 1.75, 2.0, 2.5, 3
 #: The PPO generalist's training distribution (``examples/ppo_generalist``): ``RandomMix`` as it was before
 #: 2026-11-26, so ``flowgym train --algo ppo`` still reproduces that model.
 PPO_GENERALIST_DISTRIBUTION = {"kind": "random-mix", "phase_scale": "uniform", "trace_p": 0.0}
+
+
+#: The most vectorised environments (and torch threads) a training run takes.
+MAX_N_ENVS = 4096
 
 
 @dataclass
@@ -234,12 +238,13 @@ class TrainConfig:
         """Raise ``ValueError`` naming the first invalid setting."""
 
         def pos_int(name: str, v: Any, zero: bool = False) -> None:
-            if isinstance(v, bool) or not isinstance(v, (int, np.integer)) or v < (0 if zero else 1):
-                raise ValueError(f"{name} must be a {'non-negative' if zero else 'positive'} integer, got {v!r}")
+            hi = MAX_N_ENVS if name in ("n_envs", "torch_threads") else 2**53  # processes/arrays vs. counts
+            if isinstance(v, bool) or not isinstance(v, (int, np.integer)) or not (0 if zero else 1) <= v <= hi:
+                raise ValueError(f"{name} must be a {'non-negative' if zero else 'positive'} integer "
+                                 f"(at most {hi:g}), got {v!r}")
 
         def pos_num(name: str, v: Any, zero: bool = False) -> None:
-            if not is_real(v) or not math.isfinite(v) \
-                    or v < 0 or (v == 0 and not zero):
+            if not is_finite_real(v) or v < 0 or (v == 0 and not zero):
                 raise ValueError(f"{name} must be a {'non-negative' if zero else 'positive'} number, got {v!r}")
 
         from flowgym.lab.scenarios import get_scenario
@@ -271,7 +276,7 @@ class TrainConfig:
         pos_num("vf_coef", self.vf_coef, zero=True)
         if self.log_std_init is not None and (isinstance(self.log_std_init, bool)
                                               or not isinstance(self.log_std_init, (int, float))
-                                              or not math.isfinite(self.log_std_init)):
+                                              or not is_finite_real(self.log_std_init)):
             raise ValueError(f"log_std_init must be a finite number or None, got {self.log_std_init!r}")
         if self.log_std_init is not None and self.action != "log-multiplier":
             raise ValueError(f"log_std_init sets a Gaussian policy's spread: it needs action='log-multiplier', "
@@ -303,6 +308,11 @@ class TrainConfig:
                                  "own in a scenario file: flowgym scenario show adaptive-mix > my.toml, edit it, then "
                                  "--scenario my.toml; docs/scenarios.md), observation= is the training setting of that name, "
                                  "and max_budget= or budget_levels= set the action range")
+        if self.distribution is not None:  # each draw sets these: an override would be dropped silently
+            for bad in ("M", "horizon"):
+                if bad in self.env_overrides:
+                    raise ValueError(f"env_overrides may not set {bad!r} when training on a distribution: each draw "
+                                     "sets its own M and horizon (the distribution's fields, docs/training.md)")
         from flowgym.envs.spaces import LOAD_OBSERVATIONS, one_of
 
         if self.observation not in ("flat", *LOAD_OBSERVATIONS):

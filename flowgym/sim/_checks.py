@@ -7,7 +7,7 @@ from typing import Any
 
 import numpy as np
 
-__all__ = ["is_real", "non_negative", "positive", "positive_int", "int_array", "calendar_span", "MAX_OUTPUT_SLOTS"]
+__all__ = ["is_real", "is_finite_real", "non_negative", "positive", "positive_int", "int_array", "calendar_span", "MAX_OUTPUT_SLOTS"]
 
 #: Longest output (in tokens, so in slots of decoding) the engines can schedule: their completion
 #: calendars and per-token tables have one entry per slot of the longest output (2**24: 16.8M
@@ -21,6 +21,17 @@ def is_real(value: Any) -> bool:
     complex number. Finite or not: the caller checks its range."""
     return isinstance(value, (int, float, np.integer, np.floating)) and not isinstance(
         value, (bool, np.bool_, np.timedelta64))  # numpy's timedelta64 is an integer type to isinstance
+
+
+def is_finite_real(value: Any) -> bool:
+    """Whether ``value`` is a real number (:func:`is_real`) that is finite as a float: not nan or inf, and not
+    an integer too large for a float (``10**400``, which ``math.isfinite`` would raise on)."""
+    if not is_real(value):
+        return False
+    try:
+        return math.isfinite(float(value))
+    except OverflowError:
+        return False
 
 
 def non_negative(name: str, value: Any) -> float:

@@ -806,6 +806,9 @@ def _csv_columns(fh: Any, path: str, wanted: dict[str, str]) -> tuple[dict[str, 
     for field, col in wanted.items():
         if col not in header:
             raise TraceError(f"trace CSV {path!r} has no column {col!r} (for {field}); columns are {header}")
+        if header.count(col) > 1:  # which one is meant? taking the first would drop the other silently
+            raise TraceError(f"trace CSV {path!r} has the column {col!r} (for {field}) {header.count(col)} times; "
+                             f"columns are {header}")
         idx[field] = header.index(col)
     cols: dict[str, list[str]] = {f: [] for f in wanted}
     rows = []
@@ -818,6 +821,17 @@ def _csv_columns(fh: Any, path: str, wanted: dict[str, str]) -> tuple[dict[str, 
             cols[f].append(rec[j].strip())
         rows.append(rown)
     return cols, rows
+
+
+def _header_repeats(path: str, wanted: dict[str, str]) -> bool:
+    """Whether a wanted column's name is in the CSV's header more than once (the csv-module path then names it;
+    pyarrow would read the first). ``False`` when the header cannot be read: that path names that too."""
+    try:
+        with open(path, newline="", encoding="utf-8-sig") as fh:
+            header = [h.strip() for h in next(csv.reader(fh), [])]
+    except (OSError, UnicodeDecodeError, csv.Error):
+        return False
+    return any(header.count(c) > 1 for c in wanted.values())
 
 
 def _csv_columns_arrow(path: str, wanted: dict[str, str]) -> dict[str, np.ndarray] | None:
@@ -1001,7 +1015,7 @@ class Trace(Workload):
         source = {"kind": "trace", "path": path, "arrival": arrival, "prompt_len": prompt_len,
                   "output_len": output_len, "cls_column": cls_column, **({"timed": True} if timed else {}),
                   **({"max_tokens_column": max_tokens_column} if max_tokens_column is not None else {})}
-        fast = _csv_columns_arrow(path, wanted)
+        fast = None if _header_repeats(path, wanted) else _csv_columns_arrow(path, wanted)
         if fast is not None:  # every value numeric: the same checks on the arrays, rows named on failure
             try:
                 return cls(fast["arrival"], fast["prompt_len"], fast["output_len"], fast.get("cls"), timed=timed,
