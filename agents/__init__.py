@@ -94,6 +94,6 @@ def make_agent(name: str, **params: Any) -> Agent:
     except TypeError as e:
         raise ValueError(f"agent {name!r}: {e}") from None
     except ValueError as e:  # the constructor names the parameter; the agent is named here unless it did
-        if name in str(e):
+        if str(e).startswith((f"agent {name!r}", f"{name} agent")):  # e.g. "learned agent: ..."
             raise
         raise ValueError(f"agent {name!r}: {e}") from None

@@ -19,7 +19,7 @@ from flowgym.envs.flow_control import FlowControlConfig
 from flowgym.envs.view import SystemView
 from flowgym.sim.admission import AdmissionRule
 
-__all__ = ["Agent", "int_param", "real_param", "DEFAULT_REQUEST"]
+__all__ = ["Agent", "int_param", "DEFAULT_REQUEST"]
 
 #: The ``max_budget`` an agent without its own cap asks the environment for (the environment takes the larger of
 #: this and the scenario's): room for a large batch, not a limit of the agent's.
@@ -36,18 +36,6 @@ def int_param(label: str, v: Any, minimum: int = 0) -> int:
     if not ok:
         raise ValueError(f"{label} must be an integer from {minimum} to {MAX_INT_PARAM:g}, got {v!r}")
     return int(v)
-
-
-def real_param(label: str, v: Any, minimum: float = 0.0, maximum: float = 1e12, *, positive: bool = False,
-               unit: str = "") -> float:
-    """``v`` as a float; raises ``ValueError`` naming ``label`` unless it is a real number (not a bool or a
-    string) from ``minimum`` (excluded when ``positive``) to ``maximum``. ``unit`` is added to the message."""
-    ok = (not isinstance(v, (bool, np.bool_, np.timedelta64)) and isinstance(v, (int, float, np.integer, np.floating))
-          and (v > minimum if positive else v >= minimum) and v <= maximum)  # the range first: no float(10**400)
-    if not ok:
-        low = f"above {minimum:g}" if positive else f"from {minimum:g}"
-        raise ValueError(f"{label}{unit} must be a number {low} to {maximum:g}, got {v!r}")
-    return float(v)
 
 
 class Agent:

@@ -657,7 +657,7 @@ name = "mc"
     (["--no-tune", "--tune-seeds", "5"], "--tune-seeds has no effect: --no-tune"),
     (["--no-tune", "--tune-horizon", "7"], "--tune-horizon has no effect: --no-tune"),
     (["--agents", "mc", "--tune-seeds", "5"], "--tune-seeds has no effect: no agent of this line-up has a tuning"),
-    (["--agents", "mc;mc"], r"agents with the same label: \['mc'\]"),
+    (["--agents", "mc;mc"], r"agents with the same label \(or that may have it after tuning\): \['mc'\]"),
     (["--workers", "2"], "workers configures the process or ray backend"),
     (["--horizons", "1152921504606846976"], "must be a positive integer up to 2\\*\\*53"),
     (["--tune-horizon", "1" + "0" * 400], "--tune-horizon must be an integer <="),
@@ -841,3 +841,42 @@ def test_metric_plots_name_iterations_and_seconds_in_continuous_time(tmp_path, m
     monkeypatch.setattr(matplotlib.axes.Axes, "set_xlabel", lambda self, t, *a, **k: seen.append(t))
     plots.plot_metrics_vs_horizon(table, str(tmp_path / "m.png"))
     assert seen and all(t == "horizon T (iterations)" for t in seen)
+
+
+def test_review_of_the_review_fixes(tmp_path, capsys):
+    """A path parameter is recorded as text; a clash that tuning could make is refused before the run; a stray
+    quote and a ';' inside quotes; a bool in SB3's (n, 1) shape; make_agent names the agent whatever the value;
+    seeds keep no upper limit on the command line."""
+    import pathlib
+
+    from flowgym.agents import make_agent
+    from flowgym.agents.learned import DEFAULT_MODEL
+    from flowgym.lab.cli import _agent_list, main
+    from flowgym.lab.evaluation import evaluate
+    from flowgym.lab.scenarios import AgentSpec, parse_seeds
+
+    t = evaluate([AgentSpec("learned", {"path": pathlib.Path(DEFAULT_MODEL)})], {"horizon": 30}, [0], [20])
+    t.to_json(str(tmp_path / "p.json"))
+    assert t.agent_specs["learned (generalist)"]["params"]["path"] == pathlib.Path(DEFAULT_MODEL)
+    assert '"path": "' in (tmp_path / "p.json").read_text()
+    sc = tmp_path / "tuned.toml"
+    sc.write_text(_TINY.format(desc="t") + '[[agents]]\nname = "alpha-greedy"\ntune = {param = "alpha", grid = [0.1]}\n')
+    out = tmp_path / "out"
+    assert main(["compare", "--scenario", str(sc), "--seeds", "1", "--no-plots", "--quiet", "--out", str(out),
+                 "--add-agents", "alpha-greedy:alpha=0.1"]) == 2
+    assert "may have it after tuning): ['alpha-greedy alpha=0.1']" in capsys.readouterr().err and not out.exists()
+    with pytest.raises(ValueError, match="an unbalanced double quote"):
+        AgentSpec.parse('mc:label=a"b,max_budget=8')
+    assert _agent_list("--agents", 'mc:label="a; b";fixed:b=8') == ['mc:label="a; b"', "fixed:b=8"]
+    with pytest.raises(ValueError, match=r"^agent 'mc': max_budget must be"):
+        make_agent("mc", max_budget="mc")
+    with pytest.raises(ValueError, match="at most 1e\\+06 seeds in all"):
+        parse_seeds("0-999999,1000000-1000001")
+    assert main(["run", "--horizon", "20", "--json", "--seed", str(2**60)]) == 0
+    pytest.importorskip("stable_baselines3")
+    from flowgym.envs.sb3 import FlowControlSB3VecEnv
+
+    venv = FlowControlSB3VecEnv(3)
+    venv.reset()
+    with pytest.raises(ValueError, match="it holds a bool"):
+        venv.step([[True], [2], [3]])

@@ -238,8 +238,9 @@ def _is_bool(x: Any) -> bool:
 
 
 def _holds_bool(action: Any) -> bool:
-    """``action`` is a bool, or a list or tuple with one (which ``numpy.asarray`` would turn into integers)."""
-    return _is_bool(action) or (isinstance(action, (list, tuple)) and any(_is_bool(x) for x in action))
+    """``action`` is a bool, or a list or tuple holding one at any depth (which ``numpy.asarray`` would turn
+    into integers: ``[True, 2]``, ``[[True], [2]]``)."""
+    return _is_bool(action) or (isinstance(action, (list, tuple)) and any(_holds_bool(x) for x in action))
 
 
 def _bad_action(action: Any, space: spaces.Space) -> ValueError:

@@ -147,10 +147,24 @@ def _horizons(text: str) -> list[int]:
     return out
 
 
+def _split_outside_quotes(text: str, sep: str) -> list[str]:
+    """``text`` split at each ``sep`` outside double quotes (``mc:label="a; b";fixed:b=8``)."""
+    out, cur, quoted = [], "", False
+    for ch in text:
+        if ch == '"':
+            quoted = not quoted
+        if ch == sep and not quoted:
+            out.append(cur)
+            cur = ""
+        else:
+            cur += ch
+    return out + [cur]
+
+
 def _agent_list(flag: str, text: str) -> list[str]:
     """The agents of a semicolon-separated ``flag`` (an empty one is an error, not the default lineup; so is an
     empty entry, as in ``mc;;fixed:b=8``, which is likely a typo)."""
-    items = [x.strip() for x in text.split(";")]
+    items = [x.strip() for x in _split_outside_quotes(text, ";")]
     if items and not items[-1] and len(items) > 1:  # one trailing ';' is harmless
         items.pop()
     if not any(items):
@@ -215,12 +229,14 @@ def _compare(args: argparse.Namespace) -> int:
     from flowgym.lab.parallel import check_backend
 
     check_backend(args.backend, workers=args.workers, address=args.address)
-    labels = [f"{s.label or s.name} {s.tune[0]}=<tuned>" if s.tune and tuning else s.label or build_agent(s).label()
-              for s in specs]  # the table's labels (a tuned one's value is known after tuning): two alike are refused
-    dup = sorted({x for x in labels if labels.count(x) > 1})
+    # the table's labels: a tuned agent's is one of "<label> <param>=<grid value>"; two that are or may turn
+    # out alike are refused now, not after the tuning
+    may = [{f"{s.label or s.name} {s.tune[0]}={v}" for v in s.tune[1]} if s.tune and tuning
+           else {s.label or build_agent(s).label()} for s in specs]
+    dup = sorted({x for i, a in enumerate(may) for b in may[i + 1:] for x in a & b})
     if dup:
-        print(f"error: agents with the same label: {dup}; give them distinct labels (label=TEXT in an agent string)",
-              file=sys.stderr)
+        print(f"error: agents with the same label (or that may have it after tuning): {dup}; give them distinct "
+              "labels (label=TEXT in an agent string)", file=sys.stderr)
         return 2
     _writable_dir("--out", args.out)  # the last check before the run: a refused command leaves no folder
     n_tune = sum(len(s.tune[1]) * len(tune_seeds) for s in specs if s.tune and not args.no_tune)
@@ -415,9 +431,9 @@ def _reproduce(args: argparse.Namespace) -> int:
     return 0
 
 
-def _int_from(flag: str, minimum: int, maximum: int = 2**53) -> Any:
+def _int_from(flag: str, minimum: int, maximum: int | None = 2**53) -> Any:
     """An argparse type: an integer from ``minimum`` to ``maximum`` (default 2**53, the counts the simulator
-    keeps exactly; errors name ``flag``)."""
+    keeps exactly; ``None``: no upper limit, for seeds; errors name ``flag``)."""
 
     def parse(text: str) -> int:
         try:
@@ -426,8 +442,9 @@ def _int_from(flag: str, minimum: int, maximum: int = 2**53) -> Any:
             raise argparse.ArgumentTypeError(f"{flag} takes an integer, got {text!r}") from None
         if v < minimum:
             raise argparse.ArgumentTypeError(f"{flag} must be an integer >= {minimum}, got {text!r}")
-        if v > maximum:
-            raise argparse.ArgumentTypeError(f"{flag} must be an integer <= {maximum:g}, got {text!r}")
+        if maximum is not None and v > maximum:
+            limit = "2**53" if maximum == 2**53 else str(maximum)
+            raise argparse.ArgumentTypeError(f"{flag} must be an integer <= {limit}, got {text!r}")
         return v
 
     return parse
@@ -751,7 +768,7 @@ def build_parser() -> argparse.ArgumentParser:
     r.add_argument("--eviction", choices=["lifo", "all", "estimate"], default=None,
                    help="who leaves on overflow: lifo (the newest first, Algorithm 2; default), all, or estimate")
     r.add_argument("--trace", default=None, help="replay a CSV trace (columns arrival,prompt_len,output_len)")
-    r.add_argument("--seed", type=_int_from("--seed", 0), default=0, help="seed of the arrivals (default 0)")
+    r.add_argument("--seed", type=_int_from("--seed", 0, None), default=0, help="seed of the arrivals (default 0)")
     r.add_argument("--json", action="store_true", help="print the metrics as JSON")
     r.set_defaults(func=_run)
     h = sub.add_parser(
@@ -772,7 +789,7 @@ def build_parser() -> argparse.ArgumentParser:
     h.add_argument("--cls-column", default=None, help="class-id column of the trace (for per-class flow control)")
     h.add_argument("--online", type=_positive_float("--online"), default=None, metavar="RHO",
                    help="random instance: Poisson arrivals at load RHO instead of all at slot 0")
-    h.add_argument("--seed", type=_int_from("--seed", 0), default=None, help="seed of the random instance (default 0)")
+    h.add_argument("--seed", type=_int_from("--seed", 0, None), default=None, help="seed of the random instance (default 0)")
     h.add_argument("--objectives", default="total_latency,max_latency",
                    help="comma-separated: total_latency, max_latency, completed, tokens (default the first two)")
     h.add_argument("--T", type=_int_from("--T", 1), default=None, help="horizon of the completed/tokens objectives")

@@ -384,6 +384,19 @@ class ResultTable:
             _json.dump(data, fh, indent=1)
 
 
+def _recordable(params: dict[str, Any]) -> dict[str, Any]:
+    """``params`` as the JSON can hold them: each value JSON can write as is (numbers, text, lists, paths as
+    text), any other (an object given from Python) as its ``repr``."""
+    out = {}
+    for k, v in params.items():
+        try:
+            _json.dumps(v)
+            out[k] = v
+        except (TypeError, ValueError):
+            out[k] = repr(v)
+    return out
+
+
 def build_agent(spec: AgentSpec, **override: Any) -> Any:
     """The agent a spec names (:func:`flowgym.agents.make_agent`), its ``params`` updated by ``override``."""
     return make_agent(spec.name, **{**spec.params, **override})
@@ -470,7 +483,7 @@ def evaluate(
     with using(backend) as be:
         results = be.map(run_episode_cell, cells, done=lambda c: bar.update(f"{c.label} seed {c.seed}", work))
     table = ResultTable([], labels, hs, list(seeds))
-    table.agent_specs = {lab: ({"name": a.name, "params": a.params} if isinstance(a, AgentSpec)
+    table.agent_specs = {lab: ({"name": a.name, "params": _recordable(a.params)} if isinstance(a, AgentSpec)
                                else {"name": getattr(a, "name", type(a).__name__), "class": type(a).__name__})
                          for a, lab in items}
     for cell, res in zip(cells, results):  # in the cells' order: agents, then seeds

@@ -135,9 +135,9 @@ def _check_instance(arrival: Any, prompt_len: Any, output_len: Any, M: Any) -> t
         )
     span = int(a.max()) + int(o.sum()) + int(l.max())
     if M > MAX_SPAN or span > MAX_SPAN:
-        raise ValueError(f"the instance is too large for the time-indexed program: M = {int(M)} and the latest "
-                         f"possible finish {span} must be at most {MAX_SPAN:g} slots (hindsight solves small "
-                         "instances: tens of requests)")
+        raise ValueError(f"the instance is too large for the time-indexed program: M = {int(M)} tokens and the "
+                         f"latest possible finish, slot {span}, must each be at most {MAX_SPAN:g} (hindsight solves "
+                         "small instances: tens of requests)")
     return a, l, o, int(M)
 
 

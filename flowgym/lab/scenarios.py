@@ -155,6 +155,8 @@ def _split_params(s: str) -> list[str]:
         elif ch in "])":
             depth -= 1
         cur += ch
+    if quoted:  # the rest would be read as one value, dropping the parameters after it
+        raise ValueError(f"an unbalanced double quote in {s!r}: quote a whole value, as label=\"a, b\"")
     if cur:
         out.append(cur)
     return out
@@ -598,7 +600,7 @@ def parse_seeds(text: str | int | list[int], *, first: int = 0) -> list[int]:
         try:
             if dash:
                 a, b = int(lo), int(hi)
-                if a < 0 or b < a or b - a + 1 > MAX_SEEDS:
+                if a < 0 or b < a or len(out) + b - a + 1 > MAX_SEEDS:  # counted before the list is built
                     raise ValueError
                 out += list(range(a, b + 1))
             else:
@@ -607,8 +609,8 @@ def parse_seeds(text: str | int | list[int], *, first: int = 0) -> list[int]:
                     raise ValueError
                 out.append(a)
         except ValueError:
-            raise ValueError(f"seeds: {part!r} in {s!r} is not a seed or a range such as 900-919 of at most {MAX_SEEDS:g} "
-                             "(give a count, ranges and/or lists: 5, 900-919, 1,2,7)") from None
+            raise ValueError(f"seeds: {part!r} in {s!r} is not a seed or a range such as 900-919 "
+                             f"(give a count, ranges and/or lists: 5, 900-919, 1,2,7; at most {MAX_SEEDS:g} seeds in all)") from None
     if len(set(out)) != len(out):
         raise ValueError(f"seeds: {s!r} lists a seed twice")
     if len(out) > MAX_SEEDS:

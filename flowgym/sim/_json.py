@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 import math
+import os
 from collections.abc import Mapping
 from typing import IO, Any
 
@@ -16,7 +17,8 @@ __all__ = ["plain", "dump", "dumps"]
 
 
 def plain(o: Any) -> Any:
-    """``o`` with numpy values made Python values, tuples lists, and non-finite floats ``None``."""
+    """``o`` with numpy values made Python values, tuples lists, paths their text, and non-finite floats
+    ``None``."""
     if isinstance(o, Mapping):  # numpy keys as Python ones (JSON keys are strings; json writes these as such)
         return {(k.item() if isinstance(k, np.generic) else k): plain(v) for k, v in o.items()}
     if isinstance(o, (list, tuple)):
@@ -30,6 +32,8 @@ def plain(o: Any) -> Any:
     if isinstance(o, (float, np.floating)):
         f = float(o)
         return f if math.isfinite(f) else None
+    if isinstance(o, os.PathLike):  # a path (e.g. a learned agent's model directory) as its text
+        return os.fspath(o)
     return o
 
 
