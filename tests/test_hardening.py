@@ -819,6 +819,9 @@ check = "%s"
     f.write_text(good.replace("budgets = [4]", 'budgets = "four"'))
     with pytest.raises(ClaimsError, match="params.budgets must be a non-empty array"):
         load_claims(str(f))
+    f.write_text(good.replace("budgets = [4]", "budgets = [1" + "0" * 400 + "]"))  # not finite as a float: named
+    with pytest.raises(ClaimsError, match="params.budgets must be a non-empty array"):
+        load_claims(str(f))
 
 
 def test_trace_with_a_wanted_column_twice_is_refused(tmp_path):

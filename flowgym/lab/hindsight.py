@@ -104,8 +104,8 @@ _I64 = np.int64
 OBJECTIVES = ("total_latency", "max_latency", "completed", "tokens")
 
 _MAXIMISE = ("completed", "tokens")
-#: The largest ``M``, latest possible finish (last arrival + every output + the longest prompt) and horizon ``T``
-#: of an instance, in slots: the time-indexed program and its replay hold arrays of that length.
+#: The largest ``M`` (tokens), latest possible finish (last arrival + every output + the longest prompt, a slot)
+#: and horizon ``T`` (slots) of an instance: the time-indexed program and its replay hold arrays that long.
 MAX_SPAN = 10**7
 
 

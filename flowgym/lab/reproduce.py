@@ -41,6 +41,7 @@ from typing import Any
 import numpy as np
 
 from flowgym.sim import _json
+from flowgym.sim._checks import is_finite_real
 
 __all__ = [
     "appb_instance",
@@ -168,7 +169,7 @@ KIND_FIELDS = {"compare": ("agent", "baselines", "metrics", "comparison"), "boun
 def _check_params(p: dict[str, Any], where: str) -> None:
     """The types of a setting's ``params`` (read by its runner), each named when wrong."""
     def num(x: Any) -> bool:
-        return isinstance(x, (int, float)) and not isinstance(x, bool) and math.isfinite(x) and x >= 0
+        return isinstance(x, (int, float)) and is_finite_real(x) and x >= 0  # 10**400 is not finite as a float
 
     if "M" in p and (isinstance(p["M"], bool) or not isinstance(p["M"], int) or not 1 <= p["M"] <= 2**53):
         raise ClaimsError(f"{where}: params.M must be a positive integer, got {p['M']!r}")
@@ -300,8 +301,7 @@ def load_claims(path: str | os.PathLike[str] | None = None) -> ClaimSet:
                 raise ClaimsError(f"{where}: field 'comparison' must be one of {COMPARISONS}, got {comparison!r}")
         elif kind == "bound":
             raw = _req(c, "max", where, dict)
-            if not raw or not all(isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v)
-                                  for v in raw.values()):
+            if not raw or not all(isinstance(v, (int, float)) and is_finite_real(v) for v in raw.values()):
                 raise ClaimsError(f"{where}: field 'max' must map metrics to numbers, got {raw!r}")
             for m in raw:
                 if m not in METRIC_NAMES:
@@ -311,9 +311,10 @@ def load_claims(path: str | os.PathLike[str] | None = None) -> ClaimSet:
         elif kind == "ratio":
             if skind != "hindsight":
                 raise ClaimsError(f"{where}: a ratio claim needs a hindsight setting, {sid!r} is {skind}")
-            max_ratio = float(_req(c, "max_ratio", where, (int, float)))
-            if not 1 <= max_ratio < math.inf:  # nan fails it too
-                raise ClaimsError(f"{where}: field 'max_ratio' must be a finite number >= 1, got {max_ratio}")
+            raw_ratio = _req(c, "max_ratio", where, (int, float))
+            if not is_finite_real(raw_ratio) or not raw_ratio >= 1:  # nan, inf and 10**400 fail it too
+                raise ClaimsError(f"{where}: field 'max_ratio' must be a finite number >= 1, got {raw_ratio!r}")
+            max_ratio = float(raw_ratio)
             metrics = ("ratio_total_latency",)
         else:  # theory
             if skind != "theory":
