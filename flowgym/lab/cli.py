@@ -21,7 +21,7 @@ import time
 from collections.abc import Sequence
 from typing import Any
 
-from flowgym.envs.flow_control import FlowControlEnv
+from flowgym.envs.flow_control import MAX_COUNT, FlowControlEnv
 from flowgym.envs.spaces import LOAD_OBSERVATIONS, MULTIPLIER_OF
 from flowgym.lab.train import DEFAULT_TRAIN_MINUTES, GENERALIST_TRAIN_MINUTES
 from flowgym.sim import _json
@@ -141,7 +141,7 @@ def _horizons(text: str) -> list[int]:
             v = int(part)
         except ValueError:
             raise argparse.ArgumentTypeError(f"horizon {part!r} is not an integer") from None
-        if not 1 <= v <= 2**53:  # the slots the simulator counts exactly
+        if not 1 <= v <= MAX_COUNT:  # the slots the simulator counts exactly (2**53)
             raise argparse.ArgumentTypeError(f"horizon {part} must be a positive integer up to 2**53")
         out.append(v)
     return out
@@ -431,7 +431,7 @@ def _reproduce(args: argparse.Namespace) -> int:
     return 0
 
 
-def _int_from(flag: str, minimum: int, maximum: int | None = 2**53) -> Any:
+def _int_from(flag: str, minimum: int, maximum: int | None = MAX_COUNT) -> Any:
     """An argparse type: an integer from ``minimum`` to ``maximum`` (default 2**53, the counts the simulator
     keeps exactly; ``None``: no upper limit, for seeds; errors name ``flag``)."""
 
@@ -443,7 +443,7 @@ def _int_from(flag: str, minimum: int, maximum: int | None = 2**53) -> Any:
         if v < minimum:
             raise argparse.ArgumentTypeError(f"{flag} must be an integer >= {minimum}, got {text!r}")
         if maximum is not None and v > maximum:
-            limit = "2**53" if maximum == 2**53 else str(maximum)
+            limit = "2**53" if maximum == MAX_COUNT else str(maximum)
             raise argparse.ArgumentTypeError(f"{flag} must be an integer <= {limit}, got {text!r}")
         return v
 

@@ -26,7 +26,7 @@ from typing import Any
 import numpy as np
 
 from flowgym.agents import make_agent
-from flowgym.envs.flow_control import FlowControlConfig, FlowControlEnv
+from flowgym.envs.flow_control import MAX_COUNT, FlowControlConfig, FlowControlEnv
 from flowgym.sim import _json
 from flowgym.sim.metrics import METRIC_NAMES, metrics_at
 from flowgym.lab.scenarios import AgentSpec
@@ -465,7 +465,7 @@ def evaluate(
         hs: list[Any] = [None]
     else:
         if isinstance(horizons, (str, bytes)) or not all(
-                isinstance(h, (int, np.integer)) and not isinstance(h, (bool, np.bool_)) and 1 <= h <= 2**53
+                isinstance(h, (int, np.integer)) and not isinstance(h, (bool, np.bool_)) and 1 <= h <= MAX_COUNT
                 for h in horizons) or not len(horizons):  # True is not 1, 20.7 is not 20
             raise ValueError(f"horizons must be positive integers (up to 2**53), got {horizons!r}")
         hs = sorted({int(h) for h in horizons})

@@ -40,6 +40,7 @@ from typing import Any
 
 import numpy as np
 
+from flowgym.envs.flow_control import MAX_COUNT
 from flowgym.sim import _json
 from flowgym.sim._checks import is_finite_real
 
@@ -171,7 +172,7 @@ def _check_params(p: dict[str, Any], where: str) -> None:
     def num(x: Any) -> bool:
         return isinstance(x, (int, float)) and is_finite_real(x) and x >= 0  # 10**400 is not finite as a float
 
-    if "M" in p and (isinstance(p["M"], bool) or not isinstance(p["M"], int) or not 1 <= p["M"] <= 2**53):
+    if "M" in p and (isinstance(p["M"], bool) or not isinstance(p["M"], int) or not 1 <= p["M"] <= MAX_COUNT):
         raise ClaimsError(f"{where}: params.M must be a positive integer, got {p['M']!r}")
     for k in ("budgets", "rates"):
         if k in p and (not isinstance(p[k], list) or not p[k] or not all(num(x) for x in p[k])):

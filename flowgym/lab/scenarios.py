@@ -19,6 +19,7 @@ from dataclasses import dataclass, field
 from importlib import resources
 from typing import Any
 
+from flowgym.envs.flow_control import MAX_COUNT
 from flowgym.lab import _toml
 from flowgym.sim._checks import is_real
 
@@ -277,12 +278,12 @@ class Scenario:
             raise ValueError(f"{where}: finite must be true or false, got {finite!r}")
         horizons = data.get("horizons")
         if horizons is not None and (not isinstance(horizons, list) or not horizons or any(
-                isinstance(h, bool) or not isinstance(h, int) or not 1 <= h <= 2**53 for h in horizons)):
+                isinstance(h, bool) or not isinstance(h, int) or not 1 <= h <= MAX_COUNT for h in horizons)):
             raise ValueError(f"{where}: horizons must be a non-empty array of positive integers (up to 2**53), "
                              f"got {horizons!r}")
         tune_horizon = data.get("tune_horizon")
         if tune_horizon is not None and (isinstance(tune_horizon, bool) or not isinstance(tune_horizon, int)
-                                         or not 1 <= tune_horizon <= 2**53):
+                                         or not 1 <= tune_horizon <= MAX_COUNT):
             raise ValueError(f"{where}: tune_horizon must be a positive integer (up to 2**53), got {tune_horizon!r}")
         tune_env = data.get("tune_env", {})
         if not isinstance(tune_env, dict):

@@ -70,7 +70,7 @@ from flowgym.agents.learned import (
     valid_levels,
     write_safe,
 )
-from flowgym.envs.flow_control import OBSERVATION_OPTIONS
+from flowgym.envs.flow_control import MAX_COUNT, OBSERVATION_OPTIONS
 from flowgym.sim import _json
 from flowgym.sim._checks import is_finite_real, is_real
 
@@ -238,7 +238,7 @@ class TrainConfig:
         """Raise ``ValueError`` naming the first invalid setting."""
 
         def pos_int(name: str, v: Any, zero: bool = False) -> None:
-            hi = MAX_N_ENVS if name in ("n_envs", "torch_threads") else 2**53  # processes/arrays vs. counts
+            hi = MAX_N_ENVS if name in ("n_envs", "torch_threads") else MAX_COUNT  # processes/arrays vs. counts
             if isinstance(v, bool) or not isinstance(v, (int, np.integer)) or not (0 if zero else 1) <= v <= hi:
                 raise ValueError(f"{name} must be a {'non-negative' if zero else 'positive'} integer "
                                  f"(at most {hi:g}), got {v!r}")
