@@ -883,3 +883,120 @@ def test_review_of_the_review_fixes(tmp_path, capsys):
     venv.reset()
     with pytest.raises(ValueError, match="it holds a bool"):
         venv.step([[True], [2], [3]])
+
+
+@pytest.mark.parametrize("jit", ["1", "0"])
+def test_a_negative_or_fractional_budget_is_refused_by_the_engine_and_replay(jit, monkeypatch):
+    """Review of the lower layers (2026-11-28): ``replay(budgets=-1)`` ran with negative active counts (compiled),
+    a list holding -2 crashed the process, and 2.7 budgets or horizons were cut down quietly."""
+    import subprocess
+    import sys
+
+    from flowgym.sim.engine import Engine, replay
+
+    code = ("from flowgym.sim.engine import replay\n"
+            "try:\n    replay([0, 0, 1], [5, 5, 5], [3, 3, 3], M=100, budgets=[-2, 1, 1, 1], horizon=8)\n"
+            "except ValueError as e:\n    print(e)\n")
+    run = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                         env={**__import__("os").environ, "FLOWGYM_JIT": jit}, timeout=300)
+    assert run.returncode == 0 and "budgets[0] = -2 must be >= 0" in run.stdout
+    args = ([0, 0, 1], [5, 5, 5], [3, 3, 3])
+    for kw, msg in ((dict(budgets=-1), "budgets must be a non-negative integer"),
+                    (dict(budgets=2.7), "budgets must be a non-negative integer"),
+                    (dict(budgets=[1, True]), "it holds a bool"),
+                    (dict(budgets=[1, 2.5]), r"budgets\[1\] = 2.5 is not an integer"),
+                    (dict(budgets="3"), "budgets must be an integer or a sequence"),
+                    (dict(budgets=2, horizon=2.9), "horizon must be a non-negative integer"),
+                    (dict(budgets=2, horizon=-3), "horizon must be a non-negative integer"),
+                    (dict(budgets=[1, -1], classes=[0, 1, 0]), r"budgets\[1\] = -1 must be >= 0")):
+        with pytest.raises(ValueError, match=msg):
+            replay(*args, M=100, **{"horizon": 8, **kw})
+    assert replay(*args, M=100, budgets=2, horizon=8)["finish"].tolist() == [3, 3, 4]
+    eng = Engine(100, Trace(*args))
+    eng.reset(np.random.default_rng(0))
+    eng.arrive()
+    for bad in (-1, 1.0, True, np.float64(2)):
+        with pytest.raises(ValueError, match="budget must be a non-negative integer"):
+            eng.serve(bad)
+    eng.serve(np.int64(1))  # numpy integers are budgets
+    per = Engine(100, Trace(*args, cls=[0, 1, 0]), per_class=True)
+    per.reset(np.random.default_rng(0))
+    per.arrive()
+    for bad in ([1, -1], [1, 0.5], [1, float("inf")]):
+        with pytest.raises(ValueError, match="per-class budgets must be non-negative integers"):
+            per.serve(bad)
+    with pytest.raises(ValueError, match="per-class budgets: 2 classes"):
+        per.serve([1, 1, 1])
+
+
+def test_a_periodic_step_schedule_keeps_its_arrivals_in_their_slots():
+    """``Steps._F`` reduced t = 1854 by the period 41.2 to a hair below 0 and read the last step there: the slot
+    before the cycle's end got 25.6 expected arrivals instead of 5, the slot after none."""
+    w = make_workload({"kind": "iid", "rate": {"kind": "steps", "times": [0, 20.6], "rates": [1, 5], "period": 41.2},
+                       "lengths": {"kind": "empirical", "pairs": [[5, 5]]}})
+    s = w.schedule
+    assert float(s.integral(1853.0, 1854.0)) == pytest.approx(5.0)
+    assert float(s.integral(1854.0, 1855.0)) == pytest.approx(1.0)
+    t = np.arange(0.0, 50_000.0, 0.37)
+    slope = np.diff(s._F(t)) / 0.37  # within a step the integral grows at that step's rate, never faster
+    assert slope.min() > -1e-6 and slope.max() < 5 + 1e-6
+    edges = np.arange(0.0, 20_001.0)
+    np.testing.assert_allclose(s.integral(edges[:-1], edges[1:]).sum(), s.integral(0.0, 20_000.0), rtol=1e-9)
+
+
+def test_a_finite_workload_shared_by_two_environments_gives_each_its_requests():
+    """A finite ``IIDPoisson`` counted the requests it made on the workload object: two environments built on one
+    object (``gym.make_vec``) cut each other's arrivals and never terminated."""
+    from flowgym.sim.workloads import IIDPoisson
+
+    def finish(env):
+        done = False
+        while not done:
+            _, _, te, tr, _ = env.step(8)
+            done = te or tr
+        return env.unwrapped.metrics()["arrived"], env.unwrapped.engine.t
+
+    alone = [finish(_reset(gym.make("FlowControl-v0", workload=IIDPoisson(2.0, {"kind": "empirical", "pairs": [[5, 3]]},
+                                                                          n_requests=70), horizon=None, M=1000), s))
+             for s in (1, 2)]
+    shared = IIDPoisson(2.0, {"kind": "empirical", "pairs": [[5, 3]]}, n_requests=70)
+    a, b = (gym.make("FlowControl-v0", workload=shared, horizon=None, M=1000) for _ in range(2))
+    a.reset(seed=1)
+    b.reset(seed=2)
+    for _ in range(5):  # interleaved, as a vector of environments steps them
+        a.step(8)
+        b.step(8)
+    assert [finish(a), finish(b)] == alone and alone[0][0] == 70
+
+
+def _reset(env, seed):
+    env.reset(seed=seed)
+    return env
+
+
+def test_theory_helpers_and_latency_refuse_bad_numbers_by_name():
+    from flowgym.sim.latency import JailletLatency
+    from flowgym.sim.theory import load, reflected_walk_mean
+    from flowgym.sim.workloads import MultiClassPoisson
+
+    with pytest.raises(ValueError, match="latency coefficient c .* must be positive"):
+        JailletLatency(a=0, b=0, c=0, p=0)
+    for rate, budget, msg in ((3, 4.0, "budget must be a non-negative integer"), (0, 0.5, "budget must be a non-neg"),
+                              (-2, 1, "rate .* must be a non-negative finite number"),
+                              (float("nan"), 3, "rate .* must be a non-negative finite number")):
+        with pytest.raises(ValueError, match=msg):
+            reflected_walk_mean(rate, budget)
+    for mean_work in (-5.0, float("nan"), True):
+        with pytest.raises(ValueError, match="mean_work .* must be a positive finite number"):
+            load(100, 2, mean_work=mean_work)
+    with pytest.raises(ValueError, match="rates must be non-negative"):
+        load(100, -1, mean_work=3)
+    assert load(100, [1, 2], mean_work=5.0) == pytest.approx(0.15)
+    np.testing.assert_array_equal(MultiClassPoisson([[10, 20]], np.array(3.0)).rates, [3.0])  # a 0-d rate
+    with pytest.raises(TraceError, match="needs the requests' classes"):
+        Trace([0], [1], [1], num_classes=3)
+    with pytest.raises(TraceError, match="num_classes must be a positive integer"):
+        Trace([0], [1], [1], cls=[0], num_classes=2.5)
+    for bad in ("2", True):
+        with pytest.raises(ValueError, match=r"rate_multiplier must be positive and finite \(a number\)"):
+            make_workload({"kind": "azure", "trace": "conv", "rate_multiplier": bad})

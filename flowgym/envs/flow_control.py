@@ -428,7 +428,9 @@ class FlowControlEnv(gym.Env[Any, Any]):
     token generated and then lost to eviction) costs as much as one request
     waiting one slot, charging the recomputation that evictions cause.
     In continuous time ``N_t`` is multiplied by the iteration's duration in
-    seconds, so the sum is the total latency in seconds.
+    seconds, and the requests that arrive during an iteration (they join at its end)
+    add the seconds from their arrival to that end, so the sum is the total latency
+    in seconds (``mean_time_in_system`` times the requests counted by it).
 
     ## Continuous time
 
@@ -697,9 +699,6 @@ class FlowControlEnv(gym.Env[Any, Any]):
         st = eng.serve(budget)
         if self._timed:  # requests in system x seconds: the episode sum is total latency in seconds
             n_sys *= eng.last_duration
-        reward = -(
-            self._w_in * n_sys + self._w_waste * st.wasted_tokens + self._w_ev * st.evicted - self._w_done * st.completed
-        )
         terminated = eng.exhausted and eng.n_queued + eng.n_active == 0
         truncated = not terminated and self._horizon is not None and eng.t >= self._horizon
         self._ended = terminated or truncated
@@ -730,11 +729,19 @@ class FlowControlEnv(gym.Env[Any, Any]):
                 dt = eng.now - before + eng.last_duration  # time since the last arrivals were counted
                 a = 1.0 - math.exp(-dt / self.config.rate_window)
                 self._rate += a * (k / dt - self._rate) if dt > 0 else 0.0
+                if k:  # the requests that arrived during the iteration waited for its end to join: their
+                    # seconds in the system before it count too (so the sum is their latency, arrival to finish)
+                    hi = eng.n_arrived
+                    kept = ~eng.rejected[hi - k:hi]
+                    n_sys += float((eng.now - eng.arrival_time[hi - k:hi])[kept].sum())
             else:
                 k = eng.arrive()
                 self._rate += (k - self._rate) * self._alpha
             if self.tracker is not None:
                 self.tracker.update(eng, st.completed)
+        reward = -(
+            self._w_in * n_sys + self._w_waste * st.wasted_tokens + self._w_ev * st.evicted - self._w_done * st.completed
+        )
         if self.render_mode is not None:
             self._usage_recent.append(st.usage)
             self._last_evicted = st.evicted

@@ -256,8 +256,9 @@ class FlowControlVectorEnv(VectorEnv):
         """``actions`` as int64 budgets; ``check_range=False`` leaves the range check to :meth:`_advance`."""
         N = self.num_envs
         a = np.asarray(actions)
-        if a.shape != (N,) or a.dtype.kind not in "iu" or _holds_bool(actions):
-            flag = ": it holds a bool, a flag, not a number" if _holds_bool(actions) or a.dtype.kind == "b" else ""
+        has_bool = _holds_bool(actions)
+        if a.shape != (N,) or a.dtype.kind not in "iu" or has_bool:
+            flag = ": it holds a bool, a flag, not a number" if has_bool or a.dtype.kind == "b" else ""
             raise ValueError(
                 f"actions must be an integer array of shape ({N},) in the action space {self.action_space}, "
                 f"got {actions!r}{flag}"

@@ -26,6 +26,8 @@ from importlib import resources
 
 import numpy as np
 
+from flowgym.sim._checks import is_finite_real
+
 
 __all__ = [
     "AZURE_KINDS",
@@ -97,8 +99,8 @@ def azure_columns(trace: str = "conv", *, rate_multiplier: float = 1.0,
         keep = (t >= lo) & (t < hi)
         if not keep.any():
             raise ValueError(f"window {window!r} holds no request (trace spans 0..{t[-1]:.0f} s)")
-    if not (rate_multiplier > 0 and np.isfinite(rate_multiplier)):
-        raise ValueError(f"rate_multiplier must be positive, got {rate_multiplier!r}")
+    if not (is_finite_real(rate_multiplier) and rate_multiplier > 0):
+        raise ValueError(f"rate_multiplier must be positive and finite (a number), got {rate_multiplier!r}")
     tt = t[keep]
     tt = (tt - tt[0]) / float(rate_multiplier)
     return tt, d["prompt_len"][keep].astype(np.int64), d["output_len"][keep].astype(np.int64)

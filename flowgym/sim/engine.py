@@ -38,7 +38,7 @@ from typing import Any, NamedTuple
 import numpy as np
 
 from flowgym.sim import kernels
-from flowgym.sim._checks import calendar_span
+from flowgym.sim._checks import calendar_span, int_array, is_finite_real
 from flowgym.sim.rules import (
     EVICTION_RULES,
     QUEUE_ORDERS,
@@ -155,7 +155,9 @@ class Engine:
         if isinstance(M, bool) or not isinstance(M, (int, np.integer)) or M < 1:
             raise ValueError(f"M (the KV-cache budget in tokens) must be a positive integer, got {M!r}")
         self.M = int(M)
-        self.workload = make_workload(workload)
+        made = make_workload(workload)
+        # a workload with state between samples gives each engine its own copy (engines may share one object)
+        self.workload = made.for_engine() if hasattr(made, "for_engine") else made
         calendar_span(self.M, self.workload.max_output_tokens())  # too long to schedule: named, before reset
         self.eviction = make_eviction_rule(eviction)
         self.order = make_queue_order(queue_order)
@@ -607,16 +609,25 @@ class Engine:
         return nv, wasted
 
     def _check_class_budgets(self, budget: Any) -> None:
-        """With ``per_class``, ``ValueError`` unless ``budget`` has one entry per class (both engine modes)."""
-        if self.per_class and len(budget) != self.m:
-            raise ValueError(f"per-class budgets: {self.m} classes, got {len(budget)} budgets: "
-                             f"{list(np.asarray(budget).tolist())!r}")
+        """``ValueError`` unless ``budget`` is a non-negative integer, or with ``per_class`` one per class (both
+        engine modes: a negative count would pop the queue backwards, and the compiled kernels trust it)."""
+        if self.per_class:
+            if isinstance(budget, (str, bytes)) or np.ndim(budget) != 1:
+                raise ValueError(f"per-class budgets: {self.m} classes, got {budget!r}")
+            if len(budget) != self.m:
+                raise ValueError(f"per-class budgets: {self.m} classes, got {len(budget)} budgets: "
+                                 f"{list(np.asarray(budget).tolist())!r}")
+            if not all(is_finite_real(b) and b >= 0 and int(b) == b for b in budget):
+                raise ValueError(f"per-class budgets must be non-negative integers, got "
+                                 f"{list(np.asarray(budget).tolist())!r}")
+        elif not isinstance(budget, (int, np.integer)) or isinstance(budget, (bool, np.bool_)) or budget < 0:
+            raise ValueError(f"budget must be a non-negative integer, got {budget!r}")
 
     def serve(self, budget: int | Sequence[int] | np.ndarray) -> SlotStats:
         """Phases 2-5 of slot ``t`` with activation budget ``budget``; then ``t += 1``.
 
-        ``budget`` is ``B_t`` (an int), or with ``per_class`` one budget per class
-        (``ValueError`` when their number is not the number of classes).
+        ``budget`` is ``B_t`` (an int >= 0), or with ``per_class`` one budget per class
+        (``ValueError`` when their number is not the number of classes or one is not an integer >= 0).
         """
         self._check_class_budgets(budget)
         t = self.t
@@ -1185,6 +1196,18 @@ def replay(
         (``wasted_tokens``, ``overflow_events``, ``slots``).
     """
     per_class = classes is not None
+    if horizon is not None and (isinstance(horizon, (bool, np.bool_)) or not isinstance(horizon, (int, np.integer))
+                                or horizon < 0):
+        raise ValueError(f"horizon must be a non-negative integer (slots) or None, got {horizon!r}")
+    if isinstance(budgets, (str, bytes)):
+        raise ValueError(f"budgets must be an integer or a sequence of integers, got {budgets!r}")
+    if np.ndim(budgets) == 0:
+        if isinstance(budgets, (bool, np.bool_)) or not isinstance(budgets, (int, np.integer)) or budgets < 0:
+            raise ValueError(f"budgets must be a non-negative integer or a sequence of them, got {budgets!r}")
+    else:
+        if isinstance(budgets, (list, tuple)) and any(isinstance(x, (bool, np.bool_)) for x in budgets):
+            raise ValueError(f"budgets must hold integers, got {budgets!r}: it holds a bool")
+        int_array("budgets", np.asarray(budgets).ravel(), None, 0)
     b = np.asarray(budgets, dtype=_I64)
     trace = Trace(arrival, prompt_len, output_len, cls=classes, num_classes=b.size if per_class else None)
     eng = Engine(M, trace, eviction=eviction, queue_order=queue_order, per_class=per_class)

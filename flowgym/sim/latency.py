@@ -106,6 +106,9 @@ class JailletLatency(LatencyModel):
 
     def __init__(self, a: float = 0.0027, b: float = 0.52, c: float = 44.6, p: float = 0.378) -> None:
         self.a, self.b, self.c, self.p = (_coef(n, v) for n, v in (("a", a), ("b", b), ("c", c), ("p", p)))
+        if self.c == 0:  # as LinearLatency's c0: an idle or decode-only iteration would take no time
+            raise ValueError("latency coefficient c (milliseconds per iteration) must be positive (an iteration "
+                             f"takes time), got {c!r}")
 
     def duration(self, P: int, D: int, K: int, B: int) -> float:
         mean_ctx = (K + P) / B if B else 0.0

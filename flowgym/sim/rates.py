@@ -125,8 +125,13 @@ class Steps(RateSchedule):
         base = np.zeros_like(t)
         if self.period is not None:
             cycles = np.floor(t / self.period)
-            base = cycles * self._cum[-1]
             t = t - cycles * self.period
+            # t / period can round up to the next whole cycle (t = 1854, period 41.2: t ends a hair below 0),
+            # or down, which would read the wrong step's rate: bring t back into [0, period)
+            under, over = t < 0, t >= self.period
+            cycles = cycles - under + over
+            t = t + self.period * under - self.period * over
+            base = cycles * self._cum[-1]
         k = np.searchsorted(self.times, t, side="right") - 1
         return base + self._cum[k] + self.rates[k] * (t - self.times[k])
 

@@ -25,7 +25,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from flowgym.sim._checks import int_array, is_real
+from flowgym.sim._checks import int_array, is_finite_real, is_real
 from flowgym.sim.workloads import request_work
 
 __all__ = [
@@ -96,7 +96,15 @@ def load(
         return float((lam * request_work(c[:, 0], c[:, 1])).sum() / M)
     if mean_work is None:
         raise ValueError("give classes or mean_work")
-    return float(np.asarray(rates, dtype=np.float64).sum() * mean_work / M)
+    if not is_finite_real(mean_work) or mean_work <= 0:
+        raise ValueError(f"mean_work (E[w], KV token-slots per request) must be a positive finite number, "
+                         f"got {mean_work!r}")
+    try:
+        lam = np.asarray(rates, dtype=np.float64).reshape(-1)
+    except (TypeError, ValueError):
+        raise ValueError(f"rates must be a number or a sequence of numbers (arrivals per slot), got {rates!r}") from None
+    lam = _vec("rates", lam, lam.size)
+    return float(lam.sum() * mean_work / M)
 
 
 def peak_usage(budgets: Sequence[int], classes: Sequence[Sequence[int]]) -> float:
@@ -162,6 +170,10 @@ def reflected_walk_mean(rate: float, budget: int, *, tol: float = 1e-12, max_len
     by iterating the distribution of ``Q`` to a fixed point; requires
     ``rate < budget``.
     """
+    if not is_finite_real(rate) or rate < 0:
+        raise ValueError(f"rate (mean arrivals per slot) must be a non-negative finite number, got {rate!r}")
+    if isinstance(budget, (bool, np.bool_)) or not isinstance(budget, (int, np.integer)) or budget < 0:
+        raise ValueError(f"budget must be a non-negative integer (requests admitted per slot), got {budget!r}")
     if not rate < budget:
         raise ValueError(f"the walk is stable only for rate < budget, got {rate} >= {budget}")
     kmax = int(rate + 20 * math.sqrt(rate + 1) + 20)

@@ -26,6 +26,7 @@ JSON-serialisable mapping (see :func:`make_workload`), which is what
 
 from __future__ import annotations
 
+import copy
 import csv
 import math
 import os
@@ -163,6 +164,12 @@ class Workload(ABC):
         """Mean arrivals per slot, when known."""
         return None
 
+    def for_engine(self) -> Workload:
+        """The object an engine samples from: ``self``, or, for a workload that keeps state between
+        :meth:`sample` calls (a finite :class:`IIDPoisson` counts what it made), a copy of its own, so that
+        engines built on one workload object (a vector of environments) do not share that state."""
+        return self
+
     def next_arrival(self, t: float) -> float | None:
         """For a deterministic workload (one that draws nothing from the generator), the first
         arrival at or after ``t`` (``inf`` when none is left); ``None`` for a random one. The engine
@@ -279,7 +286,7 @@ class MultiClassPoisson(Workload):
             )
         self.classes = np.asarray(pairs, dtype=np.int64)
         m = len(pairs)
-        if isinstance(rates, (Sequence, np.ndarray)) and not isinstance(rates, str):
+        if isinstance(rates, (Sequence, np.ndarray)) and not isinstance(rates, str) and np.ndim(rates) > 0:
             rl = list(rates)
             if len(rl) != m:
                 raise ValueError(f"rates has {len(rl)} entries but there are {m} classes")
@@ -594,6 +601,10 @@ class IIDPoisson(Workload):
     @property
     def total_requests(self) -> int | None:
         return self.n_requests
+
+    def for_engine(self) -> IIDPoisson:
+        """A shallow copy when finite (its count of the requests made is its own), else ``self``."""
+        return self if self.n_requests is None else copy.copy(self)
 
     def sample(self, rng: np.random.Generator, t0: Any, t1: Any) -> Requests:
         if t0 == 0:
@@ -955,6 +966,12 @@ class Trace(Workload):
         self.arrival, self.prompt_len, self.output_len, self.cls = a[order], l[order], o[order], c[order]
         #: client caps on the outputs (sorted like the requests), or ``None``
         self.max_tokens: np.ndarray | None = None if mt is None else mt[order]
+        if num_classes is not None:
+            if cls is None:
+                raise TraceError(f"num_classes={num_classes!r} needs the requests' classes (cls); without them the "
+                                 "trace has no classes")
+            if isinstance(num_classes, (bool, np.bool_)) or not isinstance(num_classes, (int, np.integer)) or num_classes < 1:
+                raise TraceError(f"num_classes must be a positive integer, got {num_classes!r}")
         self._num_classes_given = num_classes
         if cls is not None:
             m = int(c.max()) + 1 if n else 0
