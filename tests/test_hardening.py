@@ -1000,3 +1000,41 @@ def test_theory_helpers_and_latency_refuse_bad_numbers_by_name():
     for bad in ("2", True):
         with pytest.raises(ValueError, match=r"rate_multiplier must be positive and finite \(a number\)"):
             make_workload({"kind": "azure", "trace": "conv", "rate_multiplier": bad})
+
+
+@pytest.mark.parametrize("jit", [True, False])
+def test_the_batched_engine_checks_its_budgets_shape_and_type(jit):
+    """Review (2026-11-28): ``BatchedEngine.advance`` read past a short budget array when compiled (broadcast
+    it otherwise), ignored an extra entry, and gave raw numba/numpy errors on floats."""
+    from flowgym.envs.vector import FlowControlVectorEnv
+
+    env = FlowControlVectorEnv(2, horizon=20)
+    env.reset(seed=0)
+    eng = env.engine
+    eng.jit = jit and eng.jit
+    for bad in (np.array([5]), np.array([5, 5, 5]), np.array([5.0, 5.0]), np.array([True, True])):
+        with pytest.raises(ValueError, match=r"budget must be an integer array of shape \(2,\)"):
+            eng.advance(bad)
+    assert eng.advance(np.array([5, 5], np.int32)).shape[1] == 2
+
+
+def test_vector_env_seeds_and_request_log_indices_are_checked_and_the_fallback_has_request_log():
+    from flowgym.envs.vector import FlowControlSyncVectorEnv, FlowControlVectorEnv
+
+    env = FlowControlVectorEnv(2, horizon=20)
+    for bad in (1.5, True, "3"):
+        with pytest.raises(ValueError, match="seed must be an int, None or a list of 2 seeds"):
+            env.reset(seed=bad)
+    env.reset(seed=0)
+    for bad in (1.7, True, 2, -1):
+        with pytest.raises(ValueError, match=r"i must be an environment index in \[0, 2\)"):
+            env.request_log(bad)
+    sync = gym.make_vec("FlowControl-v0", num_envs=2, horizon=20, engine="vllm-v1")
+    assert isinstance(sync, FlowControlSyncVectorEnv)
+    sync.reset(seed=0)
+    for _ in range(5):
+        sync.step(np.array([4, 4]))
+    log = sync.request_log(1)
+    assert log["arrival"].size == sync.envs[1].unwrapped.request_log()["arrival"].size > 0
+    with pytest.raises(ValueError, match=r"i must be an environment index in \[0, 2\)"):
+        sync.request_log(2)

@@ -136,12 +136,39 @@ def test_token_budget_chunks_long_prompts_decodes_first():
 
 
 def test_unchunked_prefill_waits_for_the_budget():
-    tr = Trace([0, 0], [3, 100], [50, 2])
-    eng = VllmEngine(10_000, tr, options={"block_size": 16, "max_num_batched_tokens": 64, "chunked_prefill": False})
+    tr = Trace([0, 0], [60, 100], [50, 2])  # 60 + 100 > the step's 128 tokens: the second waits
+    eng = VllmEngine(128, tr, options={"block_size": 16, "max_num_batched_tokens": 128, "chunked_prefill": False})
     eng.reset(np.random.default_rng(0))
     eng.arrive()
     st = eng.serve(2)
     assert st.admitted == 1 and eng.total_refused == 1
+
+
+def test_what_could_never_be_admitted_is_refused_or_rejected():
+    """Review (2026-11-28): an unchunked prefill longer than the step's token budget (a long prompt, or the
+    recompute of a preempted request) waited at the head forever, and so did a request whose admission needs
+    more blocks than the watermark leaves in an empty cache. The first is refused as vLLM refuses it, the
+    second rejected on arrival (V0's AllocStatus.NEVER); integer options beyond 2**53 are named."""
+    import gymnasium as gym
+
+    with pytest.raises(ValueError, match=r"max_num_batched_tokens \(64\) is smaller than M \(150"):
+        VllmEngine(150, Trace([0], [40], [100]), options={"chunked_prefill": False, "max_num_batched_tokens": 64})
+    for opts in ({"watermark": 0.5, "reserve_full_prompt": True, "block_size": 1}, {"watermark": 0.5, "block_size": 1}):
+        eng = VllmEngine(100, Trace([0, 1], [60, 20], [10, 5]), options=opts)
+        eng.reset(np.random.default_rng(0))
+        for _ in range(40):
+            eng.arrive()
+            eng.serve(1)
+        log = eng.request_log()
+        assert log["rejected"].tolist() == [True, False] and log["finish"][1] > 0 and eng.n_queued == 0
+    ok = VllmEngine(100, Trace([0], [60], [10]), options={"watermark": 0.3, "block_size": 1})  # 60 <= 100 - 30
+    ok.reset(np.random.default_rng(0))
+    ok.arrive()
+    assert ok.serve(1).admitted == 1
+    for eo, name in (({"max_num_batched_tokens": 2**64}, "max_num_batched_tokens"),
+                     ({"lookahead_tokens": 2**63 - 1}, "lookahead_tokens"), ({"max_tokens": 2**60}, "max_tokens")):
+        with pytest.raises(ValueError, match=f"engine_options {name} must be at most 2\\*\\*53"):
+            gym.make("FlowControl-v0", engine="vllm-v1", engine_options=eo, horizon=5)
 
 
 def test_max_num_seqs_and_refused_count():

@@ -174,8 +174,9 @@ def test_a_head_is_admitted_with_one_token_left_but_not_with_none():
 
 
 def test_an_unchunked_prompt_that_exactly_fits_the_budget_left_is_admitted():
-    """chunked_prefill=False, cap = 20: A (l=12) leaves 8 tokens, B (l=8) needs 8 <= 8: admitted."""
-    eng = _eng(1600, Trace([0, 0], [12, 8], [4, 4]), block_size=16, max_num_batched_tokens=20,
+    """chunked_prefill=False, cap = 20 (= M, as unchunked prefill needs): A (l=12) leaves 8 tokens, B (l=8) needs
+    8 <= 8: admitted (5 blocks of 4 tokens, 3 + 2 of them)."""
+    eng = _eng(20, Trace([0, 0], [12, 8], [4, 4]), block_size=4, max_num_batched_tokens=20,
                chunked_prefill=False)
     st = _step(eng, 2)
     assert st.admitted == 2 and eng.active_computed().tolist() == [12, 8]

@@ -204,9 +204,11 @@ class FlowControlVectorEnv(VectorEnv):
         N = self.num_envs
         if seed is None:
             return [None] * N
-        if isinstance(seed, (int, np.integer)) and not isinstance(seed, bool):
+        if isinstance(seed, (int, np.integer)) and not isinstance(seed, (bool, np.bool_)):
             return [int(seed) + i for i in range(N)]
-        seeds = list(seed)  # type: ignore[arg-type]
+        if not isinstance(seed, (list, tuple, np.ndarray)):
+            raise ValueError(f"seed must be an int, None or a list of {N} seeds, got {seed!r}")
+        seeds = list(seed)
         if len(seeds) != N:
             raise ValueError(f"seed must be an int, None or a list of {N} seeds, got {len(seeds)} seeds")
         return seeds
@@ -426,12 +428,17 @@ class FlowControlVectorEnv(VectorEnv):
 
     def request_log(self, i: int) -> dict[str, np.ndarray]:
         """Per-request arrays of environment ``i``'s current episode (as ``FlowControlEnv.request_log``)."""
-        if not 0 <= int(i) < self.num_envs:
-            raise ValueError(f"i must be an environment index in [0, {self.num_envs}), got {i!r}")
-        return self.engine.request_log(int(i))
+        return self.engine.request_log(_env_index(i, self.num_envs))
 
     def close_extras(self, **kwargs: Any) -> None:
         """Nothing to release."""
+
+
+def _env_index(i: Any, n: int) -> int:
+    """``i`` as an environment index in ``[0, n)``, else ``ValueError`` (a float or a bool is not an index)."""
+    if isinstance(i, (bool, np.bool_)) or not isinstance(i, (int, np.integer)) or not 0 <= i < n:
+        raise ValueError(f"i must be an environment index in [0, {n}), got {i!r}")
+    return int(i)
 
 
 class FlowControlSyncVectorEnv(SyncVectorEnv):
@@ -451,6 +458,10 @@ class FlowControlSyncVectorEnv(SyncVectorEnv):
             return gym.make("FlowControl-v0", **kwargs)
 
         super().__init__([make for _ in range(int(num_envs))])
+
+    def request_log(self, i: int) -> dict[str, np.ndarray]:
+        """Per-request arrays of environment ``i``'s current episode (as ``FlowControlEnv.request_log``)."""
+        return self.envs[_env_index(i, self.num_envs)].unwrapped.request_log()
 
     def step(self, actions: Any) -> Any:
         """Every environment's action is checked before any environment steps (a bad one changes nothing)."""

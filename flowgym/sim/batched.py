@@ -697,6 +697,11 @@ class BatchedEngine:
         :class:`BudgetError` (naming the environment and the value) before anything changes.
         """
         N = self.N
+        b = np.asarray(budget)
+        if b.shape != (N,) or b.dtype.kind not in "iu":  # the compiled step trusts the shape (no bounds checks)
+            raise ValueError(f"budget must be an integer array of shape ({N},), one per environment, got "
+                             f"{b.dtype} values of shape {b.shape}")
+        budget = b.astype(_I64, copy=False)
         hz = _NO_HORIZON if horizon is None else int(horizon)
         out = np.empty((len(self.OUT_ROWS), N), _I64)
         if not self.jit:

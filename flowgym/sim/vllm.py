@@ -116,6 +116,9 @@ def default_max_tokens(prompt_len: np.ndarray, output_len: np.ndarray, bound: in
     return np.maximum(cap, output_len).astype(_I64)
 
 
+#: Largest integer option (tokens, blocks, sequences): sums of a few of them stay within int64.
+MAX_OPTION = 2**53
+
 @dataclass(frozen=True)
 class VllmOptions:
     """Options of the ``vllm-v1`` engine mode, with vLLM's names and defaults where it has them.
@@ -199,6 +202,11 @@ class VllmOptions:
         la = self.lookahead_tokens
         if isinstance(la, bool) or not isinstance(la, (int, np.integer)) or la < 0:
             raise ValueError(f"engine_options lookahead_tokens must be an integer >= 0, got {la!r}")
+        for name in ("block_size", "max_num_seqs", "max_num_batched_tokens", "long_prefill_token_threshold",
+                     "lookahead_tokens"):  # token and sequence counts: int64 sums of them must not wrap
+            v = getattr(self, name)
+            if v is not None and v > MAX_OPTION:
+                raise ValueError(f"engine_options {name} must be at most 2**53, got {v!r}")
         for name in ("chunked_prefill", "reserve_full_prompt"):
             if not isinstance(getattr(self, name), bool):
                 raise ValueError(f"engine_options {name} must be True or False, got {getattr(self, name)!r}")
@@ -213,6 +221,8 @@ class VllmOptions:
         if not (mt in ("default", "output") or (isinstance(mt, (int, np.integer)) and not isinstance(mt, bool)
                                                  and mt >= 1)):
             raise ValueError(f"engine_options max_tokens must be 'default', 'output' or a positive integer, got {mt!r}")
+        if not isinstance(mt, str) and mt > MAX_OPTION:
+            raise ValueError(f"engine_options max_tokens must be at most 2**53, got {mt!r}")
         if self.admission == "count" and self.max_num_batched_tokens is not None:
             raise ValueError("engine_options admission='count' starts the B_t heads whatever the step holds: it needs "
                              "max_num_batched_tokens=None (unlimited)")
@@ -323,6 +333,12 @@ class VllmEngine(Engine):
         self._seq_cap = _BIG if opts.max_num_seqs is None else int(opts.max_num_seqs)
         self._tok_cap = _BIG if opts.max_num_batched_tokens is None else int(opts.max_num_batched_tokens)
         self._thr = int(opts.long_prefill_token_threshold)
+        if not opts.chunked_prefill and self._tok_cap < self.M:
+            # vLLM's own SchedulerConfig check (max_model_len = M here): an unchunked prefill longer than the
+            # step's token budget (a long prompt, or a recompute of l + j tokens) would wait at the head forever
+            raise ValueError(f"engine_options max_num_batched_tokens ({self._tok_cap}) is smaller than M ({self.M}, "
+                             "the longest sequence) with chunked_prefill=False: a longer prefill could never be "
+                             "scheduled (vLLM refuses the same); raise it to at least M or enable chunked_prefill")
         self.jit = False
 
     # ------------------------------------------------------------------ setup
@@ -384,8 +400,15 @@ class VllmEngine(Engine):
         self.first_token[rows] = np.nan
         self.last_token[rows] = np.nan
         self.first_token_step[rows] = -1
-        # a request needs ceil((l + o - 1 + lookahead) / block_size) blocks at its last step
-        return _ceil_div(l + o - 1 + self.lookahead, self.block_size) > self.num_blocks
+        # a request needs ceil((l + o - 1 + lookahead) / block_size) blocks at its last step; and its admission
+        # must fit below the watermark in an empty cache (vLLM V0's AllocStatus.NEVER): the blocks of its first
+        # chunk of prompt (of the whole prompt with reserve_full_prompt)
+        bs, la = self.block_size, self.lookahead
+        first = l if self.options.reserve_full_prompt else np.minimum(l, self._thr) if self._thr else l
+        if self.options.chunked_prefill and not self.options.reserve_full_prompt:
+            first = np.minimum(first, self._tok_cap)
+        never = _ceil_div(first + la, bs) > self.num_blocks - self.watermark_blocks
+        return (_ceil_div(l + o - 1 + la, bs) > self.num_blocks) | never
 
     # ------------------------------------------------------------------ queue
 
@@ -690,7 +713,9 @@ class VllmEngine(Engine):
     def step_series(self) -> dict[str, np.ndarray]:
         """Per-step serving records (:data:`STEP_FIELDS`): ``refused`` admissions (the budget allowed,
         the cache, the token budget or ``max_num_seqs`` did not), ``prefill_tokens``, ``decode_requests``,
-        ``recomputed_tokens`` (KV tokens preemption dropped), ``scheduled`` requests, ``used_blocks``."""
+        ``recomputed_tokens`` (KV tokens preemption dropped: prefilled again with ``preemption="recompute"``;
+        with ``"discard"`` the prompt's are prefilled again and the output's regenerated, also counted in
+        ``wasted_tokens``), ``scheduled`` requests, ``used_blocks``."""
         a = np.asarray(self._steps, dtype=_I64).reshape(-1, len(STEP_FIELDS))
         return {name: a[:, i].copy() for i, name in enumerate(STEP_FIELDS)}
 
@@ -722,7 +747,8 @@ class VllmEngine(Engine):
 
         * ``num_preemptions`` (``vllm:num_preemptions_total``); ``refused_admissions``: admissions the
           budget ``B_t`` allowed that the engine refused (no blocks, token budget, ``max_num_seqs``
-          or a preempting step); ``recomputed_tokens``: KV tokens preemption dropped (prefilled again).
+          or a preempting step); ``recomputed_tokens``: KV tokens preemption dropped (prefilled again; with
+          ``preemption="discard"`` only the prompt's are, the output's are regenerated and also in ``wasted_tokens``).
         * ``time_to_first_token_mean/p50/p99`` (``vllm:time_to_first_token_seconds``): first output
           token minus arrival, over requests that have one.
         * ``inter_token_latency_p50/p99`` (``vllm:inter_token_latency_seconds``): gaps between a
