@@ -161,6 +161,56 @@ def test_hinge_search_is_the_same_with_two_workers(tmp_path):
     assert a.best_eval == b.best_eval
 
 
+def test_input_noise_perturbs_the_inputs_from_the_draws_own_stream():
+    """``_episode`` with ``input_noise``: the same draw gives the same time in system (the noise comes from the
+    draw's seed, so the candidates of an update share it), another than without noise; the noisy policy adds
+    ``sigma`` times standard normal noise to its inputs."""
+    from flowgym.lab import ars
+
+    sizes = [20, 2]
+    probe = FlowControlEnv(observation="load-v2", action="log-multiplier", multiplier_of="max-head",
+                           multipliers=[0.5, 4.0], max_budget=256)
+    lo, hi = probe.observation_space.low, probe.observation_space.high
+    p = ars._NoisyInputs.from_vector(np.ones(ArrayPolicy.n_weights(sizes)) * 0.1, sizes, lo, hi)
+    x = np.zeros((3, 20))
+    np.testing.assert_array_equal(p(x), ArrayPolicy.from_vector(np.ones(42) * 0.1, sizes, lo, hi)(x))  # sigma 0
+    p.sigma, p.rng = 0.5, np.random.default_rng([7, ars._NOISE_STREAM])
+    noise = np.random.default_rng([7, ars._NOISE_STREAM]).normal(0.0, 0.5, x.shape)
+    np.testing.assert_allclose(p(x), np.tanh((x + noise) @ np.full((2, 20), 0.1).T + 0.1), rtol=1e-12)
+    spec = {"sizes": sizes, "obs_low": lo, "obs_high": hi, "action_repeat": 8,
+            "env_options": {"observation": "load-v2", "action": "log-multiplier", "multipliers": [0.5, 4.0],
+                            "multiplier_of": "max-head", "max_budget": 256}}
+    ars._init_worker(spec)
+    theta = np.random.default_rng(0).normal(0.0, 0.3, 42)
+    kw = RandomMix(horizon=600)(np.random.default_rng(11))
+    kw["horizon"] = 600
+    plain = ars._episode((theta, None, 11, kw))
+    assert ars._episode((theta, None, 11, kw, 0.0)) == plain
+    noisy = ars._episode((theta, None, 11, kw, 1.0))
+    assert ars._episode((theta, None, 11, kw, 1.0)) == noisy != plain
+
+
+def test_ars_with_input_noise_trains_with_it_and_selects_without_it(tmp_path):
+    """The first selection evaluation (update 0, before any noisy episode) is the plain search's; the updates
+    differ; the setting is in the model's meta, and ``flowgym train --input-noise`` passes it."""
+    out, plain = str(tmp_path / "noisy"), str(tmp_path / "plain")
+    train_ars(out=out, input_noise=1.0, **TINY)
+    train_ars(out=plain, **TINY)
+    rows, rows0 = (list(csv.DictReader(open(os.path.join(d, "curves.csv")))) for d in (out, plain))
+    assert rows[0]["eval_geo_time_in_system"] == rows0[0]["eval_geo_time_in_system"]
+    its, its0 = (np.load(os.path.join(d, ITERATES_FILE)) for d in (out, plain))
+    assert not np.array_equal(its[1], its0[1])
+    assert json.load(open(os.path.join(out, META_FILE)))["hyperparameters"]["input_noise"] == 1.0
+    for bad in (-0.1, True, math.nan, 1e3, "1"):
+        with pytest.raises(ValueError, match="input_noise must be a number in"):
+            ARSConfig(input_noise=bad).validate()
+    cli_out = str(tmp_path / "cli")
+    assert main(["train", "--quiet", "--input-noise", "0.5", "--iterations", "1", "--directions", "1", "--draws", "1",
+                 "--eval-every", "1", "--eval-episodes", "1", "--norm-draws", "1", "--final-eval-seeds", "0",
+                 "--workers", "1", "--no-plots", "--out", cli_out]) == 0
+    assert json.load(open(os.path.join(cli_out, META_FILE)))["hyperparameters"]["input_noise"] == 0.5
+
+
 def test_ars_writes_a_model_the_learned_agent_loads(tiny_model):
     out, res = tiny_model
     for f in (ARRAYS_FILE, NORM_FILE, META_FILE, "curves.csv"):

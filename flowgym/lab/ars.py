@@ -147,6 +147,13 @@ class ARSConfig:
     #: selection evaluations score the same way (their ``eval_geo_time_in_system`` is then the penalised
     #: geometric mean). docs/training.md, "Losing less often".
     hinge: float = 0.0
+    #: Standard deviation of Gaussian noise added to the policy's normalised inputs in the training episodes
+    #: (0: none, the shipped recipe): a regulariser (input noise, as in Bishop 1995: for a linear policy
+    #: close to a penalty on its weights), so that no weight leans on a feature's exact value. Each decision
+    #: draws its own noise from the draw's seed, so the candidates of an update see the same noise (common
+    #: random numbers). The selection evaluations run without it, as the saved model plays.
+    #: docs/training.md, "Feature noise".
+    input_noise: float = 0.0
     #: Processes running episodes (1: this one).
     workers: int = 1
     #: Overrides of the environment arguments (e.g. ``{"reward_weights": ...}``; not the workload).
@@ -193,6 +200,9 @@ class ARSConfig:
         if self.hinge > 0 and self.multiplier_of not in ("max", "max-head"):
             raise ValueError("hinge needs a two-anchor action (multiplier_of 'max' or 'max-head', the reference "
                              f"rule's), got multiplier_of={self.multiplier_of!r}")
+        if not is_finite_real(self.input_noise) or not 0 <= self.input_noise <= 100:
+            raise ValueError(f"input_noise must be a number in [0, 100] (spreads of the normalised inputs), "
+                             f"got {self.input_noise!r}")
         for name in ("noise", "step_size"):
             v = getattr(self, name)
             if not is_finite_real(v) or v <= 0:
@@ -291,14 +301,36 @@ def _init_worker(spec: dict[str, Any]) -> None:
     _SPEC.update(spec)
 
 
-def _episode(task: tuple[np.ndarray, Any, int, dict[str, Any]]) -> float:
+class _NoisyInputs(ArrayPolicy):
+    """An :class:`ArrayPolicy` that adds Gaussian noise of spread ``sigma`` to its (normalised) inputs, from
+    its own stream (``ARSConfig.input_noise``; training episodes only)."""
+
+    sigma: float = 0.0
+    rng: np.random.Generator | None = None
+
+    def __call__(self, obs: np.ndarray) -> np.ndarray:
+        x = np.asarray(obs, dtype=np.float64)
+        if self.sigma > 0 and self.rng is not None:
+            x = x + self.rng.normal(0.0, self.sigma, x.shape)
+        return super().__call__(x)
+
+
+#: Second word of the noise stream's seed (``[draw seed, this]``), apart from every other use of a draw's seed.
+_NOISE_STREAM = 0x1A5E
+
+
+def _episode(task: tuple[Any, ...]) -> float:
     """Mean time in system of the policy with weights ``theta`` and normalisation ``norm`` on one draw
-    (seed, its arguments)."""
+    (seed, its arguments), with ``input_noise`` (a fifth element, 0 if absent) on its inputs."""
     from flowgym.lab.evaluation import run_episode
 
-    theta, norm, seed, env_kwargs = task
+    theta, norm, seed, env_kwargs = task[:4]
+    sigma = float(task[4]) if len(task) > 4 else 0.0
     s = _SPEC
-    policy = ArrayPolicy.from_vector(np.asarray(theta), s["sizes"], s["obs_low"], s["obs_high"])
+    policy = (_NoisyInputs if sigma > 0 else ArrayPolicy).from_vector(np.asarray(theta), s["sizes"], s["obs_low"],
+                                                                      s["obs_high"])
+    if isinstance(policy, _NoisyInputs):
+        policy.sigma, policy.rng = sigma, np.random.default_rng([int(seed), _NOISE_STREAM])
     agent = LearnedBudget.from_policy(policy, norm, s["env_options"], s["action_repeat"])
     ep = run_episode(agent, env_kwargs, seed, env_kwargs.get("horizon"))
     return float(ep.metrics()["mean_time_in_system"])
@@ -559,7 +591,7 @@ def train_ars(cfg: ARSConfig | None = None, *, on_iteration: Any = None, **overr
                 deltas *= mask
             cands = [theta + cfg.noise * d for d in deltas] + [theta - cfg.noise * d for d in deltas]
             ref = runner.map(_reference_episode, list(zip(seeds, kws))) if hinge > 0 else None
-            vals = runner.map(_episode, [(c, norm, s, kw) for c in cands for s, kw in zip(seeds, kws)])
+            vals = runner.map(_episode, [(c, norm, s, kw, cfg.input_noise) for c in cands for s, kw in zip(seeds, kws)])
             scores = _log_scores(vals, len(cands), cfg.draws, ref, hinge)
             rp, rm = scores[:cfg.directions], scores[cfg.directions:]
             spread = float(np.std(scores))

@@ -585,7 +585,7 @@ _SB3_ONLY = ("n_envs", "vec_env", "learning_rate", "n_steps", "batch_size", "n_e
              "action_rule", "budget_levels", "norm_obs", "norm_reward", "clip_obs", "eval_freq", "checkpoint_freq",
              "select", "torch_threads", "device", "total_timesteps", "trials", "address")
 _ARS_ONLY = ("iterations", "directions", "draws", "noise", "step_size", "hidden", "eval_every", "norm_draws", "init",
-             "search", "hinge")
+             "search", "hinge", "input_noise")
 
 
 def _train_ars(args: argparse.Namespace) -> int:
@@ -604,7 +604,7 @@ def _train_ars(args: argparse.Namespace) -> int:
         print(f"error: {', '.join(given)} configure the SB3 algorithms (add --algo ppo, or another, to train with "
               "SB3); --algo ars, the default without --scenario, trains a numpy policy on the load "
               "features with the log-multiplier action (its options: --iterations, --directions, --draws, --noise, "
-              "--step-size, --hidden, --eval-every, --norm-draws, --init, --search, --hinge; docs/training.md)", file=sys.stderr)
+              "--step-size, --hidden, --eval-every, --norm-draws, --init, --search, --hinge, --input-noise; docs/training.md)", file=sys.stderr)
         return 2
     kw: dict[str, Any] = {}
     for k in ("scenario", "rate", "observation", "multipliers", "multiplier_of", "max_budget", "action_repeat", "eval_episodes",
@@ -978,6 +978,9 @@ def build_parser() -> argparse.ArgumentParser:
     t.add_argument("--hinge", type=float, default=None, metavar="W",
                    help="(ars) weigh the draws where the policy loses to the untuned two-anchor rule 1 + W times "
                    f"(default {a.hinge:g}: no penalty; docs/training.md, 'Losing less often')")
+    t.add_argument("--input-noise", type=float, default=None, metavar="SIGMA",
+                   help="(ars) Gaussian noise of this spread on the policy's normalised inputs in the training "
+                   f"episodes, a regulariser (default {a.input_noise:g}: none; docs/training.md, 'Feature noise')")
     t.add_argument("--eval-every", type=int, default=None,
                    help=f"(ars) evaluate every N updates on the fixed draws; the best is kept (default {a.eval_every})")
     t.add_argument("--norm-draws", type=int, default=None,
