@@ -507,7 +507,7 @@ def test_iterations_longer_than_a_chunk_draw_every_chunk_they_pass():
     ``a = 100`` s per token of mean context, iterations of several seconds to minutes, chunks of
     60 s): the compiled loop then hands the draw to Python (``now >= gen_t``) before taking that
     iteration's arrivals, whatever the latency model's coefficients."""
-    kwargs = {"M": 4000, "horizon": 300, "time_model": {"kind": "jaillet", "a": 100.0, "b": 0.0, "c": 0.0, "p": 0.0},
+    kwargs = {"M": 4000, "horizon": 300, "time_model": {"kind": "jaillet", "a": 100.0, "b": 0.0, "c": 1.0, "p": 0.0},
               "workload": {"kind": "iid", "rate": 1.0, "timed": True, "lengths": {"kind": "lmsys-like"}}}
     for seed in (0, 1):
         fast = run_episode(FlowControl(b=2), kwargs, seed, None)
