@@ -922,7 +922,7 @@ def test_a_negative_or_fractional_budget_is_refused_by_the_engine_and_replay(jit
     per = Engine(100, Trace(*args, cls=[0, 1, 0]), per_class=True)
     per.reset(np.random.default_rng(0))
     per.arrive()
-    for bad in ([1, -1], [1, 0.5], [1, float("inf")]):
+    for bad in ([1, -1], [1, 0.5], [1, float("inf")], [True, 1], np.array([1, -1]), ["1", 1]):
         with pytest.raises(ValueError, match="per-class budgets must be non-negative integers"):
             per.serve(bad)
     with pytest.raises(ValueError, match="per-class budgets: 2 classes"):
@@ -956,17 +956,19 @@ def test_a_finite_workload_shared_by_two_environments_gives_each_its_requests():
             done = te or tr
         return env.unwrapped.metrics()["arrived"], env.unwrapped.engine.t
 
-    alone = [finish(_reset(gym.make("FlowControl-v0", workload=IIDPoisson(2.0, {"kind": "empirical", "pairs": [[5, 3]]},
-                                                                          n_requests=70), horizon=None, M=1000), s))
-             for s in (1, 2)]
-    shared = IIDPoisson(2.0, {"kind": "empirical", "pairs": [[5, 3]]}, n_requests=70)
-    a, b = (gym.make("FlowControl-v0", workload=shared, horizon=None, M=1000) for _ in range(2))
+    # 1,000 requests at 2 a slot span about two 256-slot chunks of the workload: the later chunks are drawn
+    # while the other environment has drawn its own (with 70 requests, all in the first chunk, the old code passed)
+    wl = {"kind": "empirical", "pairs": [[5, 3]]}
+    alone = [finish(_reset(gym.make("FlowControl-v0", workload=IIDPoisson(2.0, wl, n_requests=1000), horizon=3000,
+                                    M=1000), s)) for s in (1, 2)]
+    shared = IIDPoisson(2.0, wl, n_requests=1000)
+    a, b = (gym.make("FlowControl-v0", workload=shared, horizon=3000, M=1000) for _ in range(2))
     a.reset(seed=1)
     b.reset(seed=2)
-    for _ in range(5):  # interleaved, as a vector of environments steps them
+    for _ in range(400):  # interleaved, as a vector of environments steps them
         a.step(8)
         b.step(8)
-    assert [finish(a), finish(b)] == alone and alone[0][0] == 70
+    assert [finish(a), finish(b)] == alone and alone[0][0] == alone[1][0] == 1000 and alone[0][1] < 3000
 
 
 def _reset(env, seed):
@@ -1022,9 +1024,10 @@ def test_vector_env_seeds_and_request_log_indices_are_checked_and_the_fallback_h
     from flowgym.envs.vector import FlowControlSyncVectorEnv, FlowControlVectorEnv
 
     env = FlowControlVectorEnv(2, horizon=20)
-    for bad in (1.5, True, "3"):
+    for bad in (1.5, True, "3", np.array(4)):
         with pytest.raises(ValueError, match="seed must be an int, None or a list of 2 seeds"):
             env.reset(seed=bad)
+    env.reset(seed=range(2))  # any sequence of seeds, as the sync fallback takes
     env.reset(seed=0)
     for bad in (1.7, True, 2, -1):
         with pytest.raises(ValueError, match=r"i must be an environment index in \[0, 2\)"):

@@ -161,10 +161,12 @@ def test_what_could_never_be_admitted_is_refused_or_rejected():
             eng.serve(1)
         log = eng.request_log()
         assert log["rejected"].tolist() == [True, False] and log["finish"][1] > 0 and eng.n_queued == 0
-    ok = VllmEngine(100, Trace([0], [60], [10]), options={"watermark": 0.3, "block_size": 1})  # 60 <= 100 - 30
-    ok.reset(np.random.default_rng(0))
-    ok.arrive()
-    assert ok.serve(1).admitted == 1
+    for opts in ({"watermark": 0.3, "block_size": 1},  # 60 <= 100 - 30
+                 {"watermark": 0.5, "block_size": 1, "admission": "count", "max_num_batched_tokens": None}):
+        ok = VllmEngine(100, Trace([0], [60], [10]), options=opts)  # count mode checks no blocks: it starts the head
+        ok.reset(np.random.default_rng(0))
+        ok.arrive()
+        assert ok.serve(1).admitted == 1 and not ok.request_log()["rejected"][0]
     for eo, name in (({"max_num_batched_tokens": 2**64}, "max_num_batched_tokens"),
                      ({"lookahead_tokens": 2**63 - 1}, "lookahead_tokens"), ({"max_tokens": 2**60}, "max_tokens")):
         with pytest.raises(ValueError, match=f"engine_options {name} must be at most 2\\*\\*53"):

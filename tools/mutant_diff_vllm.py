@@ -47,6 +47,8 @@ def scenario(seed):
                 preemption=str(r.choice(["recompute", "discard"])),
                 preempt_order=str(r.choice(["lifo", "least-progress", "least-computed", "random"])),
                 requeue=str(r.choice(["front", "back"])))
+    if not opts["chunked_prefill"] and opts["max_num_batched_tokens"] is not None:  # unchunked needs a cap >= M
+        opts["max_num_batched_tokens"] = max(opts["max_num_batched_tokens"], M)
     lp, op = r.integers(1, 40, n), r.integers(1, 40, n)
     per_class = r.random() < 0.25
     track = r.random() < 0.2

@@ -206,7 +206,8 @@ class FlowControlVectorEnv(VectorEnv):
             return [None] * N
         if isinstance(seed, (int, np.integer)) and not isinstance(seed, (bool, np.bool_)):
             return [int(seed) + i for i in range(N)]
-        if not isinstance(seed, (list, tuple, np.ndarray)):
+        if isinstance(seed, (str, bytes, float, bool, np.bool_, np.floating)) or np.ndim(seed) == 0 \
+                or not hasattr(seed, "__iter__"):
             raise ValueError(f"seed must be an int, None or a list of {N} seeds, got {seed!r}")
         seeds = list(seed)
         if len(seeds) != N:

@@ -617,7 +617,15 @@ class Engine:
             if len(budget) != self.m:
                 raise ValueError(f"per-class budgets: {self.m} classes, got {len(budget)} budgets: "
                                  f"{list(np.asarray(budget).tolist())!r}")
-            if not all(is_finite_real(b) and b >= 0 and int(b) == b for b in budget):
+            a = budget if isinstance(budget, np.ndarray) else np.asarray(budget)
+            if a.dtype == object or (not isinstance(budget, np.ndarray)
+                                     and any(isinstance(b, (bool, np.bool_)) for b in budget)):
+                a = np.zeros(0, bool)  # a bool or a non-number: refused below
+            if a.dtype.kind in "iu":  # the env's own int64 arrays: one vectorised comparison
+                ok = a.size == 0 or int(a.min()) >= 0
+            else:
+                ok = a.dtype.kind == "f" and bool(np.all(np.isfinite(a) & (a >= 0) & (a == np.floor(a))))
+            if not ok:
                 raise ValueError(f"per-class budgets must be non-negative integers, got "
                                  f"{list(np.asarray(budget).tolist())!r}")
         elif not isinstance(budget, (int, np.integer)) or isinstance(budget, (bool, np.bool_)) or budget < 0:

@@ -400,13 +400,15 @@ class VllmEngine(Engine):
         self.first_token[rows] = np.nan
         self.last_token[rows] = np.nan
         self.first_token_step[rows] = -1
-        # a request needs ceil((l + o - 1 + lookahead) / block_size) blocks at its last step; and its admission
-        # must fit below the watermark in an empty cache (vLLM V0's AllocStatus.NEVER): the blocks of its first
+        # a request needs ceil((l + o - 1 + lookahead) / block_size) blocks at its last step; and (admission by
+        # blocks) its admission must fit below the watermark in an empty cache (vLLM V0's AllocStatus.NEVER): the blocks of its first
         # chunk of prompt (of the whole prompt with reserve_full_prompt)
         bs, la = self.block_size, self.lookahead
         first = l if self.options.reserve_full_prompt else np.minimum(l, self._thr) if self._thr else l
         if self.options.chunked_prefill and not self.options.reserve_full_prompt:
             first = np.minimum(first, self._tok_cap)
+        if self.options.admission != "blocks":  # count mode starts the heads with no block or watermark check
+            return _ceil_div(l + o - 1 + la, bs) > self.num_blocks
         never = _ceil_div(first + la, bs) > self.num_blocks - self.watermark_blocks
         return (_ceil_div(l + o - 1 + la, bs) > self.num_blocks) | never
 
