@@ -15,6 +15,7 @@ from typing import Any
 import numpy as np
 from gymnasium import spaces
 
+from flowgym.sim._checks import holds_bool as _holds_bool
 from flowgym.sim.engine import Engine
 from flowgym.sim.estimators import FEATURE_VERSIONS, LoadTracker
 
@@ -231,16 +232,6 @@ class LoadObservation:
         v = self.tracker.features(eng, out=np.empty(len(self.names), np.float32), version=self.version)
         np.clip(v, -self.BOUND, self.BOUND, out=v)
         return v
-
-
-def _is_bool(x: Any) -> bool:
-    return isinstance(x, (bool, np.bool_)) or (isinstance(x, np.ndarray) and x.dtype.kind == "b")
-
-
-def _holds_bool(action: Any) -> bool:
-    """``action`` is a bool, or a list or tuple holding one at any depth (which ``numpy.asarray`` would turn
-    into integers: ``[True, 2]``, ``[[True], [2]]``)."""
-    return _is_bool(action) or (isinstance(action, (list, tuple)) and any(_holds_bool(x) for x in action))
 
 
 def _bad_action(action: Any, space: spaces.Space) -> ValueError:

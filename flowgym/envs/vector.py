@@ -206,8 +206,7 @@ class FlowControlVectorEnv(VectorEnv):
             return [None] * N
         if isinstance(seed, (int, np.integer)) and not isinstance(seed, (bool, np.bool_)):
             return [int(seed) + i for i in range(N)]
-        if isinstance(seed, (str, bytes, float, bool, np.bool_, np.floating)) or np.ndim(seed) == 0 \
-                or not hasattr(seed, "__iter__"):
+        if np.ndim(seed) == 0 or not hasattr(seed, "__iter__"):  # a float, a bool, a string, a 0-d array
             raise ValueError(f"seed must be an int, None or a list of {N} seeds, got {seed!r}")
         seeds = list(seed)
         if len(seeds) != N:

@@ -7,12 +7,16 @@ from typing import Any
 
 import numpy as np
 
-__all__ = ["is_real", "is_finite_real", "non_negative", "positive", "positive_int", "int_array", "calendar_span", "MAX_OUTPUT_SLOTS"]
+__all__ = ["is_real", "is_finite_real", "holds_bool", "non_negative", "positive", "positive_int", "int_array",
+           "calendar_span", "MAX_OUTPUT_SLOTS", "MAX_COUNT"]
 
 #: Longest output (in tokens, so in slots of decoding) the engines can schedule: their completion
 #: calendars and per-token tables have one entry per slot of the longest output (2**24: 16.8M
 #: tokens, 128 MiB per int64 table).
 MAX_OUTPUT_SLOTS = 2**24
+#: Largest count (``M``, a horizon, a token or sequence option): 2**53, below which every integer is also an
+#: exact float, and sums of a few stay within int64.
+MAX_COUNT = 2**53
 
 
 def is_real(value: Any) -> bool:
@@ -32,6 +36,16 @@ def is_finite_real(value: Any) -> bool:
         return math.isfinite(float(value))
     except OverflowError:
         return False
+
+
+def _is_bool(x: Any) -> bool:
+    return isinstance(x, (bool, np.bool_)) or (isinstance(x, np.ndarray) and x.dtype.kind == "b")
+
+
+def holds_bool(value: Any) -> bool:
+    """``value`` is a bool, or a list or tuple holding one at any depth (which ``numpy.asarray`` would turn
+    into integers: ``[True, 2]``, ``[[True], [2]]``)."""
+    return _is_bool(value) or (isinstance(value, (list, tuple)) and any(holds_bool(x) for x in value))
 
 
 def non_negative(name: str, value: Any) -> float:

@@ -38,7 +38,7 @@ from typing import Any, NamedTuple
 import numpy as np
 
 from flowgym.sim import kernels
-from flowgym.sim._checks import calendar_span, int_array, is_finite_real
+from flowgym.sim._checks import calendar_span, holds_bool, int_array
 from flowgym.sim.rules import (
     EVICTION_RULES,
     QUEUE_ORDERS,
@@ -608,7 +608,7 @@ class Engine:
         self._enqueue(buf[:nv].copy())
         return nv, wasted
 
-    def _check_class_budgets(self, budget: Any) -> None:
+    def _check_budget(self, budget: Any) -> None:
         """``ValueError`` unless ``budget`` is a non-negative integer, or with ``per_class`` one per class (both
         engine modes: a negative count would pop the queue backwards, and the compiled kernels trust it)."""
         if self.per_class:
@@ -618,13 +618,14 @@ class Engine:
                 raise ValueError(f"per-class budgets: {self.m} classes, got {len(budget)} budgets: "
                                  f"{list(np.asarray(budget).tolist())!r}")
             a = budget if isinstance(budget, np.ndarray) else np.asarray(budget)
-            if a.dtype == object or (not isinstance(budget, np.ndarray)
-                                     and any(isinstance(b, (bool, np.bool_)) for b in budget)):
-                a = np.zeros(0, bool)  # a bool or a non-number: refused below
-            if a.dtype.kind in "iu":  # the env's own int64 arrays: one vectorised comparison
+            if holds_bool(budget):
+                ok = False
+            elif a.dtype.kind in "iu":  # the env's own int64 arrays: one vectorised comparison
                 ok = a.size == 0 or int(a.min()) >= 0
-            else:
-                ok = a.dtype.kind == "f" and bool(np.all(np.isfinite(a) & (a >= 0) & (a == np.floor(a))))
+            elif a.dtype.kind == "f":
+                ok = bool(np.all(np.isfinite(a) & (a >= 0) & (a == np.floor(a))))
+            else:  # strings, objects
+                ok = False
             if not ok:
                 raise ValueError(f"per-class budgets must be non-negative integers, got "
                                  f"{list(np.asarray(budget).tolist())!r}")
@@ -637,7 +638,7 @@ class Engine:
         ``budget`` is ``B_t`` (an int >= 0), or with ``per_class`` one budget per class
         (``ValueError`` when their number is not the number of classes or one is not an integer >= 0).
         """
-        self._check_class_budgets(budget)
+        self._check_budget(budget)
         t = self.t
         d = None
         if self.timed:
@@ -1213,7 +1214,7 @@ def replay(
         if isinstance(budgets, (bool, np.bool_)) or not isinstance(budgets, (int, np.integer)) or budgets < 0:
             raise ValueError(f"budgets must be a non-negative integer or a sequence of them, got {budgets!r}")
     else:
-        if isinstance(budgets, (list, tuple)) and any(isinstance(x, (bool, np.bool_)) for x in budgets):
+        if holds_bool(budgets):
             raise ValueError(f"budgets must hold integers, got {budgets!r}: it holds a bool")
         int_array("budgets", np.asarray(budgets).ravel(), None, 0)
     b = np.asarray(budgets, dtype=_I64)

@@ -74,7 +74,7 @@ from typing import Any
 
 import numpy as np
 
-from flowgym.sim._checks import is_real
+from flowgym.sim._checks import MAX_COUNT, is_real
 from flowgym.sim.engine import Engine, SlotStats
 from flowgym.sim.metrics import compute_metrics
 from flowgym.sim.rules import Lane
@@ -115,9 +115,6 @@ def default_max_tokens(prompt_len: np.ndarray, output_len: np.ndarray, bound: in
     cap = (M - prompt_len) if bound is None else np.minimum(int(bound), M - prompt_len)
     return np.maximum(cap, output_len).astype(_I64)
 
-
-#: Largest integer option (tokens, blocks, sequences): sums of a few of them stay within int64.
-MAX_OPTION = 2**53
 
 @dataclass(frozen=True)
 class VllmOptions:
@@ -205,7 +202,7 @@ class VllmOptions:
         for name in ("block_size", "max_num_seqs", "max_num_batched_tokens", "long_prefill_token_threshold",
                      "lookahead_tokens"):  # token and sequence counts: int64 sums of them must not wrap
             v = getattr(self, name)
-            if v is not None and v > MAX_OPTION:
+            if v is not None and v > MAX_COUNT:
                 raise ValueError(f"engine_options {name} must be at most 2**53, got {v!r}")
         for name in ("chunked_prefill", "reserve_full_prompt"):
             if not isinstance(getattr(self, name), bool):
@@ -221,7 +218,7 @@ class VllmOptions:
         if not (mt in ("default", "output") or (isinstance(mt, (int, np.integer)) and not isinstance(mt, bool)
                                                  and mt >= 1)):
             raise ValueError(f"engine_options max_tokens must be 'default', 'output' or a positive integer, got {mt!r}")
-        if not isinstance(mt, str) and mt > MAX_OPTION:
+        if not isinstance(mt, str) and mt > MAX_COUNT:
             raise ValueError(f"engine_options max_tokens must be at most 2**53, got {mt!r}")
         if self.admission == "count" and self.max_num_batched_tokens is not None:
             raise ValueError("engine_options admission='count' starts the B_t heads whatever the step holds: it needs "
@@ -400,17 +397,20 @@ class VllmEngine(Engine):
         self.first_token[rows] = np.nan
         self.last_token[rows] = np.nan
         self.first_token_step[rows] = -1
-        # a request needs ceil((l + o - 1 + lookahead) / block_size) blocks at its last step; and (admission by
-        # blocks) its admission must fit below the watermark in an empty cache (vLLM V0's AllocStatus.NEVER): the blocks of its first
-        # chunk of prompt (of the whole prompt with reserve_full_prompt)
-        bs, la = self.block_size, self.lookahead
-        first = l if self.options.reserve_full_prompt else np.minimum(l, self._thr) if self._thr else l
-        if self.options.chunked_prefill and not self.options.reserve_full_prompt:
-            first = np.minimum(first, self._tok_cap)
-        if self.options.admission != "blocks":  # count mode starts the heads with no block or watermark check
-            return _ceil_div(l + o - 1 + la, bs) > self.num_blocks
-        never = _ceil_div(first + la, bs) > self.num_blocks - self.watermark_blocks
-        return (_ceil_div(l + o - 1 + la, bs) > self.num_blocks) | never
+        # a request needs ceil((l + o - 1 + lookahead) / block_size) blocks at its last step
+        bs, la, opts = self.block_size, self.lookahead, self.options
+        too_long = _ceil_div(l + o - 1 + la, bs) > self.num_blocks
+        if opts.admission != "blocks":  # count mode starts the heads with no block or watermark check
+            return too_long
+        # admission by blocks must also fit below the watermark in an empty cache (vLLM V0's AllocStatus.NEVER):
+        # the blocks of the first chunk of prompt (of the whole prompt with reserve_full_prompt)
+        if opts.reserve_full_prompt:
+            first = l
+        else:
+            first = np.minimum(l, self._thr) if self._thr else l
+            if opts.chunked_prefill:
+                first = np.minimum(first, self._tok_cap)
+        return too_long | (_ceil_div(first + la, bs) > self.num_blocks - self.watermark_blocks)
 
     # ------------------------------------------------------------------ queue
 
@@ -482,7 +482,7 @@ class VllmEngine(Engine):
 
     def serve(self, budget: int | Sequence[int] | np.ndarray) -> SlotStats:
         """One scheduler step with admission bound ``budget`` (``B_t``, or per-class budgets); ``t += 1``."""
-        self._check_class_budgets(budget)
+        self._check_budget(budget)
         t = self.t
         opts = self.options
         bs, la, NB = self.block_size, self.lookahead, self.num_blocks
