@@ -839,6 +839,9 @@ def test_the_sweeps_beyond_the_report_build_their_scenarios_deterministically(mo
     assert json.dumps(fm.FamilyMix(1.0)(np.random.default_rng(5))) == json.dumps(ns.draw_from(rng)[1])
     with pytest.raises(ValueError, match="p must be"):
         fm.FamilyMix(1.5)
+    with pytest.raises(SystemExit):  # a hidden layer of width 0 is refused before any training
+        fm.main(["--out", str(tmp_path / "never"), "--hidden", "0"])
+    assert not (tmp_path / "never").exists()
     sc = st.scenarios()
     assert len(sc) == len(st.MIXES) * len(st.CACHES) * len(st.LOADS) == 32
     for kw in list(sc.values())[::7]:

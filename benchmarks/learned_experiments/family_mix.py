@@ -16,6 +16,7 @@ model never saw: only the report scenarios the generator did not imitate (the ``
 the Azure replay) stay out of its kind::
 
     python benchmarks/learned_experiments/family_mix.py --out runs/fam1 [--p 0.5] [--seed 40000] [--workers 2]
+        [--iterations 80] [--hidden 8]
 
 Results: docs/training.md, "Training on the sweep's kind of load".
 """
@@ -66,9 +67,13 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--seed", type=int, default=40_000, help="the search's seed (default 40000, the shipped one)")
     ap.add_argument("--iterations", type=int, default=80, help="updates (default 80)")
     ap.add_argument("--workers", type=int, default=2, help="processes (default 2)")
+    ap.add_argument("--hidden", type=int, nargs="*", default=[],
+                    help="widths of the policy's tanh hidden layers (default none: the linear policy)")
     args = ap.parse_args(argv)
+    if any(h < 1 for h in args.hidden):
+        ap.error(f"--hidden: every width must be a positive integer, got {args.hidden}")
     cfg = ARSConfig(distribution=FamilyMix(args.p), seed=args.seed, iterations=args.iterations,
-                    workers=args.workers, final_eval_seeds=0, out=args.out)
+                    workers=args.workers, final_eval_seeds=0, out=args.out, hidden=tuple(args.hidden))
     res = train_ars(cfg)
     print(f"wrote {args.out}: {res}")
     return 0
