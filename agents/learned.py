@@ -15,9 +15,10 @@ import numpy as np
 
 from flowgym.agents.base import Agent
 from flowgym.envs.flow_control import OBSERVATION_OPTIONS, FlowControlConfig
-from flowgym.envs.spaces import log_multiplier_size
+from flowgym.envs.spaces import LOAD_OBSERVATIONS, MULTIPLIER_OF, log_multiplier_size
 from flowgym.envs.view import SystemView
 from flowgym.sim import _json
+from flowgym.sim.estimators import FEATURE_VERSIONS
 
 __all__ = [
     "LearnedBudget",
@@ -507,22 +508,76 @@ class ArrayPolicy:
         return out
 
 
-def _read_arrays(path: str, name: str) -> dict[str, np.ndarray]:
-    """The arrays of the ``.npz`` file ``name`` in ``path``, read without pickle; each must hold real numbers."""
+#: The most numbers one array of a model's ``.npz`` files may hold (16.8M: 134 MB of float64, far beyond any policy
+#: or observation here). Checked on each array's header before it is read, so that a small file whose header
+#: asks for a huge (zero-filled, well-compressed) array is refused instead of allocated.
+MAX_ARRAY_ELEMENTS = 1 << 24
+
+#: The arrays ``NORM_FILE`` may hold (what :func:`save_policy` and ``flowgym train`` write).
+NORM_KEYS = ("obs_low", "obs_high", "obs_mean", "obs_var", "epsilon", "clip_obs")
+
+
+def _read_arrays(path: str, name: str, allowed: Any = None) -> dict[str, np.ndarray]:
+    """The arrays of the ``.npz`` file ``name`` in ``path``, read without pickle; each must hold real numbers.
+
+    The archive is read member by member (not through ``np.load``, which reads a lone ``.npy`` too and may
+    read another member than the one checked): every member a ``name.npy`` array, each name once;
+    ``allowed(key)`` says which array names the file may hold (any, by default). Each array's header is
+    read first, and one of more than :data:`MAX_ARRAY_ELEMENTS` numbers, of more than 8 bytes a number or of
+    a sub-array type is refused before it is read."""
+    import zipfile
+    import zlib
+
+    where = f"learned agent: {name} in {path!r}"
+    fmt = np.lib.format
+    arrays: dict[str, np.ndarray] = {}
     try:
-        with np.load(os.path.join(path, name), allow_pickle=False) as z:
-            arrays = {k: z[k] for k in z.files}
-    except (OSError, ValueError, KeyError, MemoryError, EOFError) as e:  # MemoryError: a header asking for too much
-        raise ValueError(f"learned agent: {name} in {path!r} is not a plain array file ({_brief(e)})") from None
+        if not os.path.isfile(os.path.join(path, name)):
+            raise _Refused(f"{where} is missing")
+        with open(os.path.join(path, name), "rb") as raw:
+            if raw.read(4) != b"PK\x03\x04":  # a zip archive starts with a member (np.load reads a lone .npy)
+                raise _Refused(f"{where} is not a plain array file (not an .npz archive of named arrays)")
+        with zipfile.ZipFile(os.path.join(path, name)) as z:
+            members = z.namelist()
+            for member in members:
+                if not member.endswith(".npy"):
+                    raise _Refused(f"{where}: {member!r} is no array (an archive member that is not .npy)")
+            keys = [m[:-4] for m in members]
+            twice = sorted({k for k in keys if keys.count(k) > 1})
+            if twice:
+                raise _Refused(f"{where} holds the arrays {twice} more than once")
+            bad = sorted(k for k in keys if allowed is not None and not allowed(k))
+            if bad:
+                raise _Refused(f"{where} holds arrays {bad} that it has no use for")
+            for k, member in zip(keys, members):
+                with z.open(member) as fh:
+                    version = fmt.read_magic(fh)
+                    shape, _, dtype = (fmt.read_array_header_1_0(fh) if version == (1, 0)
+                                       else fmt.read_array_header_2_0(fh))
+                if dtype.shape != () or dtype.itemsize > 8:
+                    raise _Refused(f"{where}: {k!r} holds {dtype} values; expected real numbers")
+                if math.prod(shape) > MAX_ARRAY_ELEMENTS:
+                    raise _Refused(f"{where}: {k!r} has shape {shape}, more than {MAX_ARRAY_ELEMENTS} numbers")
+                with z.open(member) as fh:
+                    arrays[k] = fmt.read_array(fh, allow_pickle=False)
+    except _Refused as e:
+        raise ValueError(str(e)) from None
+    except (OSError, ValueError, KeyError, MemoryError, EOFError, zipfile.BadZipFile, zlib.error,
+            NotImplementedError, RuntimeError) as e:  # ValueError: an object array (pickle refused), a bad header
+        raise ValueError(f"{where} is not a plain array file ({_brief(e)})") from None
     for k, v in arrays.items():
         if v.dtype.kind not in "fiu":
-            raise ValueError(f"learned agent: {name} in {path!r}: {k!r} holds {v.dtype} values; expected real numbers")
+            raise ValueError(f"{where}: {k!r} holds {v.dtype} values; expected real numbers")
     return arrays
+
+
+class _Refused(Exception):
+    """A model file refused for a reason its message states in full (not wrapped as 'not a plain array file')."""
 
 
 def _load_norm(path: str) -> tuple[dict[str, np.ndarray], Any]:
     """``NORM_FILE``'s arrays (without pickle) and the normalisation ``(mean, std, clip)`` or ``None``."""
-    arrays = _read_arrays(path, NORM_FILE)
+    arrays = _read_arrays(path, NORM_FILE, NORM_KEYS.__contains__)
     where = f"learned agent: {NORM_FILE} in {path!r}"
     for k in ("obs_low", "obs_high"):
         if k not in arrays:
@@ -546,9 +601,10 @@ def _load_norm(path: str) -> tuple[dict[str, np.ndarray], Any]:
         if not (np.all(np.isfinite(mean)) and np.all(np.isfinite(var)) and np.all(var >= 0)):
             raise ValueError(f"{where}: obs_mean must be finite and obs_var finite and >= 0")
         eps, clip = arrays["epsilon"], arrays["clip_obs"]
-        if eps.size != 1 or clip.size != 1 or not (math.isfinite(float(eps)) and float(eps) >= 0
+        if eps.ndim != 0 or clip.ndim != 0 or not (math.isfinite(float(eps)) and float(eps) >= 0
                                                     and math.isfinite(float(clip)) and float(clip) > 0):
-            raise ValueError(f"{where}: epsilon must be one finite number >= 0 and clip_obs one finite number > 0, "
+            raise ValueError(f"{where}: epsilon must be one finite number >= 0 and clip_obs one finite number > 0 "
+                             "(0-d arrays), "
                              f"got {eps!r} and {clip!r}")
         if not np.all(var + float(eps) > 0):
             zero = int(np.flatnonzero(~(var + float(eps) > 0))[0])
@@ -568,7 +624,7 @@ def _load_arrays(path: str, meta: dict[str, Any]) -> tuple[ArrayPolicy, Any]:
         raise ValueError(f"learned agent: {META_FILE} in {path!r}: an {meta.get('algo')!r} model acts with "
                          "action='log-multiplier'; agent_env_options says "
                          f"{meta['agent_env_options'].get('action')!r}")
-    weights = _read_arrays(path, ARRAYS_FILE)
+    weights = _read_arrays(path, ARRAYS_FILE)  # names checked below (each array's size before it is read)
     layers = []
     while f"w{len(layers)}" in weights:
         i = len(layers)
@@ -614,6 +670,17 @@ def _check_meta(meta: dict[str, Any], path: str) -> None:
     if unknown:
         raise ValueError(f"{where}: agent_env_options holds {unknown}, which a learned agent may not set (it may "
                          f"only declare {sorted(AGENT_OPTION_KEYS)}): they would change the system it is scored on")
+    obs = opts.get("observation")
+    if obs is not None and not isinstance(obs, str):
+        raise ValueError(f"{where}: agent_env_options observation={reprlib.repr(obs)}; expected a name such as "
+                         "'load-v2'")
+    if obs in LOAD_OBSERVATIONS and shape != [len(FEATURE_VERSIONS[LOAD_OBSERVATIONS[obs]])]:
+        raise ValueError(f"{where}: agent_env_options observation={obs!r} has "
+                         f"{len(FEATURE_VERSIONS[LOAD_OBSERVATIONS[obs]])} features, but observation_shape={shape!r}")
+    of = opts.get("multiplier_of")
+    if of is not None and not (isinstance(of, str) and of in MULTIPLIER_OF):
+        raise ValueError(f"{where}: agent_env_options multiplier_of={reprlib.repr(of)}; expected one of "
+                         f"{list(MULTIPLIER_OF)}")
     mb = opts.get("max_budget", 1)
     if isinstance(mb, bool) or not isinstance(mb, int) or mb < 1:
         raise ValueError(f"{where}: agent_env_options max_budget={mb!r}; expected a positive integer")

@@ -312,8 +312,21 @@ def test_init_starts_the_search_at_the_earlier_model_and_a_new_drain_output_at_k
         train_ars(out=str(tmp_path / "x"), init=out, observation="load", **TINY)
     with pytest.raises(ValueError, match=r"has layer sizes \[20, 2\]; this search's are \[20, 4, 2\]"):
         train_ars(out=str(tmp_path / "y"), init=out, hidden=(4,), **TINY)
-    with pytest.raises(ValueError, match=r"has layer sizes \[20, 2\]; this search's are \[20, 1\]"):
+    # the same weights under another action, rate window or decision interval would be another policy
+    with pytest.raises(ValueError, match="was trained with multiplier_of='max-head'; this search's is "
+                                         "multiplier_of='rate'"):
         train_ars(out=str(tmp_path / "z"), init=out, multiplier_of="rate", **TINY)
+    with pytest.raises(ValueError, match=r"was trained with multipliers=\[0.5, .*\]; this search's is "
+                                         r"multipliers=\[0.25, 8.0\]"):
+        train_ars(out=str(tmp_path / "z"), init=out, multipliers=(0.25, 8.0), **TINY)
+    with pytest.raises(ValueError, match="was trained with rate_window=32.0; this search's is rate_window=4"):
+        train_ars(out=str(tmp_path / "z"), init=out, env_overrides={"rate_window": 4}, **TINY)
+    with pytest.raises(ValueError, match=r"decides every 8 slots \(action_repeat\); this search's action_repeat is 2"):
+        train_ars(out=str(tmp_path / "z"), init=out, action_repeat=2, **TINY)
+    assert not os.path.exists(tmp_path / "z")  # refused before anything is written
+    # the same options written otherwise (32 for 32.0) are the same options
+    r = train_ars(out=str(tmp_path / "same"), init=out, env_overrides={"rate_window": 32}, **TINY)
+    assert r.curves[0]["eval_geo_time_in_system"] == pytest.approx(base, rel=1e-12)
     with pytest.raises(ValueError, match="init must be a model directory"):
         ARSConfig(init=str(tmp_path / "missing")).validate()
 
@@ -722,3 +735,42 @@ def test_init_shipped_tunes_the_shipped_generalist_on_a_scenario_file(tmp_path):
         np.testing.assert_array_equal(a["obs_mean"], b["obs_mean"])
     with pytest.raises(ValueError, match="init must be a model directory of flowgym train --algo ars or 'shipped'"):
         ARSConfig(init="shipping").validate()
+
+
+def test_a_report_scenario_in_continuous_time_leaves_the_slot_draws_in_slots(monkeypatch, tmp_path):
+    """With a distribution, the report scenario's arguments apply over every draw but for what a draw decides
+    itself (:data:`flowgym.lab.distributions.DRAW_KEYS`): ``--scenario azure-conv`` (continuous time) once put
+    every slot draw in continuous time. Its slot draws stay in slots now, and its trace pieces keep their own
+    time model; the SB3 path's environments the same (where stable-baselines3 is installed)."""
+    import flowgym.lab.ars as ars
+    from flowgym.lab.distributions import DRAW_KEYS, RandomMix
+
+    assert "time_model" in DRAW_KEYS
+    seen: list[dict] = []
+
+    class Stop(Exception):
+        pass
+
+    def record(self, fn, tasks):  # the normalisation episodes' (seed, arguments), then stop
+        seen.extend(kw for _, kw in tasks)
+        raise Stop
+
+    monkeypatch.setattr(ars._Runner, "map", record)
+    dist = RandomMix(trace_p=0.5)
+    with pytest.raises(Stop):
+        train_ars(out=str(tmp_path / "m"), scenario="azure-conv", distribution=dist, workers=1,
+                  **{**TINY, "norm_draws": 8})
+    drawn = [dist(np.random.default_rng(40_000 - 1 - j)) for j in range(8)]  # the normalisation draws' seeds
+    kinds = [d.get("time_model") for d in drawn]
+    assert None in kinds and "llama2-70b-tp2-a100" in kinds  # both slot draws and trace pieces among them
+    assert [kw.get("time_model") for kw in seen] == kinds
+    try:
+        from flowgym.lab.train import make_vec_env
+
+        # the SB3 path (flowgym train --algo ppo with a distribution): its environments too
+        venv = make_vec_env({"time_model": "llama2-70b-tp2-a100", "observation": "load-v2", "action": "log-multiplier",
+                             "multiplier_of": "max-head", "max_budget": 256}, 1, 0, distribution=RandomMix(trace_p=0))
+    except ImportError:  # without stable-baselines3 (the CI's first run) there is no such path to check
+        return
+    venv.reset()
+    assert venv.envs[0].unwrapped.env.config.time_model == "slot"

@@ -341,6 +341,18 @@ def test_random_mix_trace_pieces():
         RandomMix(trace_time_model="slot")
     with pytest.raises(ValueError, match="random-mix: reward='slowdown' needs trace_p=0"):
         RandomMix(reward="slowdown")
+    # ranges that could only hang or fail when drawing are refused by name: a cache of 3 tokens or fewer holds no
+    # request (the length loop never ended), phases of less than one whole slot, prompts or outputs below 1
+    for field, bad in (("M_range", (1, 3)), ("azure_M_range", (3, 5)), ("prompt_range", (0.1, 0.5)),
+                       ("output_range", (0.5, 2))):
+        with pytest.raises(ValueError, match=f"random-mix: {field} must start at"):
+            RandomMix(**{field: bad})
+    for bad in ((0.2, 0.9), (1.5, 9), (0.5, 5)):
+        with pytest.raises(ValueError, match="random-mix: phase_range must be \\[low, high\\] whole slots"):
+            RandomMix(phase_range=bad)
+    tiny = RandomMix(M_range=(4, 5), trace_p=0, azure_p=0, phase_range=(1.0, 3.0), phase_scale="uniform")
+    for seed in range(6):  # the smallest cache allowed draws, and whole phases written as floats are read
+        FlowControlEnv(**tiny(np.random.default_rng(seed))).reset(seed=0)
 
 
 def test_random_mix_phase_lengths_are_log_uniform_unless_asked_for_uniform():
@@ -797,7 +809,7 @@ def test_benchmark_uses_the_compare_path_and_its_held_out_scenarios_build():
     assert cells[cols.index("/ lower bound")] == "1.200"
 
 
-def test_the_sweeps_beyond_the_report_build_their_scenarios_deterministically(monkeypatch, tmp_path):
+def test_the_sweeps_beyond_the_report_build_their_scenarios_deterministically(monkeypatch, tmp_path, capsys):
     """benchmarks/learned_experiments' stationary and non-stationary sweeps: every scenario builds, the same
     seed draws the same one, the shapes they promise are there, the --refs cache is read only for the same
     scenario and report seeds and is merged on write, the phase oracle is cached in it; anchors.py ranges
@@ -841,6 +853,7 @@ def test_the_sweeps_beyond_the_report_build_their_scenarios_deterministically(mo
         fm.FamilyMix(1.5)
     with pytest.raises(SystemExit):  # a hidden layer of width 0 is refused before any training
         fm.main(["--out", str(tmp_path / "never"), "--hidden", "0"])
+    assert "--hidden: every width must be a positive integer, got [0]" in capsys.readouterr().err
     assert not (tmp_path / "never").exists()
     sc = st.scenarios()
     assert len(sc) == len(st.MIXES) * len(st.CACHES) * len(st.LOADS) == 32

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import importlib.util
+import pathlib
 
 import gymnasium as gym
 import numpy as np
@@ -261,6 +262,103 @@ def test_normalisation_with_objects_is_refused(tmp_path):
     np.savez(d / "normalization.npz", obs_low=np.zeros(3), obs_high=np.array([_Payload("x")], dtype=object))
     with pytest.raises(ValueError, match="normalization.npz in .* is not a plain array file"):
         LearnedBudget(str(d))
+
+
+def test_a_crafted_or_broken_ars_model_is_refused_by_file_and_array(tmp_path):
+    """The ARS model files (plain ``.npz``): a file that is no zip archive, a lone ``.npy``, a truncated
+    archive, a member that is no array, a 2-D epsilon, a normalisation array the loader has no use for, a
+    small file whose header asks for a huge array (refused before it is allocated), a missing file, and a
+    ``flowgym_agent.json`` whose observation or anchor does not fit: each a ``ValueError`` naming the file."""
+    import json
+    import shutil
+    import zipfile
+
+    from flowgym.agents.learned import MAX_ARRAY_ELEMENTS, LearnedBudget
+
+    src = pathlib.Path(__file__).resolve().parents[1] / "flowgym" / "data" / "models" / "generalist"
+
+    def copy(name):
+        d = tmp_path / name
+        shutil.copytree(src, d)
+        return d
+
+    def refused(d, match):
+        with pytest.raises(ValueError, match=match):
+            LearnedBudget(str(d))
+
+    d = copy("garbage")
+    (d / "policy.npz").write_bytes(b"PK\x03\x04garbage" * 10)
+    refused(d, r"policy.npz in .* is not a plain array file \(BadZipFile")
+    d = copy("truncated")
+    (d / "policy.npz").write_bytes((src / "policy.npz").read_bytes()[:300])
+    refused(d, r"policy.npz in .* is not a plain array file")
+    d = copy("lone")
+    with open(d / "policy.npz", "wb") as fh:
+        np.save(fh, np.zeros(3))
+    refused(d, r"policy.npz in .* is not a plain array file \(not an .npz archive")
+    d = copy("member")
+    with zipfile.ZipFile(d / "policy.npz", "a") as z:
+        z.writestr("evil.txt", "hello")
+    refused(d, r"policy.npz in .*: 'evil.txt' is no array")
+    with np.load(src / "normalization.npz") as z:
+        norm = dict(z)
+    d = copy("eps")
+    np.savez(d / "normalization.npz", **{**norm, "epsilon": np.array([[1e-8]])})
+    refused(d, r"normalization.npz in .*: epsilon must be one finite number >= 0 .*\(0-d arrays\)")
+    d = copy("extra")
+    np.savez(d / "normalization.npz", **norm, zz=np.zeros(4))
+    refused(d, r"normalization.npz in .* holds arrays \['zz'\] that it has no use for")
+    d = copy("huge")
+    with np.load(src / "policy.npz") as z:
+        np.savez_compressed(d / "policy.npz", **dict(z), w9=np.zeros(MAX_ARRAY_ELEMENTS + 1, np.uint8))
+    assert (d / "policy.npz").stat().st_size < 100_000  # a small file asking for 16.8M numbers
+    refused(d, rf"policy.npz in .*: 'w9' has shape \({MAX_ARRAY_ELEMENTS + 1},\), more than {MAX_ARRAY_ELEMENTS}")
+    d = copy("missing")
+    (d / "policy.npz").unlink()
+    refused(d, r"policy.npz in .* is missing")
+    for name, key, value, match in (("obs", "observation", "load", r"observation='load' has 17 features, but "
+                                     r"observation_shape=\[20\]"),
+                                    ("anchor", "multiplier_of", "zzz", r"multiplier_of='zzz'; expected one of")):
+        d = copy(name)
+        meta = json.loads((d / "flowgym_agent.json").read_text())
+        meta["agent_env_options"][key] = value
+        (d / "flowgym_agent.json").write_text(json.dumps(meta))
+        refused(d, rf"flowgym_agent.json in .*: agent_env_options {match}")
+    # what is checked is what is read: a member under the bare name beside a small "w9.npy" (np.load would read
+    # the bare one), a sub-array type or an 8-byte-plus type (a count of 1 hiding 25M numbers or 200 MB), a lone
+    # .npy with an empty zip after it (np.load goes by the first bytes); none is read before its refusal
+    def npy(descr, shape, body=b""):
+        head = repr({"descr": descr, "fortran_order": False, "shape": shape}).encode("latin1")
+        head += b" " * (63 - (10 + len(head)) % 64) + b"\n"
+        return b"\x93NUMPY\x01\x00" + len(head).to_bytes(2, "little") + head + body
+
+    for case, members, match in (
+            ("bare", {"w9.npy": npy("|u1", (1,), b"\0"), "w9": npy("|u1", (1 << 26,))}, r"'w9' is no array"),
+            ("again", {"w9.npy": npy("|u1", (1,), b"\0")} , r"holds the arrays \['w9'\] more than once"),
+            ("subarray", {"w9.npy": npy(("<f8", (5000, 5000)), (1,))}, r"'w9' holds \('<f8', \(5000, 5000\)\) values"),
+            ("wide", {"w9.npy": npy("<U50000000", (1,))}, r"'w9' holds <U50000000 values")):
+        d = copy(case)
+        with zipfile.ZipFile(d / "policy.npz", "a") as z:
+            if case == "again":
+                with pytest.warns(UserWarning, match="Duplicate name"):  # zipfile warns, and writes it
+                    z.writestr("w0.npy", npy("<f8", (1,), bytes(8)))
+            for member, data in members.items():
+                z.writestr(member, data)
+        refused(d, rf"policy.npz in .*: {match}" if case != "again" else rf"policy.npz in .* {match.replace('w9', 'w0')}")
+    import io
+
+    d = copy("npyzip")
+    lone, empty = io.BytesIO(), io.BytesIO()
+    np.save(lone, np.zeros(3))
+    zipfile.ZipFile(empty, "w").close()
+    (d / "policy.npz").write_bytes(lone.getvalue() + empty.getvalue())
+    refused(d, r"policy.npz in .* is not a plain array file \(not an .npz archive")
+    d = copy("obslist")
+    meta = json.loads((d / "flowgym_agent.json").read_text())
+    meta["agent_env_options"]["observation"] = ["load-v2"]
+    (d / "flowgym_agent.json").write_text(json.dumps(meta))
+    refused(d, r"agent_env_options observation=\['load-v2'\]; expected a name")
+    LearnedBudget(str(copy("intact")))  # the copies' source loads
 
 
 @needs_sb3

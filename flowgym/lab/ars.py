@@ -38,6 +38,7 @@ from __future__ import annotations
 
 import csv
 import dataclasses
+import json
 import math
 import os
 import time
@@ -58,7 +59,7 @@ from flowgym.agents.learned import (
     describe_action_space,
 )
 from flowgym.sim import _json
-from flowgym.sim._checks import is_finite_real
+from flowgym.sim._checks import is_finite_real, is_real
 
 __all__ = ["ARSConfig", "ARSResult", "train_ars", "CURVE_COLUMNS", "ITERATES_FILE"]
 
@@ -80,7 +81,9 @@ class ARSConfig:
     #: ``rng -> FlowControl-v0 arguments``, or ``None``: the scenario's own workload (its seeds vary).
     distribution: Any = "random-mix"
     #: The report scenario of the final table (zero-shot with a distribution), or the training
-    #: workload without one: a built-in name or a scenario file.
+    #: workload without one: a built-in name or a scenario file. With a distribution its other engine
+    #: arguments apply over every draw, but never what a draw decides itself
+    #: (:data:`flowgym.lab.distributions.DRAW_KEYS`: its cache, workload, horizon and time model).
     scenario: str = "adaptive-mix"
     rate: float | None = None
     #: Hidden layer sizes of the policy (``()``: linear in the load features).
@@ -428,11 +431,24 @@ def _scored_draws(v: np.ndarray, reference: Sequence[float] | None, hinge: float
 # --------------------------------------------------------------------------- the search
 
 
-def _init_from(path: str, sizes: list[int], observation: str) -> tuple[np.ndarray, tuple[Any, Any, float, float]]:
+def _same_option(a: Any, b: Any) -> bool:
+    """Whether two option values are the same (numbers by value, so 32 is 32.0; lists and tuples alike)."""
+    if isinstance(a, (list, tuple)) and isinstance(b, (list, tuple)):
+        return len(a) == len(b) and all(_same_option(x, y) for x, y in zip(a, b))
+    if is_real(a) and is_real(b):
+        return float(a) == float(b)
+    return type(a) is type(b) and a == b
+
+
+def _init_from(path: str, sizes: list[int], observation: str, env_options: dict[str, Any] | None = None,
+               action_repeat: int | None = None) -> tuple[np.ndarray, tuple[Any, Any, float, float]]:
     """The weight vector (layer sizes ``sizes``) and the normalisation ``(mean, var, eps, clip)`` of the
     ``--algo ars`` model in ``path``; outputs it lacks copy its last output, inputs it lacks (a longer
     load observation that begins with its own) get zero weights. The normalisation covers the model's
-    own inputs only. Raises ``ValueError`` naming what does not fit."""
+    own inputs only. ``env_options`` (the search's agent options) and ``action_repeat``, when given, must be
+    the model's, but for those two extensions (and ``multiplier_of`` ``"max-head"`` to ``"max-drain"``): the
+    same weights under another action, rate window or decision interval would be another policy. Raises
+    ``ValueError`` naming what does not fit."""
     from flowgym.envs.spaces import LOAD_OBSERVATIONS
     from flowgym.sim.estimators import FEATURE_VERSIONS
 
@@ -448,6 +464,20 @@ def _init_from(path: str, sizes: list[int], observation: str) -> tuple[np.ndarra
         if not theirs or len(theirs) > len(mine) or mine[:len(theirs)] != theirs:
             raise ValueError(f"{where} sees observation={have!r}; this search's is {observation!r} (a model of the "
                              "same observation, or of a shorter load observation that begins this one's, is needed)")
+    for key in sorted(set(env_options or {}) | set(agent.requires)):
+        if key == "observation":
+            continue  # checked above
+        theirs, mine = agent.requires.get(key), (env_options or {}).get(key)
+        if key == "multiplier_of" and (theirs, mine) == ("max-head", "max-drain"):
+            continue  # the new output starts as a copy of k_safe: the drain term never decides
+        if key not in agent.requires or key not in (env_options or {}) or not _same_option(theirs, mine):
+            said = f"{key}={theirs!r}" if key in agent.requires else f"no {key} (it does not declare one)"
+            now = f"{key}={mine!r}" if key in (env_options or {}) else f"no {key}"
+            raise ValueError(f"{where} was trained with {said}; this search's is {now} (the same weights would "
+                             "be another policy: start from a model of the same options)")
+    if action_repeat is not None and agent.action_repeat != action_repeat:
+        raise ValueError(f"{where} decides every {agent.action_repeat} slots (action_repeat); this search's "
+                         f"action_repeat is {action_repeat}")
     layers = agent.model.layers
     old = [layers[0][0].shape[1]] + [w.shape[0] for w, _ in layers]
     if old[1:-1] != sizes[1:-1] or old[0] > sizes[0] or old[-1] > sizes[-1]:
@@ -510,10 +540,12 @@ def train_ars(cfg: ARSConfig | None = None, *, on_iteration: Any = None, **overr
     # run_episode adds from the agent (as for any learned agent)
     base = {k: v for k, v in env_kw.items() if k not in env_options}
     if cfg.distribution is not None:
-        from flowgym.lab.distributions import make_distribution
+        from flowgym.lab.distributions import DRAW_KEYS, make_distribution
 
         sampler = make_distribution(cfg.distribution)
-        fixed = {k: v for k, v in base.items() if k not in ("M", "workload", "horizon")}
+        # the draw's own load: its cache, arrivals, length and clock (a trace piece brings its time model; a
+        # report scenario's, e.g. --scenario azure-conv's, would put every slot draw in continuous time)
+        fixed = {k: v for k, v in base.items() if k not in DRAW_KEYS}
 
         def draw(seed: int) -> dict[str, Any]:
             return {**dict(sampler(np.random.default_rng(seed))), **fixed}
@@ -534,7 +566,8 @@ def train_ars(cfg: ARSConfig | None = None, *, on_iteration: Any = None, **overr
     n_w = ArrayPolicy.n_weights(sizes)
     rng = np.random.default_rng(cfg.seed)
     theta = np.zeros(n_w)
-    start = None if cfg.init is None else _init_from(cfg.init_path, sizes, cfg.observation)
+    start = None if cfg.init is None else _init_from(cfg.init_path, sizes, cfg.observation, env_options,
+                                                         cfg.action_repeat)
     mask = None  # the weights the search moves (None: all)
     if start is not None:
         theta = start[0]

@@ -28,11 +28,16 @@ import numpy as np
 from flowgym.sim._checks import is_finite_real, is_real
 from flowgym.sim.workloads import EmpiricalLengths, make_workload
 
-__all__ = ["RandomMix", "DISTRIBUTIONS", "make_distribution"]
+__all__ = ["RandomMix", "DISTRIBUTIONS", "DRAW_KEYS", "make_distribution"]
 
 
 #: Shortest ``trace_window`` (seconds of the original trace).
 MIN_TRACE_WINDOW = 100.0
+
+#: The environment arguments a training draw decides for itself: its cache, its arrivals, its length and its
+#: clock (a trace piece runs in continuous time, a slot draw has no ``time_model``). Training with a
+#: distribution takes the report scenario's other arguments over every draw, never these.
+DRAW_KEYS = ("M", "workload", "horizon", "time_model")
 
 
 @functools.lru_cache(maxsize=1)
@@ -125,6 +130,13 @@ class RandomMix:
             elif f.name.endswith("_p"):
                 if not is_real(v) or not 0 <= v <= 1:
                     raise ValueError(f"random-mix: {f.name} must be a probability in [0, 1], got {v!r}")
+        for name, floor in (("M_range", 4), ("azure_M_range", 4), ("prompt_range", 1), ("output_range", 1)):
+            if getattr(self, name)[0] < floor:  # a cache of 3 tokens holds no request of prompt 1 and output 2
+                raise ValueError(f"random-mix: {name} must start at {floor} or more, got {getattr(self, name)!r}")
+        if not all(isinstance(x, int) or (isinstance(x, float) and x.is_integer()) for x in self.phase_range) \
+                or self.phase_range[0] < 1:
+            raise ValueError(f"random-mix: phase_range must be [low, high] whole slots with low >= 1, "
+                             f"got {self.phase_range!r}")
         w = self.trace_window
         if (not isinstance(w, (tuple, list)) or len(w) != 2
                 or not all(isinstance(x, (int, float)) and is_finite_real(x) for x in w)
@@ -192,7 +204,7 @@ class RandomMix:
         n = 1 if stationary else int(rng.choice([2, 2, 3]))
         azure = [rng.random() < self.azure_p for _ in range(n)]
         M = int(_loguniform(rng, *(self.azure_M_range if any(azure) else self.M_range)))
-        lo, hi = self.phase_range
+        lo, hi = (int(x) for x in self.phase_range)  # whole slots (checked), perhaps written as floats
         durations = ([int(rng.integers(lo, hi + 1)) for _ in range(n)] if self.phase_scale == "uniform"
                      else [min(int(hi), max(int(lo), int(round(_loguniform(rng, lo, hi))))) for _ in range(n)])
         period = float(sum(durations))

@@ -593,10 +593,10 @@ def make_vec_env(env_kwargs: Mapping[str, Any], n_envs: int, seed: int, *, kind:
     cls = SubprocVecEnv if kind == "subproc" else DummyVecEnv
     if distribution is not None:
         from flowgym.envs.randomized import RandomizedFlowControlEnv
-        from flowgym.lab.distributions import make_distribution
+        from flowgym.lab.distributions import DRAW_KEYS, make_distribution
 
         sampler = make_distribution(distribution)
-        fixed = {k: v for k, v in kw.items() if k not in ("M", "workload", "horizon")}
+        fixed = {k: v for k, v in kw.items() if k not in DRAW_KEYS}  # the draw's load and clock are its own
         return sb3_make_vec_env(lambda **_: RandomizedFlowControlEnv(sampler, **fixed), n_envs=n_envs, seed=seed,
                                 vec_env_cls=cls, wrapper_class=wrapper if layers else None)
     return sb3_make_vec_env(lambda **_: gym.make("FlowControl-v0", **kw), n_envs=n_envs, seed=seed,
