@@ -513,7 +513,7 @@ class ArrayPolicy:
 #: asks for a huge (zero-filled, well-compressed) array is refused instead of allocated.
 MAX_ARRAY_ELEMENTS = 1 << 24
 
-#: The arrays ``NORM_FILE`` may hold (what :func:`save_policy` and ``flowgym train`` write).
+#: The arrays ``NORM_FILE`` may hold (what :func:`write_safe` and ``flowgym train --algo ars`` write).
 NORM_KEYS = ("obs_low", "obs_high", "obs_mean", "obs_var", "epsilon", "clip_obs")
 
 

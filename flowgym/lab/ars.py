@@ -38,7 +38,6 @@ from __future__ import annotations
 
 import csv
 import dataclasses
-import json
 import math
 import os
 import time
@@ -446,9 +445,9 @@ def _init_from(path: str, sizes: list[int], observation: str, env_options: dict[
     ``--algo ars`` model in ``path``; outputs it lacks copy its last output, inputs it lacks (a longer
     load observation that begins with its own) get zero weights. The normalisation covers the model's
     own inputs only. ``env_options`` (the search's agent options) and ``action_repeat``, when given, must be
-    the model's, but for those two extensions (and ``multiplier_of`` ``"max-head"`` to ``"max-drain"``): the
-    same weights under another action, rate window or decision interval would be another policy. Raises
-    ``ValueError`` naming what does not fit."""
+    the model's (but for the longer load observation above and ``multiplier_of`` ``"max-head"`` to
+    ``"max-drain"``): the same weights under another action, rate window or decision interval would be
+    another policy. Raises ``ValueError`` naming what does not fit."""
     from flowgym.envs.spaces import LOAD_OBSERVATIONS
     from flowgym.sim.estimators import FEATURE_VERSIONS
 
