@@ -173,13 +173,12 @@ class _Payload:
         return (open, (self.marker, "w"))
 
 
-def _model_copy(tmp_path):
+def _model_copy(tmp_path, source="examples/ppo_default", name="model"):
+    """A copy of the model directory ``source`` (relative to the repository) at ``tmp_path / name``."""
     import shutil
-    from pathlib import Path
 
-    src = Path(__file__).resolve().parent.parent / "examples" / "ppo_default"
-    dst = tmp_path / "model"
-    shutil.copytree(src, dst)
+    dst = tmp_path / name
+    shutil.copytree(pathlib.Path(__file__).resolve().parent.parent / source, dst)
     return dst
 
 
@@ -269,8 +268,9 @@ def test_a_crafted_or_broken_ars_model_is_refused_by_file_and_array(tmp_path):
     archive, a member that is no array, a 2-D epsilon, a normalisation array the loader has no use for, a
     small file whose header asks for a huge array (refused before it is allocated), a missing file, and a
     ``flowgym_agent.json`` whose observation or anchor does not fit: each a ``ValueError`` naming the file."""
+    import contextlib
+    import io
     import json
-    import shutil
     import zipfile
 
     from flowgym.agents.learned import MAX_ARRAY_ELEMENTS, LearnedBudget
@@ -278,9 +278,7 @@ def test_a_crafted_or_broken_ars_model_is_refused_by_file_and_array(tmp_path):
     src = pathlib.Path(__file__).resolve().parents[1] / "flowgym" / "data" / "models" / "generalist"
 
     def copy(name):
-        d = tmp_path / name
-        shutil.copytree(src, d)
-        return d
+        return _model_copy(tmp_path, "flowgym/data/models/generalist", name)
 
     def refused(d, match):
         with pytest.raises(ValueError, match=match):
@@ -318,7 +316,9 @@ def test_a_crafted_or_broken_ars_model_is_refused_by_file_and_array(tmp_path):
     refused(d, r"policy.npz in .* is missing")
     for name, key, value, match in (("obs", "observation", "load", r"observation='load' has 17 features, but "
                                      r"observation_shape=\[20\]"),
-                                    ("anchor", "multiplier_of", "zzz", r"multiplier_of='zzz'; expected one of")):
+                                    ("anchor", "multiplier_of", "zzz", r"multiplier_of='zzz'; expected one of"),
+                                    ("obslist", "observation", ["load-v2"],
+                                     r"observation=\['load-v2'\]; expected a name")):
         d = copy(name)
         meta = json.loads((d / "flowgym_agent.json").read_text())
         meta["agent_env_options"][key] = value
@@ -333,31 +333,22 @@ def test_a_crafted_or_broken_ars_model_is_refused_by_file_and_array(tmp_path):
         return b"\x93NUMPY\x01\x00" + len(head).to_bytes(2, "little") + head + body
 
     for case, members, match in (
-            ("bare", {"w9.npy": npy("|u1", (1,), b"\0"), "w9": npy("|u1", (1 << 26,))}, r"'w9' is no array"),
-            ("again", {"w9.npy": npy("|u1", (1,), b"\0")} , r"holds the arrays \['w9'\] more than once"),
-            ("subarray", {"w9.npy": npy(("<f8", (5000, 5000)), (1,))}, r"'w9' holds \('<f8', \(5000, 5000\)\) values"),
-            ("wide", {"w9.npy": npy("<U50000000", (1,))}, r"'w9' holds <U50000000 values")):
+            ("bare", {"w9.npy": npy("|u1", (1,), b"\0"), "w9": npy("|u1", (1 << 26,))}, r": 'w9' is no array"),
+            ("again", {"w0.npy": npy("<f8", (1,), bytes(8))}, r" holds the arrays \['w0'\] more than once"),
+            ("subarray", {"w9.npy": npy(("<f8", (5000, 5000)), (1,))}, r": 'w9' holds \('<f8', \(5000, 5000\)\) values"),
+            ("wide", {"w9.npy": npy("<U50000000", (1,))}, r": 'w9' holds <U50000000 values")):
         d = copy(case)
-        with zipfile.ZipFile(d / "policy.npz", "a") as z:
-            if case == "again":
-                with pytest.warns(UserWarning, match="Duplicate name"):  # zipfile warns, and writes it
-                    z.writestr("w0.npy", npy("<f8", (1,), bytes(8)))
+        with zipfile.ZipFile(d / "policy.npz", "a") as z, (  # a second w0.npy: zipfile warns, and writes it
+                pytest.warns(UserWarning, match="Duplicate name") if case == "again" else contextlib.nullcontext()):
             for member, data in members.items():
                 z.writestr(member, data)
-        refused(d, rf"policy.npz in .*: {match}" if case != "again" else rf"policy.npz in .* {match.replace('w9', 'w0')}")
-    import io
-
+        refused(d, rf"policy.npz in .*{match}")
     d = copy("npyzip")
     lone, empty = io.BytesIO(), io.BytesIO()
     np.save(lone, np.zeros(3))
     zipfile.ZipFile(empty, "w").close()
     (d / "policy.npz").write_bytes(lone.getvalue() + empty.getvalue())
     refused(d, r"policy.npz in .* is not a plain array file \(not an .npz archive")
-    d = copy("obslist")
-    meta = json.loads((d / "flowgym_agent.json").read_text())
-    meta["agent_env_options"]["observation"] = ["load-v2"]
-    (d / "flowgym_agent.json").write_text(json.dumps(meta))
-    refused(d, r"agent_env_options observation=\['load-v2'\]; expected a name")
     LearnedBudget(str(copy("intact")))  # the copies' source loads
 
 

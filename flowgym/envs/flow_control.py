@@ -75,8 +75,8 @@ def _default_workload() -> dict[str, Any]:
 
 #: The configuration's on/off fields, which must be real booleans.
 BOOL_FIELDS = ("output_length_known", "per_class_budget")
-#: Largest ``M``, ``horizon`` and ``estimate_floor``: 2**53, below which every integer is also an exact float
-#: (:data:`flowgym.sim._checks.MAX_COUNT`, imported above).
+# Largest ``M``, ``horizon`` and ``estimate_floor``: ``flowgym.sim._checks.MAX_COUNT`` (2**53, below which every
+# integer is also an exact float), imported above.
 #: Largest ``max_budget`` (and histogram edge, projection offset): far above any batch, and ``Discrete`` stays small.
 MAX_BUDGET_CAP = 10**9
 #: Largest cap of an observation entry: the bounds of the ``Box`` are float32.
