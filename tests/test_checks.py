@@ -8,7 +8,7 @@ import math
 import numpy as np
 import pytest
 
-from flowgym.sim._checks import MAX_OUTPUT_SLOTS, calendar_span, is_real, non_negative, positive, positive_int
+from flowgym.sim._checks import MAX_OUTPUT_SLOTS, calendar_span, is_count, is_real, non_negative, positive, positive_int
 
 
 def test_non_negative_accepts_zero_and_finite_numbers():
@@ -87,3 +87,11 @@ def test_a_numpy_float32_setting_is_taken_where_a_float_is():
     env2.reset(seed=0)
     _, r2, *_ = env2.step(4)
     assert r == r2 and type(r) is float
+
+
+def test_is_count_takes_integers_from_zero_and_nothing_else():
+    """A budget or a horizon: a Python or numpy integer >= 0; no bool, no float however whole, no string."""
+    for ok in (0, 1, 2**62, np.int64(5), np.uint8(0)):
+        assert is_count(ok), ok
+    for bad in (-1, np.int64(-1), True, np.bool_(False), 1.0, np.float64(2), "3", None, [1], np.array([1])):
+        assert not is_count(bad), bad

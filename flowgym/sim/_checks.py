@@ -7,7 +7,7 @@ from typing import Any
 
 import numpy as np
 
-__all__ = ["is_real", "is_finite_real", "holds_bool", "non_negative", "positive", "positive_int", "int_array",
+__all__ = ["is_real", "is_finite_real", "is_count", "holds_bool", "non_negative", "positive", "positive_int", "int_array",
            "calendar_span", "MAX_OUTPUT_SLOTS", "MAX_COUNT"]
 
 #: Longest output (in tokens, so in slots of decoding) the engines can schedule: their completion
@@ -46,6 +46,12 @@ def holds_bool(value: Any) -> bool:
     """``value`` is a bool, or a list or tuple holding one at any depth (which ``numpy.asarray`` would turn
     into integers: ``[True, 2]``, ``[[True], [2]]``)."""
     return _is_bool(value) or (isinstance(value, (list, tuple)) and any(holds_bool(x) for x in value))
+
+
+def is_count(value: Any) -> bool:
+    """Whether ``value`` is a Python or numpy integer ``>= 0`` and not a bool (a budget, a horizon: no float,
+    however whole, and no ``True``)."""
+    return isinstance(value, (int, np.integer)) and not isinstance(value, (bool, np.bool_)) and value >= 0
 
 
 def non_negative(name: str, value: Any) -> float:

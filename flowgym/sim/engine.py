@@ -38,7 +38,7 @@ from typing import Any, NamedTuple
 import numpy as np
 
 from flowgym.sim import kernels
-from flowgym.sim._checks import calendar_span, holds_bool, int_array
+from flowgym.sim._checks import calendar_span, holds_bool, int_array, is_count
 from flowgym.sim.rules import (
     EVICTION_RULES,
     QUEUE_ORDERS,
@@ -629,7 +629,7 @@ class Engine:
             if not ok:
                 raise ValueError(f"per-class budgets must be non-negative integers, got "
                                  f"{list(np.asarray(budget).tolist())!r}")
-        elif not isinstance(budget, (int, np.integer)) or isinstance(budget, (bool, np.bool_)) or budget < 0:
+        elif not is_count(budget):
             raise ValueError(f"budget must be a non-negative integer, got {budget!r}")
 
     def serve(self, budget: int | Sequence[int] | np.ndarray) -> SlotStats:
@@ -1205,13 +1205,12 @@ def replay(
         (``wasted_tokens``, ``overflow_events``, ``slots``).
     """
     per_class = classes is not None
-    if horizon is not None and (isinstance(horizon, (bool, np.bool_)) or not isinstance(horizon, (int, np.integer))
-                                or horizon < 0):
+    if horizon is not None and not is_count(horizon):
         raise ValueError(f"horizon must be a non-negative integer (slots) or None, got {horizon!r}")
     if isinstance(budgets, (str, bytes)):
         raise ValueError(f"budgets must be an integer or a sequence of integers, got {budgets!r}")
     if np.ndim(budgets) == 0:
-        if isinstance(budgets, (bool, np.bool_)) or not isinstance(budgets, (int, np.integer)) or budgets < 0:
+        if not is_count(budgets):
             raise ValueError(f"budgets must be a non-negative integer or a sequence of them, got {budgets!r}")
     else:
         if holds_bool(budgets):

@@ -25,7 +25,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from flowgym.sim._checks import int_array, is_finite_real, is_real
+from flowgym.sim._checks import int_array, is_count, is_finite_real, is_real
 from flowgym.sim.workloads import request_work
 
 __all__ = [
@@ -172,7 +172,7 @@ def reflected_walk_mean(rate: float, budget: int, *, tol: float = 1e-12, max_len
     """
     if not is_finite_real(rate) or rate < 0:
         raise ValueError(f"rate (mean arrivals per slot) must be a non-negative finite number, got {rate!r}")
-    if isinstance(budget, (bool, np.bool_)) or not isinstance(budget, (int, np.integer)) or budget < 0:
+    if not is_count(budget):
         raise ValueError(f"budget must be a non-negative integer (requests admitted per slot), got {budget!r}")
     if not rate < budget:
         raise ValueError(f"the walk is stable only for rate < budget, got {rate} >= {budget}")
