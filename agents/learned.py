@@ -37,6 +37,7 @@ __all__ = [
     "require_sb3",
     "valid_levels",
     "ArrayPolicy",
+    "MemoryArrayPolicy",
     "ARRAYS_FILE",
     "ARRAY_ALGORITHMS",
 ]
@@ -113,7 +114,8 @@ def policy_alias(algo_cls: type) -> str:
 
 def is_recurrent(model: Any) -> bool:
     """Whether ``model`` (an SB3 algorithm or policy) carries a hidden state from one decision to the next."""
-    return hasattr(getattr(model, "policy", model), "lstm_actor")
+    policy = getattr(model, "policy", model)
+    return hasattr(policy, "lstm_actor") or getattr(policy, "recurrent", False) is True
 
 
 def valid_levels(levels: Any) -> bool:
@@ -414,7 +416,7 @@ def write_safe(path: str, policy: Any, norm: Any, meta: dict[str, Any]) -> dict[
     out["format"] = FORMAT_VERSION
     if net_arch is not None:
         out["policy_kwargs"] = {"net_arch": net_arch if not isinstance(net_arch, tuple) else list(net_arch)}
-    if is_recurrent(policy):  # what rebuilds its LSTM
+    if hasattr(policy, "lstm_actor"):  # what rebuilds its LSTM
         out.setdefault("policy_kwargs", {}).update(
             lstm_hidden_size=int(policy.lstm_actor.hidden_size), n_lstm_layers=int(policy.lstm_actor.num_layers),
             shared_lstm=bool(policy.shared_lstm), enable_critic_lstm=bool(policy.enable_critic_lstm))
@@ -447,13 +449,17 @@ class ArrayPolicy:
     :func:`policy_action` and :class:`LearnedBudget` treat it like an SB3 model.
     """
 
-    def __init__(self, layers: list[tuple[np.ndarray, np.ndarray]], obs_low: np.ndarray, obs_high: np.ndarray) -> None:
+    #: Whether the policy carries a state from one decision to the next (:class:`MemoryArrayPolicy`).
+    recurrent = False
+
+    def __init__(self, layers: list[tuple[np.ndarray, np.ndarray]], obs_low: np.ndarray, obs_high: np.ndarray,
+                 _extra_inputs: int = 0) -> None:
         from gymnasium import spaces
 
         if not layers:
             raise ValueError("ArrayPolicy needs at least one (W, b) layer")
         self.layers = [(np.asarray(w, dtype=np.float64), np.asarray(b, dtype=np.float64)) for w, b in layers]
-        n_in = np.asarray(obs_low).shape[0]
+        n_in = np.asarray(obs_low).shape[0] + _extra_inputs
         for i, (w, b) in enumerate(self.layers):
             if w.ndim != 2 or b.shape != (w.shape[0],) or w.shape[1] != n_in:
                 raise ValueError(f"ArrayPolicy: layer {i} has W {w.shape} and b {b.shape}; expected W of shape "
@@ -507,6 +513,111 @@ class ArrayPolicy:
             out[f"w{i}"], out[f"b{i}"] = w, b
         return out
 
+
+class MemoryArrayPolicy(ArrayPolicy):
+    """An :class:`ArrayPolicy` with a memory: ``m`` leaky tanh units carried from one decision to the next.
+
+    At each decision, with ``x`` the normalised observation and ``h`` the memory (zeros at the start of an
+    episode)::
+
+        h' = (1 - leak) * h + leak * tanh(U x + A h + c)      # leak: one fixed rate in (0, 1] per unit
+        a  = network(concat(x, h'))                           # the layers of ArrayPolicy
+
+    A leaky (continuous-time) recurrent layer: each unit is an exponential average, at its own time
+    constant ``1 / leak`` decisions, of a learned projection of the load features and of the memory itself.
+    ``U`` has shape ``(m, n_obs)``, ``A`` ``(m, m)``, ``c`` and ``leak`` ``(m,)``; the first layer reads
+    ``n_obs + m`` inputs. ``predict`` takes and returns the memory as SB3's recurrent policies take and
+    return their LSTM state (``state``: ``(n, m)`` or ``None`` for zeros; ``episode_start`` resets rows), so
+    :class:`LearnedBudget` carries it through an episode (``flowgym train --algo ars --memory m``;
+    docs/training.md, "A memory searched by ARS").
+    """
+
+    recurrent = True
+
+    def __init__(self, layers: list[tuple[np.ndarray, np.ndarray]], obs_low: np.ndarray, obs_high: np.ndarray,
+                 mem_u: np.ndarray, mem_a: np.ndarray, mem_b: np.ndarray, mem_leak: np.ndarray) -> None:
+        u, a = np.asarray(mem_u, dtype=np.float64), np.asarray(mem_a, dtype=np.float64)
+        c, leak = np.asarray(mem_b, dtype=np.float64), np.asarray(mem_leak, dtype=np.float64)
+        n_obs = np.asarray(obs_low).shape[0]
+        m = u.shape[0] if u.ndim == 2 else -1
+        if m < 1 or u.shape != (m, n_obs) or a.shape != (m, m) or c.shape != (m,) or leak.shape != (m,):
+            raise ValueError(f"MemoryArrayPolicy: mem_u {u.shape}, mem_a {a.shape}, mem_b {c.shape} and mem_leak "
+                             f"{leak.shape}; expected (m, {n_obs}), (m, m), (m,) and (m,) with m >= 1")
+        for name, v in (("mem_u", u), ("mem_a", a), ("mem_b", c)):
+            if not np.all(np.isfinite(v)):
+                raise ValueError(f"MemoryArrayPolicy: {name} holds a non-finite weight")
+        if not np.all((leak > 0) & (leak <= 1)):
+            raise ValueError(f"MemoryArrayPolicy: every mem_leak must be in (0, 1], got {leak.tolist()}")
+        super().__init__(layers, obs_low, obs_high, _extra_inputs=m)
+        self.mem_u, self.mem_a, self.mem_b, self.mem_leak = u, a, c, leak
+        self.memory = m
+
+    @staticmethod
+    def leaks(m: int) -> np.ndarray:
+        """The fixed leak rates of ``flowgym train --memory m``: time constants ``1 / leak`` spread evenly on a
+        log scale from 2 to 128 decisions (16 to 1,024 slots at 8 slots a decision); 16 for one unit."""
+        if m == 1:
+            return np.array([1.0 / 16.0])
+        return 1.0 / (2.0 * 64.0 ** (np.arange(m) / (m - 1)))
+
+    @staticmethod
+    def n_weights(sizes: list[int], memory: int = 0, n_obs: int = 0) -> int:  # type: ignore[override]
+        """How many weights the network of layer sizes ``sizes`` (its first reading ``n_obs + memory`` inputs)
+        and a memory of ``memory`` units on ``n_obs`` features have."""
+        return ArrayPolicy.n_weights(sizes) + memory * (n_obs + memory + 1)
+
+    @classmethod
+    def from_vector(cls, theta: np.ndarray, sizes: list[int], obs_low: np.ndarray,  # type: ignore[override]
+                    obs_high: np.ndarray, leak: np.ndarray | None = None) -> MemoryArrayPolicy:
+        """The policy whose weights are ``theta``: the network's (as :meth:`ArrayPolicy.from_vector`, layer
+        sizes ``sizes``, the first ``n_obs + m``), then ``U`` and ``A`` row-major and ``c``; ``leak`` the fixed
+        rates (``m`` of them)."""
+        leak = np.asarray(leak, dtype=np.float64)
+        m, n_obs = len(leak), np.asarray(obs_low).shape[0]
+        n_net = ArrayPolicy.n_weights(sizes)
+        if sizes[0] != n_obs + m or len(theta) != n_net + m * (n_obs + m + 1):
+            raise ValueError(f"MemoryArrayPolicy: {len(theta)} weights for layer sizes {sizes} and a memory of {m} "
+                             f"on {n_obs} inputs (which need {n_net + m * (n_obs + m + 1)}, and sizes[0] = {n_obs + m})")
+        net = ArrayPolicy.from_vector(theta[:n_net], sizes, np.zeros(sizes[0]), np.zeros(sizes[0]))
+        k = n_net
+        u = theta[k:k + m * n_obs].reshape(m, n_obs)
+        k += m * n_obs
+        a = theta[k:k + m * m].reshape(m, m)
+        k += m * m
+        return cls(net.layers, obs_low, obs_high, u, a, theta[k:k + m], leak)
+
+    def step(self, obs: np.ndarray, h: np.ndarray | None = None) -> tuple[np.ndarray, np.ndarray]:
+        """Actions ``(n, action size)`` and the new memory ``(n, m)`` for a batch of normalised observations
+        and their memories (``None``: zeros)."""
+        x = np.asarray(obs, dtype=np.float64)
+        h = np.zeros((len(x), self.memory)) if h is None else np.asarray(h, dtype=np.float64)
+        h = (1.0 - self.mem_leak) * h + self.mem_leak * np.tanh(x @ self.mem_u.T + h @ self.mem_a.T + self.mem_b)
+        return ArrayPolicy.__call__(self, np.hstack([x, h])), h
+
+    def __call__(self, obs: np.ndarray) -> np.ndarray:
+        """Actions for a batch of normalised observations, each from an empty memory (an episode's first decision)."""
+        return self.step(obs)[0]
+
+    def predict(self, obs: Any, state: Any = None, episode_start: Any = None,
+                deterministic: bool = True) -> tuple[np.ndarray, np.ndarray]:  # type: ignore[override]
+        """SB3's recurrent signature: the actions and the memory after them; rows where ``episode_start`` is
+        true start from zeros."""
+        x = np.asarray(obs, dtype=np.float64)
+        h = np.zeros((len(x), self.memory)) if state is None else np.array(state, dtype=np.float64)
+        if episode_start is not None:
+            h[np.asarray(episode_start, dtype=bool).reshape(len(x))] = 0.0
+        actions, h = self.step(x, h)
+        return actions.astype(np.float32), h
+
+    def arrays(self) -> dict[str, np.ndarray]:
+        """The weights as ``ARRAYS_FILE`` stores them (the layers', then ``mem_u``, ``mem_a``, ``mem_b``,
+        ``mem_leak``)."""
+        return {**super().arrays(), "mem_u": self.mem_u, "mem_a": self.mem_a, "mem_b": self.mem_b,
+                "mem_leak": self.mem_leak}
+
+
+#: The arrays of a :class:`MemoryArrayPolicy`'s memory in ``ARRAYS_FILE`` (all four, or none).
+MEMORY_KEYS = ("mem_u", "mem_a", "mem_b", "mem_leak")
 
 #: The most numbers one array of a model's ``.npz`` files may hold (16.8M: 134 MB of float64, far beyond any policy
 #: or observation here). Checked on each array's header before it is read, so that a small file whose header
@@ -631,14 +742,26 @@ def _load_arrays(path: str, meta: dict[str, Any]) -> tuple[ArrayPolicy, Any]:
         if f"b{i}" not in weights:
             raise ValueError(f"learned agent: {ARRAYS_FILE} in {path!r} has w{i} but no b{i}")
         layers.append((weights[f"w{i}"], weights[f"b{i}"]))
-    extra = sorted(set(weights) - {f"{c}{i}" for i in range(len(layers)) for c in "wb"})
+    mem = [k for k in MEMORY_KEYS if k in weights]
+    extra = sorted(set(weights) - {f"{c}{i}" for i in range(len(layers)) for c in "wb"} - set(MEMORY_KEYS))
     if extra:
         raise ValueError(f"learned agent: {ARRAYS_FILE} in {path!r} has arrays {extra} that are no layer "
-                         f"(expected w0, b0, ..., w{len(layers) - 1}, b{len(layers) - 1})")
+                         f"(expected w0, b0, ..., w{len(layers) - 1}, b{len(layers) - 1}, and for a memory "
+                         f"{', '.join(MEMORY_KEYS)})")
+    if mem and len(mem) != len(MEMORY_KEYS):
+        raise ValueError(f"learned agent: {ARRAYS_FILE} in {path!r} has {mem} but not "
+                         f"{[k for k in MEMORY_KEYS if k not in mem]} (a memory needs all of {list(MEMORY_KEYS)})")
     try:
-        policy = ArrayPolicy(layers, arrays["obs_low"], arrays["obs_high"])
+        if mem:
+            policy: ArrayPolicy = MemoryArrayPolicy(layers, arrays["obs_low"], arrays["obs_high"],
+                                                    *(weights[k] for k in MEMORY_KEYS))
+        else:
+            policy = ArrayPolicy(layers, arrays["obs_low"], arrays["obs_high"])
     except ValueError as e:
         raise ValueError(f"learned agent: {ARRAYS_FILE} in {path!r}: {e}") from None
+    if "memory" in meta and meta["memory"] != getattr(policy, "memory", 0):
+        raise ValueError(f"learned agent: {META_FILE} in {path!r} records memory={meta['memory']!r}, but the "
+                         f"weights in {ARRAYS_FILE} have a memory of {getattr(policy, 'memory', 0)} units")
     sizes = [int(layers[0][0].shape[1]), *(int(w.shape[0]) for w, _ in layers)]
     if "layer_sizes" in meta and meta["layer_sizes"] != sizes:
         raise ValueError(f"learned agent: {META_FILE} in {path!r} records layer_sizes={meta['layer_sizes']!r}, but "
@@ -684,6 +807,10 @@ def _check_meta(meta: dict[str, Any], path: str) -> None:
     mb = opts.get("max_budget", 1)
     if isinstance(mb, bool) or not isinstance(mb, int) or mb < 1:
         raise ValueError(f"{where}: agent_env_options max_budget={mb!r}; expected a positive integer")
+    try:  # every value as the environment checks it (a bad rate_window would otherwise fail only when it is built)
+        FlowControlConfig(**opts).validate()
+    except (ValueError, TypeError) as e:
+        raise ValueError(f"{where}: agent_env_options {e}") from None
     algo = meta.get("algo")
     if algo is not None and not isinstance(algo, str):
         raise ValueError(f"{where} has algo={algo!r}; expected a name such as 'ppo' or 'ars'")

@@ -12,7 +12,15 @@ import sys
 import numpy as np
 import pytest
 
-from flowgym.agents.learned import ARRAYS_FILE, DEFAULT_MODEL, META_FILE, NORM_FILE, ArrayPolicy, LearnedBudget
+from flowgym.agents.learned import (
+    ARRAYS_FILE,
+    DEFAULT_MODEL,
+    META_FILE,
+    NORM_FILE,
+    ArrayPolicy,
+    LearnedBudget,
+    MemoryArrayPolicy,
+)
 from flowgym.lab.ars import ITERATES_FILE, ARSConfig, _log_scores, train_ars
 from flowgym.lab.cli import main
 from flowgym.lab.distributions import RandomMix
@@ -774,3 +782,132 @@ def test_a_report_scenario_in_continuous_time_leaves_the_slot_draws_in_slots(mon
         return
     venv.reset()
     assert venv.envs[0].unwrapped.env.config.time_model == "slot"
+
+
+# --------------------------------------------------------------------------- a memory (MemoryArrayPolicy)
+
+
+def _memory_policy(seed=3, n_obs=4, m=2, sizes_out=2):
+    rng = np.random.default_rng(seed)
+    sizes = [n_obs + m, sizes_out]
+    leak = MemoryArrayPolicy.leaks(m)
+    theta = rng.normal(0, 0.5, MemoryArrayPolicy.n_weights(sizes, m, n_obs))
+    return MemoryArrayPolicy.from_vector(theta, sizes, -np.ones(n_obs), np.ones(n_obs), leak), theta, sizes, leak
+
+
+def test_memory_policy_is_a_leaky_tanh_layer_read_with_the_features():
+    """``h' = (1 - leak) h + leak tanh(U x + A h + c)`` and the network reads ``[x, h']``; the weights
+    round-trip through the vector, ``predict`` carries the memory and ``episode_start`` resets a row."""
+    pol, theta, sizes, leak = _memory_policy()
+    np.testing.assert_allclose(MemoryArrayPolicy.leaks(4), [1 / 2, 1 / 8, 1 / 32, 1 / 128])
+    assert MemoryArrayPolicy.leaks(1).tolist() == [1 / 16]
+    x = np.random.default_rng(0).normal(size=(3, 4))
+    h0 = np.random.default_rng(1).uniform(-1, 1, (3, 2))
+    want_h = (1 - leak) * h0 + leak * np.tanh(x @ pol.mem_u.T + h0 @ pol.mem_a.T + pol.mem_b)
+    (w, b), = pol.layers
+    a, h = pol.step(x, h0)
+    np.testing.assert_allclose(h, want_h)
+    np.testing.assert_allclose(a, np.tanh(np.hstack([x, want_h]) @ w.T + b))
+    back = np.concatenate([w.reshape(-1), b, pol.mem_u.reshape(-1), pol.mem_a.reshape(-1), pol.mem_b])
+    np.testing.assert_array_equal(back, theta)
+    # predict: None is zeros; the state comes back and goes on; a started row forgets it
+    a1, s1 = pol.predict(x)
+    np.testing.assert_allclose(a1, pol.step(x)[0], rtol=1e-6)
+    a2, s2 = pol.predict(x, state=s1, episode_start=[False, True, False])
+    np.testing.assert_allclose(s2[1], s1[1])  # row 1 started again from zeros: the same memory as the first step
+    assert not np.allclose(s2[0], s1[0])
+    np.testing.assert_allclose(a2[1], a1[1])
+    assert not np.allclose(a2[0], a1[0])
+    assert pol.recurrent and not ArrayPolicy.recurrent
+    with pytest.raises(ValueError, match=r"every mem_leak must be in \(0, 1\]"):
+        MemoryArrayPolicy(pol.layers, -np.ones(4), np.ones(4), pol.mem_u, pol.mem_a, pol.mem_b, np.array([0.5, 0.0]))
+    with pytest.raises(ValueError, match=r"mem_a \(3, 3\).*expected \(m, 4\), \(m, m\)"):
+        MemoryArrayPolicy(pol.layers, -np.ones(4), np.ones(4), pol.mem_u, np.zeros((3, 3)), pol.mem_b, leak)
+    with pytest.raises(ValueError, match="mem_u holds a non-finite weight"):
+        MemoryArrayPolicy(pol.layers, -np.ones(4), np.ones(4), pol.mem_u * np.nan, pol.mem_a, pol.mem_b, leak)
+    with pytest.raises(ValueError, match=r"27 weights .*which need 28, and sizes\[0\] = 6"):
+        MemoryArrayPolicy.from_vector(theta[:-1], sizes, -np.ones(4), np.ones(4), leak)
+
+
+@pytest.fixture(scope="module")
+def memory_model(tmp_path_factory):
+    out = str(tmp_path_factory.mktemp("ars") / "mem")
+    res = train_ars(out=out, memory=2, **TINY)
+    return out, res
+
+
+def test_a_memory_model_is_saved_loaded_and_carries_its_memory_through_an_episode(memory_model, tmp_path):
+    """The saved model with a memory reproduces its selection score (the candidate's memory went from
+    decision to decision as the loaded agent's does), records its memory, and without the memory
+    (``carry_state=False``: zeros at every decision) acts otherwise."""
+    out, res = memory_model
+    meta = json.load(open(os.path.join(out, META_FILE)))
+    assert meta["memory"] == 2 and meta["layer_sizes"] == [22, 2] and meta["hyperparameters"]["memory"] == 2
+    agent = LearnedBudget(out)
+    assert isinstance(agent.model, MemoryArrayPolicy) and agent.recurrent
+    np.testing.assert_array_equal(agent.model.mem_leak, MemoryArrayPolicy.leaks(2))
+    assert _selection_score(agent) == pytest.approx(res.best_eval, rel=1e-12)
+    # weights that read the memory (the tiny search may keep update 0, whose readout of it is zero): a
+    # candidate of the search and the model written from it play alike; without the memory it plays otherwise
+    from flowgym.lab import ars
+
+    rng = np.random.default_rng(5)
+    theta = rng.normal(0, 0.3, MemoryArrayPolicy.n_weights(meta["layer_sizes"], 2, 20))
+    spec = {"sizes": meta["layer_sizes"], "obs_low": agent.model.observation_space.low,
+            "obs_high": agent.model.observation_space.high, "env_options": meta["agent_env_options"],
+            "action_repeat": meta["action_repeat"], "leak": MemoryArrayPolicy.leaks(2)}
+    written = ars._policy(theta, spec)
+    assert np.abs(written.layers[0][0][:, 20:]).sum() > 0
+    bad = _tamper(out, tmp_path, "reads-memory", **{ARRAYS_FILE: written.arrays()})
+    ars._init_worker(spec)
+    kw = RandomMix()(np.random.default_rng(20000))
+    candidate = ars._episode((theta, agent._norm, 20000, kw))
+    plays = {}
+    for carry in (True, False):
+        a = LearnedBudget(bad, carry_state=carry)
+        plays[carry] = run_episode(a, kw, 20000, kw.get("horizon")).metrics()["mean_time_in_system"]
+    assert plays[True] == pytest.approx(candidate, rel=1e-12)
+    assert plays[True] != plays[False]
+
+
+def test_a_memory_search_from_a_memoryless_model_starts_at_its_policy(tiny_model, tmp_path):
+    """``init`` from a model without a memory: the memory's readout starts at zero, so the first evaluation
+    is that model's own score; a model with a memory starts only a search with as many units."""
+    out, _ = tiny_model
+    base = train_ars(out=str(tmp_path / "same"), **{**TINY, "iterations": 1}, init=out)
+    mem = train_ars(out=str(tmp_path / "mem"), **{**TINY, "iterations": 1}, init=out, memory=3)
+    assert mem.curves[0]["eval_geo_time_in_system"] == base.curves[0]["eval_geo_time_in_system"]
+    with pytest.raises(ValueError, match=r"has a memory of 3 units .* this search's memory is 2"):
+        train_ars(out=str(tmp_path / "x"), **TINY, init=str(tmp_path / "mem"), memory=2)
+    with pytest.raises(ValueError, match=r"has a memory of 3 units .* this search's memory is 0"):
+        train_ars(out=str(tmp_path / "x"), **TINY, init=str(tmp_path / "mem"))
+    again = train_ars(out=str(tmp_path / "again"), **{**TINY, "iterations": 1}, init=str(tmp_path / "mem"), memory=3)
+    assert again.curves[0]["eval_geo_time_in_system"] == pytest.approx(mem.best_eval, rel=1e-12)
+
+
+def test_memory_config_and_files_are_checked_by_name(memory_model, tmp_path):
+    out, _ = memory_model
+    with pytest.raises(ValueError, match="memory must be a non-negative integer, got -1"):
+        ARSConfig(memory=-1).validate()
+    with pytest.raises(ValueError, match="input_noise is not implemented for a policy with a memory"):
+        ARSConfig(memory=2, input_noise=0.5).validate()
+    with pytest.raises(ValueError, match=r"policy.npz in .* has \['mem_u', 'mem_a', 'mem_b'\] but not \['mem_leak'\]"):
+        LearnedBudget(_tamper(out, tmp_path, "partial", **{ARRAYS_FILE: {"mem_leak": None}}))
+    with pytest.raises(ValueError, match=r"policy.npz in .*: MemoryArrayPolicy: every mem_leak must be in \(0, 1\]"):
+        LearnedBudget(_tamper(out, tmp_path, "leak", **{ARRAYS_FILE: {"mem_leak": np.array([0.5, 2.0])}}))
+    with pytest.raises(ValueError, match=r"mem_u \(2, 19\)"):
+        LearnedBudget(_tamper(out, tmp_path, "short", **{ARRAYS_FILE: {"mem_u": np.zeros((2, 19))}}))
+    with pytest.raises(ValueError, match=r"has arrays \['mem_x'\] that are no layer"):
+        LearnedBudget(_tamper(out, tmp_path, "other", **{ARRAYS_FILE: {"mem_x": np.zeros(2)}}))
+    bad = _tamper(out, tmp_path, "meta", **{})
+    meta = json.load(open(os.path.join(bad, META_FILE)))
+    meta["memory"] = 3
+    json.dump(meta, open(os.path.join(bad, META_FILE), "w"))
+    with pytest.raises(ValueError, match=r"records memory=3, but the weights in policy.npz have a memory of 2 units"):
+        LearnedBudget(bad)
+
+
+def test_train_cli_passes_the_memory_to_ars(seen):
+    with pytest.raises(SystemExit):
+        main(["train", "--quiet", "--memory", "4"])
+    assert seen["cfg"].memory == 4

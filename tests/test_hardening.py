@@ -423,6 +423,13 @@ def _edit_meta(d, **changes):
     ({"agent_env_options": {"_merge": True, "time_model": "llama2-70b-tp2-a100"}}, r"holds \['time_model'\]"),
     ({"agent_env_options": [1, 2]}, r"agent_env_options=\[1, 2\]; expected an object"),
     ({"agent_env_options": {"_merge": True, "max_budget": "256"}}, r"max_budget='256'; expected a positive integer"),
+    # every value as the environment checks it, at load (not first when an environment is built from it)
+    ({"agent_env_options": {"_merge": True, "rate_window": 0}},
+     r"flowgym_agent.json in .*: agent_env_options rate_window must be a positive finite number, got 0"),
+    ({"agent_env_options": {"_merge": True, "multipliers": [0.5, -1]}},
+     r"flowgym_agent.json in .*: agent_env_options multipliers must be a list of positive numbers"),
+    ({"agent_env_options": {"_merge": True, "eviction": "nope"}},
+     r"flowgym_agent.json in .*: agent_env_options eviction must be one of \['all', 'estimate', 'lifo'\], got 'nope'"),
     ({"observation_shape": 20}, r"observation_shape=20; expected a list of positive integers"),
     ({"observation_shape": [20.9]}, r"observation_shape=\[20.9\]"),
     ({"format": 99}, r"format=99; this flowgym reads formats 1 to 2"),

@@ -55,6 +55,7 @@ from flowgym.agents.learned import (
     NORM_FILE,
     ArrayPolicy,
     LearnedBudget,
+    MemoryArrayPolicy,
     describe_action_space,
 )
 from flowgym.sim import _json
@@ -87,6 +88,13 @@ class ARSConfig:
     rate: float | None = None
     #: Hidden layer sizes of the policy (``()``: linear in the load features).
     hidden: tuple[int, ...] = ()
+    #: Units of a memory carried from decision to decision (0: none, the shipped recipe): a
+    #: :class:`~flowgym.agents.learned.MemoryArrayPolicy`, whose leaky tanh units average learned
+    #: projections of the features at fixed time constants from 2 to 128 decisions, and whose network reads
+    #: the features and the memory. The memory's input weights start random (spread ``1/sqrt(n)``), its
+    #: recurrent weights and every weight reading it at zero, so update 0 plays the memoryless policy
+    #: (with :attr:`init`, that model's). docs/training.md, "A memory searched by ARS".
+    memory: int = 0
     #: A model directory of an earlier ``--algo ars`` run (same observation and hidden sizes) whose
     #: weights and frozen normalisation start the search (``None``: zero output weights, a fresh
     #: normalisation). An action with more outputs than that model's starts each new output as a copy
@@ -212,6 +220,9 @@ class ARSConfig:
         if not isinstance(self.hidden, (tuple, list)) or any(
                 isinstance(h, bool) or not isinstance(h, (int, np.integer)) or h < 1 for h in self.hidden):
             raise ValueError(f"hidden must be a list of positive layer sizes (empty: linear), got {self.hidden!r}")
+        pos_int("memory", zero=True)
+        if self.memory > 0 and self.input_noise > 0:
+            raise ValueError("input_noise is not implemented for a policy with a memory (memory > 0): choose one")
         if not isinstance(self.env_overrides, Mapping):
             raise ValueError(f"env_overrides must be a mapping, got {self.env_overrides!r}")
         for bad in ("workload", "observation", "action", "max_budget", "multipliers", "multiplier_of"):
@@ -321,6 +332,22 @@ class _NoisyInputs(ArrayPolicy):
 _NOISE_STREAM = 0x1A5E
 
 
+def _n_weights(spec: dict[str, Any]) -> int:
+    """The search's number of weights: the network's, and the memory's (``spec["leak"]``: its rates, or none)."""
+    leak = spec.get("leak")
+    if leak is None:
+        return ArrayPolicy.n_weights(spec["sizes"])
+    return MemoryArrayPolicy.n_weights(spec["sizes"], len(leak), len(spec["obs_low"]))
+
+
+def _policy(theta: np.ndarray, spec: dict[str, Any], noisy: bool = False) -> ArrayPolicy:
+    """The policy of weights ``theta`` under the search's ``spec`` (layer sizes, observation bounds, memory)."""
+    if spec.get("leak") is not None:
+        return MemoryArrayPolicy.from_vector(theta, spec["sizes"], spec["obs_low"], spec["obs_high"], spec["leak"])
+    return (_NoisyInputs if noisy else ArrayPolicy).from_vector(theta, spec["sizes"], spec["obs_low"],
+                                                                spec["obs_high"])
+
+
 def _episode(task: tuple[Any, ...]) -> float:
     """Mean time in system of the policy with weights ``theta`` and normalisation ``norm`` on one draw
     (seed, its arguments), with ``input_noise`` (a fifth element, 0 if absent) on its inputs."""
@@ -329,8 +356,7 @@ def _episode(task: tuple[Any, ...]) -> float:
     theta, norm, seed, env_kwargs = task[:4]
     sigma = float(task[4]) if len(task) > 4 else 0.0
     s = _SPEC
-    policy = (_NoisyInputs if sigma > 0 else ArrayPolicy).from_vector(np.asarray(theta), s["sizes"], s["obs_low"],
-                                                                      s["obs_high"])
+    policy = _policy(np.asarray(theta), s, noisy=sigma > 0)
     if isinstance(policy, _NoisyInputs):
         policy.sigma, policy.rng = sigma, np.random.default_rng([int(seed), _NOISE_STREAM])
     agent = LearnedBudget.from_policy(policy, norm, s["env_options"], s["action_repeat"])
@@ -361,8 +387,7 @@ def _observations(task: tuple[int, dict[str, Any]]) -> np.ndarray:
 
     seed, env_kwargs = task
     s = _SPEC
-    policy = ArrayPolicy.from_vector(np.zeros(ArrayPolicy.n_weights(s["sizes"])), s["sizes"],
-                                     s["obs_low"], s["obs_high"])
+    policy = _policy(np.zeros(_n_weights(s)), s)
     agent = LearnedBudget.from_policy(policy, None, s["env_options"], s["action_repeat"])
     seen: list[np.ndarray] = []
     act = agent.act
@@ -440,14 +465,17 @@ def _same_option(a: Any, b: Any) -> bool:
 
 
 def _init_from(path: str, sizes: list[int], observation: str, env_options: dict[str, Any] | None = None,
-               action_repeat: int | None = None) -> tuple[np.ndarray, tuple[Any, Any, float, float]]:
+               action_repeat: int | None = None, memory: int = 0) -> tuple[np.ndarray, tuple[Any, Any, float, float]]:
     """The weight vector (layer sizes ``sizes``) and the normalisation ``(mean, var, eps, clip)`` of the
     ``--algo ars`` model in ``path``; outputs it lacks copy its last output, inputs it lacks (a longer
     load observation that begins with its own) get zero weights. The normalisation covers the model's
     own inputs only. ``env_options`` (the search's agent options) and ``action_repeat``, when given, must be
     the model's (but for the longer load observation above and ``multiplier_of`` ``"max-head"`` to
     ``"max-drain"``): the same weights under another action, rate window or decision interval would be
-    another policy. Raises ``ValueError`` naming what does not fit."""
+    another policy. A model with a memory (:class:`MemoryArrayPolicy`) starts a search with a memory of as
+    many units on the same observation (its memory's weights follow its network's); a memoryless model starts
+    a search with a memory too (the network's weights on the memory start at zero, and the search adds the
+    memory's own). Raises ``ValueError`` naming what does not fit."""
     from flowgym.envs.spaces import LOAD_OBSERVATIONS
     from flowgym.sim.estimators import FEATURE_VERSIONS
 
@@ -477,6 +505,14 @@ def _init_from(path: str, sizes: list[int], observation: str, env_options: dict[
     if action_repeat is not None and agent.action_repeat != action_repeat:
         raise ValueError(f"{where} decides every {agent.action_repeat} slots (action_repeat); this search's "
                          f"action_repeat is {action_repeat}")
+    theirs_m = getattr(agent.model, "memory", 0)
+    if theirs_m and (theirs_m != memory or have != observation):
+        raise ValueError(f"{where} has a memory of {theirs_m} units and sees observation={have!r}; this search's "
+                         f"memory is {memory} and its observation {observation!r} (a model with a memory starts "
+                         "only a search with the same memory and observation)")
+    if theirs_m and not np.array_equal(agent.model.mem_leak, MemoryArrayPolicy.leaks(memory)):
+        raise ValueError(f"{where} has memory leak rates {agent.model.mem_leak.tolist()}, not the search's "
+                         f"{MemoryArrayPolicy.leaks(memory).tolist()}")
     layers = agent.model.layers
     old = [layers[0][0].shape[1]] + [w.shape[0] for w, _ in layers]
     if old[1:-1] != sizes[1:-1] or old[0] > sizes[0] or old[-1] > sizes[-1]:
@@ -491,6 +527,8 @@ def _init_from(path: str, sizes: list[int], observation: str, env_options: dict[
             w = np.vstack([w] + [w[-1:]] * extra)
             b = np.concatenate([b] + [b[-1:]] * extra)
         parts += [w.reshape(-1), b]
+    if theirs_m:
+        parts += [agent.model.mem_u.reshape(-1), agent.model.mem_a.reshape(-1), agent.model.mem_b]
     with np.load(os.path.join(path, NORM_FILE), allow_pickle=False) as z:  # checked by LearnedBudget above
         norm = (z["obs_mean"].astype(np.float64), z["obs_var"].astype(np.float64), float(z["epsilon"]),
                 float(z["clip_obs"]))
@@ -561,36 +599,43 @@ def train_ars(cfg: ARSConfig | None = None, *, on_iteration: Any = None, **overr
 
     probe = FlowControlEnv(**{**draw(cfg.seed), **env_options})
     obs_low, obs_high = np.asarray(probe.observation_space.low), np.asarray(probe.observation_space.high)
-    sizes = [int(obs_low.shape[0]), *[int(h) for h in cfg.hidden], int(probe.action_space.shape[0])]
-    n_w = ArrayPolicy.n_weights(sizes)
+    n_obs = int(obs_low.shape[0])
+    # the network reads the observation and, with a memory, the memory after it
+    sizes = [n_obs + cfg.memory, *[int(h) for h in cfg.hidden], int(probe.action_space.shape[0])]
+    leak = MemoryArrayPolicy.leaks(cfg.memory) if cfg.memory else None
+    spec = {"sizes": sizes, "obs_low": obs_low, "obs_high": obs_high,
+            "env_options": env_options, "action_repeat": cfg.action_repeat, "leak": leak}
+    n_w = _n_weights(spec)
+    n_net = ArrayPolicy.n_weights(sizes)
     rng = np.random.default_rng(cfg.seed)
     theta = np.zeros(n_w)
     start = None if cfg.init is None else _init_from(cfg.init_path, sizes, cfg.observation, env_options,
-                                                         cfg.action_repeat)
+                                                         cfg.action_repeat, memory=cfg.memory)
     mask = None  # the weights the search moves (None: all)
     if start is not None:
-        theta = start[0]
+        theta[:len(start[0])] = start[0]  # the network's (and the memory's, from a model with one)
         if cfg.search == "new-inputs":
-            mask = _new_input_mask(sizes, len(start[1][0]))
+            mask = np.ones(n_w)  # the memory's weights move
+            mask[:n_net] = _new_input_mask(sizes, len(start[1][0]))
     elif cfg.hidden:  # a network needs random hidden weights (the output layer starts at zero: every k = 1.41)
         k = 0
         for a, b in zip(sizes[:-2], sizes[1:-1]):
             theta[k:k + a * b] = rng.normal(0.0, 1.0 / math.sqrt(a), a * b)
             k += a * b + b
-    spec = {"sizes": sizes, "obs_low": obs_low, "obs_high": obs_high,
-            "env_options": env_options, "action_repeat": cfg.action_repeat}
+    if cfg.memory and (start is None or len(start[0]) == n_net):  # a fresh memory: random input weights, A = c = 0
+        theta[n_net:n_net + cfg.memory * n_obs] = rng.normal(0.0, 1.0 / math.sqrt(n_obs), cfg.memory * n_obs)
     os.makedirs(cfg.out, exist_ok=True)
     runner = _Runner(spec, cfg.workers)
     t0 = time.perf_counter()
     try:
-        if start is None or len(start[1][0]) < sizes[0]:  # the features' mean and spread under zero weights
+        if start is None or len(start[1][0]) < n_obs:  # the features' mean and spread under zero weights
             obs = runner.map(_observations, [(cfg.seed - 1 - j, draw(cfg.seed - 1 - j)) for j in range(cfg.norm_draws)])
             allobs = np.concatenate(obs)
             mean, var = allobs.mean(axis=0), allobs.var(axis=0)
             eps, clip = 1e-8, 10.0
         if start is not None:  # the starting model's normalisation of its inputs, which its weights were found with
             m0, v0, eps, clip = start[1]
-            if len(m0) < sizes[0]:  # new inputs: their fresh normalisation
+            if len(m0) < n_obs:  # new inputs: their fresh normalisation
                 mean, var = np.concatenate([m0, mean[len(m0):]]), np.concatenate([v0, var[len(m0):]])
             else:
                 mean, var = m0, v0
@@ -651,11 +696,11 @@ def train_ars(cfg: ARSConfig | None = None, *, on_iteration: Any = None, **overr
         runner.close()
     wall = time.perf_counter() - t0
 
-    policy = ArrayPolicy.from_vector(iterates[best[1]], sizes, obs_low, obs_high)
+    policy = _policy(iterates[best[1]], spec)
     seed_ranges = cfg.seed_ranges()
     norm_from: Any = list(seed_ranges["normalisation"])
     if start is not None:
-        norm_from = f"from {cfg.init_path}" + ("" if len(start[1][0]) == sizes[0] else f"; its new inputs from {norm_from}")
+        norm_from = f"from {cfg.init_path}" + ("" if len(start[1][0]) == n_obs else f"; its new inputs from {norm_from}")
     np.savez(os.path.join(cfg.out, ARRAYS_FILE), **policy.arrays())
     np.savez(os.path.join(cfg.out, NORM_FILE), obs_low=obs_low, obs_high=obs_high, obs_mean=mean, obs_var=var,
              epsilon=np.float64(eps), clip_obs=np.float64(clip))
@@ -678,6 +723,7 @@ def train_ars(cfg: ARSConfig | None = None, *, on_iteration: Any = None, **overr
         "budget_levels": None,
         "action_rule": "mode",
         "layer_sizes": sizes,
+        **({"memory": cfg.memory} if cfg.memory else {}),
         "hyperparameters": cfg.hyperparameters(),
         "seeds": {"train": list(seed_ranges["training"]),
                   "normalisation": norm_from,

@@ -585,7 +585,7 @@ _SB3_ONLY = ("n_envs", "vec_env", "learning_rate", "n_steps", "batch_size", "n_e
              "action_rule", "budget_levels", "norm_obs", "norm_reward", "clip_obs", "eval_freq", "checkpoint_freq",
              "select", "torch_threads", "device", "total_timesteps", "trials", "address")
 _ARS_ONLY = ("iterations", "directions", "draws", "noise", "step_size", "hidden", "eval_every", "norm_draws", "init",
-             "search", "hinge", "input_noise")
+             "search", "hinge", "input_noise", "memory")
 
 
 def _train_ars(args: argparse.Namespace) -> int:
@@ -604,7 +604,8 @@ def _train_ars(args: argparse.Namespace) -> int:
         print(f"error: {', '.join(given)} configure the SB3 algorithms (add --algo ppo, or another, to train with "
               "SB3); --algo ars, the default without --scenario, trains a numpy policy on the load "
               "features with the log-multiplier action (its options: --iterations, --directions, --draws, --noise, "
-              "--step-size, --hidden, --eval-every, --norm-draws, --init, --search, --hinge, --input-noise; docs/training.md)", file=sys.stderr)
+              "--step-size, --hidden, --memory, --eval-every, --norm-draws, --init, --search, --hinge, --input-noise; "
+              "docs/training.md)", file=sys.stderr)
         return 2
     kw: dict[str, Any] = {}
     for k in ("scenario", "rate", "observation", "multipliers", "multiplier_of", "max_budget", "action_repeat", "eval_episodes",
@@ -625,8 +626,9 @@ def _train_ars(args: argparse.Namespace) -> int:
     cfg.validate()
     _writable_dir("--out", cfg.out)
     on = _trained_on(cfg)
-    print(f"training ars (augmented random search, {'linear' if not cfg.hidden else 'hidden ' + str(list(cfg.hidden))} "
-          f"policy) on {on}: {cfg.iterations} updates x {2 * cfg.directions} candidates x {cfg.draws} draws "
+    shape = ('linear' if not cfg.hidden else 'hidden ' + str(list(cfg.hidden))) + " policy"
+    shape += f" with a memory of {cfg.memory} units" if cfg.memory else ""
+    print(f"training ars (augmented random search, {shape}) on {on}: {cfg.iterations} updates x {2 * cfg.directions} candidates x {cfg.draws} draws "
           f"({cfg.workers} processes, seed {cfg.seed}); load average {os.getloadavg()[0]:.2f}; writing {cfg.out}/")
     res = train_ars(cfg)
     score = "geometric mean time in system" + (f" penalised by --hinge {cfg.hinge:g}" if cfg.hinge else "")
@@ -967,6 +969,9 @@ def build_parser() -> argparse.ArgumentParser:
     t.add_argument("--step-size", type=float, default=None, help=f"(ars) step size (default {a.step_size})")
     t.add_argument("--hidden", type=_int_list("--hidden", 1, "8"), default=None,
                    help="(ars) hidden layer sizes of the policy (default: none, a linear policy)")
+    t.add_argument("--memory", type=int, default=None, metavar="M",
+                   help="(ars) a memory of M leaky tanh units carried from decision to decision, read by the policy "
+                   f"(default {a.memory}: none; docs/training.md, 'A memory searched by ARS')")
     t.add_argument("--init", default=None, metavar="DIR|shipped",
                    help="(ars) start the search from the weights and normalisation of an earlier --algo ars model "
                    "(same observation and hidden layers; new action outputs copy its last, so --multiplier-of "
