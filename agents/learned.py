@@ -18,7 +18,9 @@ from flowgym.envs.flow_control import OBSERVATION_OPTIONS, FlowControlConfig
 from flowgym.envs.spaces import LOAD_OBSERVATIONS, MULTIPLIER_OF, log_multiplier_size
 from flowgym.envs.view import SystemView
 from flowgym.sim import _json
+from flowgym.sim._checks import is_count
 from flowgym.sim.estimators import FEATURE_VERSIONS
+from flowgym.sim.latency import PRESETS as LATENCY_PRESETS
 
 __all__ = [
     "LearnedBudget",
@@ -759,7 +761,7 @@ def _load_arrays(path: str, meta: dict[str, Any]) -> tuple[ArrayPolicy, Any]:
             policy = ArrayPolicy(layers, arrays["obs_low"], arrays["obs_high"])
     except ValueError as e:
         raise ValueError(f"learned agent: {ARRAYS_FILE} in {path!r}: {e}") from None
-    if "memory" in meta and meta["memory"] != getattr(policy, "memory", 0):
+    if "memory" in meta and not (is_count(meta["memory"]) and meta["memory"] == getattr(policy, "memory", 0)):
         raise ValueError(f"learned agent: {META_FILE} in {path!r} records memory={meta['memory']!r}, but the "
                          f"weights in {ARRAYS_FILE} have a memory of {getattr(policy, 'memory', 0)} units")
     sizes = [int(layers[0][0].shape[1]), *(int(w.shape[0]) for w, _ in layers)]
@@ -807,10 +809,18 @@ def _check_meta(meta: dict[str, Any], path: str) -> None:
     mb = opts.get("max_budget", 1)
     if isinstance(mb, bool) or not isinstance(mb, int) or mb < 1:
         raise ValueError(f"{where}: agent_env_options max_budget={mb!r}; expected a positive integer")
-    try:  # every value as the environment checks it (a bad rate_window would otherwise fail only when it is built)
-        FlowControlConfig(**opts).validate()
-    except (ValueError, TypeError) as e:
-        raise ValueError(f"{where}: agent_env_options {e}") from None
+    # every value as the environment checks it (a bad one would otherwise fail only when an environment is built);
+    # a model declares no clock, so its options must hold in slots or in continuous time (rate_window is in slots
+    # or in seconds), and reset() compares them with the environment it meets
+    errors: list[Exception] = []
+    for clock in ("slot", next(iter(LATENCY_PRESETS))):
+        try:
+            FlowControlConfig(**opts, time_model=clock).validate()
+            break
+        except (ValueError, TypeError, OverflowError) as e:
+            errors.append(e)
+    else:
+        raise ValueError(f"{where}: agent_env_options {errors[0]}")
     algo = meta.get("algo")
     if algo is not None and not isinstance(algo, str):
         raise ValueError(f"{where} has algo={algo!r}; expected a name such as 'ppo' or 'ars'")

@@ -56,8 +56,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     ap.add_argument("--distribution", default="{}",
                     help='JSON overrides of RandomMix fields, e.g. \'{"trace_p": 0, "phase_scale": "uniform"}\'')
     ap.add_argument("--memoryless", action="store_true",
-                    help="also play each recurrent model with its LSTM state zeroed before every decision "
-                    "(the row '<model> (state zeroed)'): what its memory is worth")
+                    help="also play each recurrent model (an LSTM, or an --algo ars model with --memory) with its "
+                    "state zeroed before every decision (the row '<model> (state zeroed)'): what its memory is worth")
     args = ap.parse_args(argv)
     if args.draws < 2:
         ap.error("--draws must be at least 2")

@@ -625,10 +625,11 @@ def test_a_candidate_has_the_meta_of_the_model_written_from_it(tiny_model):
 
 def test_extra_or_complex_weights_are_refused(tiny_model, tmp_path):
     out, _ = tiny_model
-    with pytest.raises(ValueError, match=r"has arrays \['w5'\] that are no layer \(expected w0, b0, \.\.\., w0, b0\)"):
+    with pytest.raises(ValueError, match=r"has arrays \['w5'\] that are no layer \(expected w0, b0, \.\.\., w0, b0, and "
+                                         r"for a memory mem_u, mem_a, mem_b, mem_leak\)"):
         LearnedBudget(_tamper(out, tmp_path, "extra1", **{ARRAYS_FILE: {"w5": np.zeros((1, 1))}}))
     two = {"w0": np.zeros((3, 20)), "b0": np.zeros(3), "w1": np.zeros((1, 3)), "b1": np.zeros(1), "c": np.zeros(1)}
-    with pytest.raises(ValueError, match=r"has arrays \['c'\] that are no layer \(expected w0, b0, \.\.\., w1, b1\)"):
+    with pytest.raises(ValueError, match=r"has arrays \['c'\] that are no layer \(expected w0, b0, \.\.\., w1, b1, and "):
         LearnedBudget(_tamper(out, tmp_path, "extra2", **{ARRAYS_FILE: two}))
     with pytest.raises(ValueError, match="that are no layer"):
         LearnedBudget(_tamper(out, tmp_path, "extra", **{ARRAYS_FILE: {"w5": np.zeros((1, 1))}}))
@@ -883,6 +884,17 @@ def test_a_memory_search_from_a_memoryless_model_starts_at_its_policy(tiny_model
         train_ars(out=str(tmp_path / "x"), **TINY, init=str(tmp_path / "mem"))
     again = train_ars(out=str(tmp_path / "again"), **{**TINY, "iterations": 1}, init=str(tmp_path / "mem"), memory=3)
     assert again.curves[0]["eval_geo_time_in_system"] == pytest.approx(mem.best_eval, rel=1e-12)
+    with pytest.raises(ValueError, match=r"search='new-inputs': the init model .* has this search's memory and "
+                                          "observation; there is no new input"):
+        train_ars(out=str(tmp_path / "x"), **TINY, init=str(tmp_path / "mem"), memory=3, search="new-inputs")
+    # from a memoryless model the memory is the new input: only its weights, the network's on it and the biases move
+    train_ars(out=str(tmp_path / "ni"), **{**TINY, "iterations": 1}, init=out, memory=3, search="new-inputs")
+    its = np.load(tmp_path / "ni" / ITERATES_FILE)
+    moved = np.flatnonzero(its[1] != its[0])
+    n_net = 23 * 2 + 2
+    w_memory_columns = [r * 23 + c for r in range(2) for c in range(20, 23)]
+    assert set(moved) <= set(w_memory_columns) | {46, 47} | set(range(n_net, len(its[0])))
+    assert set(moved) & set(range(n_net, len(its[0]))) and set(moved) & set(w_memory_columns)
 
 
 def test_memory_config_and_files_are_checked_by_name(memory_model, tmp_path):
@@ -901,10 +913,12 @@ def test_memory_config_and_files_are_checked_by_name(memory_model, tmp_path):
         LearnedBudget(_tamper(out, tmp_path, "other", **{ARRAYS_FILE: {"mem_x": np.zeros(2)}}))
     bad = _tamper(out, tmp_path, "meta", **{})
     meta = json.load(open(os.path.join(bad, META_FILE)))
-    meta["memory"] = 3
-    json.dump(meta, open(os.path.join(bad, META_FILE), "w"))
-    with pytest.raises(ValueError, match=r"records memory=3, but the weights in policy.npz have a memory of 2 units"):
-        LearnedBudget(bad)
+    for wrong in (3, 2.0, True, "2"):
+        meta["memory"] = wrong
+        json.dump(meta, open(os.path.join(bad, META_FILE), "w"))
+        with pytest.raises(ValueError, match=rf"records memory={wrong!r}, but the weights in policy.npz have a "
+                                             "memory of 2 units"):
+            LearnedBudget(bad)
 
 
 def test_train_cli_passes_the_memory_to_ars(seen):

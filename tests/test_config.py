@@ -78,6 +78,11 @@ BAD = [
     (dict(queue_cap=10**40), "queue_cap"),
     (dict(projection_cap=1e39), "projection_cap"),
     (dict(action="multiplier", multipliers=(1.0, 1e308)), "multipliers"),
+    # an integer too large for a float (a JSON file can hold one): OverflowError inside math.isfinite before
+    (dict(rate_window=10**400), "rate_window"),
+    (dict(queue_token_cap=10**400), "queue_token_cap"),
+    (dict(action="multiplier", multipliers=(1.0, 10**400)), "multipliers"),
+    (dict(reward_weights={"in_system": 10**400}), "in_system"),
     (dict(reward_weights={"in_system": True}), "in_system"),
     (dict(horizon=None), "horizon"),
     (dict(horizon=None, workload=_poisson()), "horizon"),

@@ -720,6 +720,9 @@ def test_shipped_generalist_loads_and_runs_without_training():
         if key == "input_noise" and key not in hp:  # added since (default 0: no noise on the inputs, as then)
             assert value == 0.0
             continue
+        if key == "memory" and key not in hp:  # added since (default 0: no memory, as then)
+            assert value == 0
+            continue
         if key not in ("out", "workers", "progress", "distribution"):
             assert hp[key] == (list(value) if isinstance(value, tuple) else value), key
     # today's default distribution (fields added since, phase_overload_p and shared_lengths_p, are missing there

@@ -428,6 +428,8 @@ def _edit_meta(d, **changes):
      r"flowgym_agent.json in .*: agent_env_options rate_window must be a positive finite number, got 0"),
     ({"agent_env_options": {"_merge": True, "multipliers": [0.5, -1]}},
      r"flowgym_agent.json in .*: agent_env_options multipliers must be a list of positive numbers"),
+    ({"agent_env_options": {"_merge": True, "rate_window": 10**400}},
+     r"flowgym_agent.json in .*: agent_env_options rate_window must be a positive finite number"),
     ({"agent_env_options": {"_merge": True, "eviction": "nope"}},
      r"flowgym_agent.json in .*: agent_env_options eviction must be one of \['all', 'estimate', 'lifo'\], got 'nope'"),
     ({"observation_shape": 20}, r"observation_shape=20; expected a list of positive integers"),
@@ -444,6 +446,20 @@ def test_model_json_fields_are_checked_by_name(tmp_path, changes, match):
     _edit_meta(d, **changes)
     with pytest.raises(ValueError, match=match):
         LearnedBudget(str(d))
+
+
+def test_a_model_whose_options_hold_in_continuous_time_only_loads(tmp_path):
+    """A model declares no clock: a rate window of half a second (below the slot model's 1) is a valid option of a
+    model trained in continuous time, so it loads; the environment it meets is compared at reset."""
+    from flowgym.agents.learned import LearnedBudget
+    from flowgym.envs.flow_control import FlowControlConfig
+
+    d = _ars_copy(tmp_path)
+    _edit_meta(d, agent_env_options={"_merge": True, "rate_window": 0.5})
+    agent = LearnedBudget(str(d))
+    assert agent.requires["rate_window"] == 0.5
+    with pytest.raises(ValueError, match=r"was trained with rate_window=0.5; this environment has rate_window=32"):
+        agent.reset(FlowControlConfig(**{**agent.requires, "rate_window": 32.0}))
 
 
 def test_an_upper_case_array_algorithm_name_still_loads_with_numpy(tmp_path):

@@ -9,7 +9,8 @@ window recorded in ``flowgym_agent.json`` (``"averaged_updates"``)::
 
     python benchmarks/learned_experiments/average_iterates.py runs/ars9r --updates 21-80 --out runs/ars9r-avg21
 
-With ``--with RUN2 [RUN3 ...]`` (linear policies only) it averages over searches as well: each run's mean
+A run with a memory (``--memory``) averages its memory's weights too (its leak rates are fixed). With
+``--with RUN2 [RUN3 ...]`` (memoryless linear policies only) it averages over searches as well: each run's mean
 iterate over the same window, rewritten for the first run's normalisation (a linear map of
 ``(x - m2) / s2`` is the linear map of ``(x - m1) / s1`` with its columns scaled by ``s1 / s2`` and its bias
 moved by ``W (m1 - m2) / s2``; exact but for the clip at 10 spreads, which the two normalisations place
@@ -27,7 +28,7 @@ from collections.abc import Sequence
 
 import numpy as np
 
-from flowgym.agents.learned import ARRAYS_FILE, META_FILE, NORM_FILE, ArrayPolicy
+from flowgym.agents.learned import ARRAYS_FILE, META_FILE, NORM_FILE, ArrayPolicy, MemoryArrayPolicy
 from flowgym.lab.ars import ITERATES_FILE
 
 
@@ -51,6 +52,9 @@ def write_average(run: str, first: int, last: int, out: str, others: Sequence[st
     with open(os.path.join(run, META_FILE)) as fh:
         meta = json.load(fh)
     sizes = meta["layer_sizes"]
+    memory = int(meta.get("memory", 0))
+    if others and memory:
+        raise ValueError(f"--with averages memoryless linear policies only; {run} has a memory of {memory} units")
     if others:
         if len(sizes) != 2:
             raise ValueError(f"--with averages linear policies only; {run} has layer sizes {sizes}")
@@ -68,7 +72,8 @@ def write_average(run: str, first: int, last: int, out: str, others: Sequence[st
         meta["averaged_with"] = list(others)
     with np.load(os.path.join(run, NORM_FILE), allow_pickle=False) as z:
         low, high = z["obs_low"], z["obs_high"]
-    policy = ArrayPolicy.from_vector(theta, sizes, low, high)
+    policy = (MemoryArrayPolicy.from_vector(theta, sizes, low, high, MemoryArrayPolicy.leaks(memory)) if memory
+              else ArrayPolicy.from_vector(theta, sizes, low, high))
     os.makedirs(out, exist_ok=True)
     shutil.copy(os.path.join(run, NORM_FILE), os.path.join(out, NORM_FILE))
     np.savez(os.path.join(out, ARRAYS_FILE), **policy.arrays())

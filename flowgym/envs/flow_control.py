@@ -12,7 +12,7 @@ from typing import Any
 import gymnasium as gym
 import numpy as np
 
-from flowgym.sim._checks import MAX_COUNT, is_real
+from flowgym.sim._checks import MAX_COUNT, is_finite_real
 from flowgym.sim.admission import AdmissionRule
 from flowgym.sim.engine import EVICTION_RULES, QUEUE_ORDERS, RECORD_MODES, Engine
 from flowgym.sim.vllm import ENGINE_MODES, VLLM_MODE, VllmOptions, make_engine
@@ -216,7 +216,7 @@ class FlowControlConfig:
                 raise ValueError(f"{name} must be a positive integer, got {v!r}")
 
         def pos_num(name: str, v: Any) -> None:
-            if not is_real(v) or not (math.isfinite(v) and v > 0):
+            if not is_finite_real(v) or not v > 0:  # is_finite_real: 10**400 too, which math.isfinite raises on
                 raise ValueError(f"{name} must be a positive finite number, got {v!r}")
 
         def at_most(name: str, v: Any, cap: float, why: str) -> None:
@@ -263,7 +263,7 @@ class FlowControlConfig:
             not isinstance(ks, (list, tuple))
             or not ks
             or any(isinstance(k, (bool, np.bool_)) or not isinstance(k, (int, float, np.integer, np.floating))
-                   or not (math.isfinite(k) and 0 < k <= MAX_MULTIPLIER) for k in ks)
+                   or not (is_finite_real(k) and 0 < k <= MAX_MULTIPLIER) for k in ks)
             or any(b <= a for a, b in zip(ks, ks[1:]))
         ):
             raise ValueError(f"multipliers must be a list of positive numbers up to {MAX_MULTIPLIER:g} in ascending "
@@ -308,7 +308,7 @@ class FlowControlConfig:
         if bad:
             raise ValueError(f"reward_weights has unknown key(s) {bad}; valid: {sorted(DEFAULT_REWARD_WEIGHTS)}")
         for k, v in self.reward_weights.items():
-            if not is_real(v) or not math.isfinite(v):
+            if not is_finite_real(v):
                 raise ValueError(f"reward_weights[{k!r}] must be a finite number, got {v!r}")
         # the defaults of the weights not listed count too: they are merged into the reward
         for k, v in {**DEFAULT_REWARD_WEIGHTS, **self.reward_weights}.items():

@@ -92,8 +92,11 @@ class ARSConfig:
     #: :class:`~flowgym.agents.learned.MemoryArrayPolicy`, whose leaky tanh units average learned
     #: projections of the features at fixed time constants from 2 to 128 decisions, and whose network reads
     #: the features and the memory. The memory's input weights start random (spread ``1/sqrt(n)``), its
-    #: recurrent weights and every weight reading it at zero, so update 0 plays the memoryless policy
-    #: (with :attr:`init`, that model's). docs/training.md, "A memory searched by ARS".
+    #: recurrent weights and biases at zero, and the output layer's weights on it at zero (with
+    #: :attr:`hidden`, the first hidden layer reads it with random weights, as it reads the features), so
+    #: update 0 plays the memoryless policy (with :attr:`init`, that model's). With :attr:`init` a memoryless
+    #: model, ``search="new-inputs"`` moves the memory (its weights, the network's on it, the output biases).
+    #: Not with :attr:`input_noise`. docs/training.md, "A memory searched by ARS".
     memory: int = 0
     #: A model directory of an earlier ``--algo ars`` run (same observation and hidden sizes) whose
     #: weights and frozen normalisation start the search (``None``: zero output weights, a fresh
@@ -615,6 +618,9 @@ def train_ars(cfg: ARSConfig | None = None, *, on_iteration: Any = None, **overr
     if start is not None:
         theta[:len(start[0])] = start[0]  # the network's (and the memory's, from a model with one)
         if cfg.search == "new-inputs":
+            if len(start[0]) == n_w and len(start[1][0]) == n_obs:  # a model with this memory and observation
+                raise ValueError(f"search='new-inputs': the init model {cfg.init_path!r} has this search's memory "
+                                 "and observation; there is no new input to search")
             mask = np.ones(n_w)  # the memory's weights move
             mask[:n_net] = _new_input_mask(sizes, len(start[1][0]))
     elif cfg.hidden:  # a network needs random hidden weights (the output layer starts at zero: every k = 1.41)

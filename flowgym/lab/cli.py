@@ -971,7 +971,7 @@ def build_parser() -> argparse.ArgumentParser:
                    help="(ars) hidden layer sizes of the policy (default: none, a linear policy)")
     t.add_argument("--memory", type=int, default=None, metavar="M",
                    help="(ars) a memory of M leaky tanh units carried from decision to decision, read by the policy "
-                   f"(default {a.memory}: none; docs/training.md, 'A memory searched by ARS')")
+                   f"(default {a.memory}: none; not with --input-noise; docs/training.md, 'A memory searched by ARS')")
     t.add_argument("--init", default=None, metavar="DIR|shipped",
                    help="(ars) start the search from the weights and normalisation of an earlier --algo ars model "
                    "(same observation and hidden layers; new action outputs copy its last, so --multiplier-of "
