@@ -563,7 +563,7 @@ class MemoryArrayPolicy(ArrayPolicy):
         return 1.0 / (2.0 * 64.0 ** (np.arange(m) / (m - 1)))
 
     @staticmethod
-    def n_weights(sizes: list[int], memory: int = 0, n_obs: int = 0) -> int:  # type: ignore[override]
+    def n_weights(sizes: list[int], memory: int, n_obs: int) -> int:  # type: ignore[override]
         """How many weights the network of layer sizes ``sizes`` (its first reading ``n_obs + memory`` inputs)
         and a memory of ``memory`` units on ``n_obs`` features have."""
         return ArrayPolicy.n_weights(sizes) + memory * (n_obs + memory + 1)

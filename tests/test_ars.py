@@ -820,8 +820,15 @@ def test_memory_policy_is_a_leaky_tanh_layer_read_with_the_features():
     np.testing.assert_allclose(a2[1], a1[1])
     assert not np.allclose(a2[0], a1[0])
     assert pol.recurrent and not ArrayPolicy.recurrent
-    with pytest.raises(ValueError, match=r"every mem_leak must be in \(0, 1\]"):
-        MemoryArrayPolicy(pol.layers, -np.ones(4), np.ones(4), pol.mem_u, pol.mem_a, pol.mem_b, np.array([0.5, 0.0]))
+    np.testing.assert_array_equal(pol(x), pol.step(x)[0])  # calling it: the actions of a first decision
+    for bad_leak in ([0.5, 0.0], [0.5, 1.5], [0.5, -0.5]):
+        with pytest.raises(ValueError, match=r"every mem_leak must be in \(0, 1\]"):
+            MemoryArrayPolicy(pol.layers, -np.ones(4), np.ones(4), pol.mem_u, pol.mem_a, pol.mem_b, np.array(bad_leak))
+    # the edges: a leak of 1 (no memory of the past beyond one decision) and a memory of one unit
+    edge = MemoryArrayPolicy(pol.layers, -np.ones(4), np.ones(4), pol.mem_u, pol.mem_a, pol.mem_b, np.array([0.5, 1.0]))
+    np.testing.assert_allclose(edge.step(x, h0)[1][:, 1], np.tanh(x @ pol.mem_u.T + h0 @ pol.mem_a.T + pol.mem_b)[:, 1])
+    one, _, _, _ = _memory_policy(m=1)
+    assert one.memory == 1 and one.step(x)[1].shape == (3, 1)
     with pytest.raises(ValueError, match=r"mem_a \(3, 3\).*expected \(m, 4\), \(m, m\)"):
         MemoryArrayPolicy(pol.layers, -np.ones(4), np.ones(4), pol.mem_u, np.zeros((3, 3)), pol.mem_b, leak)
     with pytest.raises(ValueError, match="mem_u holds a non-finite weight"):
