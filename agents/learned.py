@@ -819,8 +819,8 @@ def _check_meta(meta: dict[str, Any], path: str) -> None:
             break
         except (ValueError, TypeError, OverflowError) as e:
             errors.append(e)
-    else:
-        raise ValueError(f"{where}: agent_env_options {errors[0]}")
+    else:  # the continuous-time error: the slot clock's may be its rate_window alone, valid in seconds
+        raise ValueError(f"{where}: agent_env_options {errors[-1]}")
     algo = meta.get("algo")
     if algo is not None and not isinstance(algo, str):
         raise ValueError(f"{where} has algo={algo!r}; expected a name such as 'ppo' or 'ars'")

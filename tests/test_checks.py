@@ -16,7 +16,7 @@ def test_non_negative_accepts_zero_and_finite_numbers():
     assert non_negative("rate", 2.5) == 2.5
     assert non_negative("rate", np.int64(3)) == 3.0
     assert non_negative("rate", "1.5") == 1.5  # anything float() reads
-    for bad in (-1e-300, -1, math.inf, math.nan, True, False, None, "x", [1.0]):
+    for bad in (-1e-300, -1, math.inf, math.nan, True, False, None, "x", [1.0], 10**400):
         with pytest.raises(ValueError, match=r"^rate must be a non-negative finite number, got "):
             non_negative("rate", bad)
 

@@ -83,6 +83,7 @@ BAD = [
     (dict(queue_token_cap=10**400), "queue_token_cap"),
     (dict(action="multiplier", multipliers=(1.0, 10**400)), "multipliers"),
     (dict(reward_weights={"in_system": 10**400}), "in_system"),
+    (dict(time_model={"kind": "linear", "c0": 10**400}), "c0"),
     (dict(reward_weights={"in_system": True}), "in_system"),
     (dict(horizon=None), "horizon"),
     (dict(horizon=None, workload=_poisson()), "horizon"),

@@ -430,6 +430,9 @@ def _edit_meta(d, **changes):
      r"flowgym_agent.json in .*: agent_env_options multipliers must be a list of positive numbers"),
     ({"agent_env_options": {"_merge": True, "rate_window": 10**400}},
      r"flowgym_agent.json in .*: agent_env_options rate_window must be a positive finite number"),
+    # bad in either clock beside a rate_window valid only in seconds: the bad field is named, not rate_window
+    ({"agent_env_options": {"_merge": True, "rate_window": 0.5, "eviction": "nope"}},
+     r"flowgym_agent.json in .*: agent_env_options eviction must be one of"),
     ({"agent_env_options": {"_merge": True, "eviction": "nope"}},
      r"flowgym_agent.json in .*: agent_env_options eviction must be one of \['all', 'estimate', 'lifo'\], got 'nope'"),
     ({"observation_shape": 20}, r"observation_shape=20; expected a list of positive integers"),

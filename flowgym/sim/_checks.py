@@ -58,7 +58,7 @@ def non_negative(name: str, value: Any) -> float:
     """``value`` as a finite float >= 0, else ``ValueError`` naming ``name``."""
     try:
         x = float(value)
-    except (TypeError, ValueError):
+    except (TypeError, ValueError, OverflowError):  # OverflowError: an integer too large for a float (10**400)
         raise ValueError(f"{name} must be a non-negative finite number, got {value!r}") from None
     if isinstance(value, bool) or not math.isfinite(x) or x < 0:
         raise ValueError(f"{name} must be a non-negative finite number, got {value!r}")
