@@ -576,10 +576,10 @@ class MemoryArrayPolicy(ArrayPolicy):
         rates (``m`` of them)."""
         leak = np.asarray(leak, dtype=np.float64)
         m, n_obs = len(leak), np.asarray(obs_low).shape[0]
-        n_net = ArrayPolicy.n_weights(sizes)
-        if sizes[0] != n_obs + m or len(theta) != n_net + m * (n_obs + m + 1):
+        n_net, need = ArrayPolicy.n_weights(sizes), MemoryArrayPolicy.n_weights(sizes, m, n_obs)
+        if sizes[0] != n_obs + m or len(theta) != need:
             raise ValueError(f"MemoryArrayPolicy: {len(theta)} weights for layer sizes {sizes} and a memory of {m} "
-                             f"on {n_obs} inputs (which need {n_net + m * (n_obs + m + 1)}, and sizes[0] = {n_obs + m})")
+                             f"on {n_obs} inputs (which need {need}, and sizes[0] = {n_obs + m})")
         net = ArrayPolicy.from_vector(theta[:n_net], sizes, np.zeros(sizes[0]), np.zeros(sizes[0]))
         k = n_net
         u = theta[k:k + m * n_obs].reshape(m, n_obs)

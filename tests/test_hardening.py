@@ -174,7 +174,7 @@ class _Payload:
 
 
 def _model_copy(tmp_path, source="examples/ppo_default", name="model"):
-    """A copy of the model directory ``source`` (relative to the repository) at ``tmp_path / name``."""
+    """A copy of the model directory ``source`` (relative to the repository, or absolute) at ``tmp_path / name``."""
     import shutil
 
     dst = tmp_path / name
@@ -397,13 +397,9 @@ def test_policy_tensors_must_be_finite_real_and_sized_by_the_file(tmp_path):
 
 
 def _ars_copy(tmp_path):
-    import shutil
-
     from flowgym.agents.learned import DEFAULT_MODEL
 
-    dst = tmp_path / "ars"
-    shutil.copytree(DEFAULT_MODEL, dst)
-    return dst
+    return _model_copy(tmp_path, DEFAULT_MODEL, "ars")  # an absolute source: the shipped generalist as installed
 
 
 def _edit_meta(d, **changes):
