@@ -1173,3 +1173,65 @@ def test_the_bound_script_puts_every_policy_above_the_bound():
     assert bound.verdict((0.95, 0.91, 0.99)) == "out of reach"
     assert bound.verdict((0.95, 0.85, 0.99)).startswith("out of reach on the mean")
     assert bound.verdict((0.80, 0.70, 0.95)) == "not excluded"
+
+
+def test_the_load_classifier_experiment_gates_its_experts_as_it_was_fitted():
+    """benchmarks/learned_experiments/load_classifier.py: the gate reads at run time the averages it was fitted on
+    (the policy's carried state equals ``averages`` decision by decision), a gate sure of A (of B) plays expert A
+    (B) exactly, the searched weights start at the experts', and the ridge logistic fit separates a separable
+    label and weighs every episode alike."""
+    import importlib.util
+    import pathlib
+    import sys
+
+    root = pathlib.Path(__file__).resolve().parents[1] / "benchmarks"
+    saved = list(sys.path)
+    try:
+        spec = importlib.util.spec_from_file_location("load_classifier", root / "learned_experiments" / "load_classifier.py")
+        lc = importlib.util.module_from_spec(spec)
+        spec.loader.exec_module(lc)
+    finally:
+        sys.path[:] = saved
+    shipped = str(pathlib.Path(__file__).resolve().parents[1] / "flowgym" / "data" / "models" / "generalist")
+    a = lc.expert(shipped).model
+    n_obs = a.observation_space.shape[0]
+    rng = np.random.default_rng(3)
+    # B: the shipped policy with other weights, so that the two experts differ
+    ((w, b),) = a.layers
+    from flowgym.agents.learned import ArrayPolicy
+
+    b_pol = ArrayPolicy([(w + rng.normal(0, 0.3, w.shape), b - 0.2)], a.observation_space.low, a.observation_space.high)
+    xs = rng.normal(size=(40, n_obs))
+    gw = rng.normal(0, 0.2, len(lc.LEAKS) * n_obs + n_obs)
+    pol = lc.GatedPolicy(a, b_pol, gw, 0.1)
+    z, acts = None, []
+    for t, x in enumerate(xs):
+        act, z = pol.predict(x[None], z, [t == 0])
+        acts.append(act[0])
+    want = lc.averages(xs)
+    np.testing.assert_allclose(z[0], want[-1], rtol=1e-12)
+    g = 1 / (1 + np.exp(-(lc.gate_inputs(xs, want) @ gw + 0.1)))
+    np.testing.assert_allclose(np.array(acts), g[:, None] * a(xs) + (1 - g[:, None]) * b_pol(xs), rtol=1e-5, atol=1e-6)
+    assert 0.05 < g.min() and g.max() < 0.95  # a gate in between: both experts count
+    for c, expert_pol in ((60.0, a), (-60.0, b_pol)):
+        sure = lc.GatedPolicy(a, b_pol, np.zeros_like(gw), c)
+        np.testing.assert_allclose(sure.predict(xs, None, None)[0], expert_pol(xs), atol=1e-6)
+    # the search starts at the experts' weights: the rebuilt policy plays as the gated one
+    agent = lc.gated([shipped, shipped], gw, 0.1)
+    theta = lc.start_theta([shipped, shipped])
+    assert theta.shape == (2 * ArrayPolicy.n_weights([n_obs, 2]),)
+    rebuilt = lc.gated_theta([shipped, shipped], gw, 0.1, theta).model
+    np.testing.assert_allclose(rebuilt.predict(xs, None, None)[0], agent.model.predict(xs, None, None)[0])
+    moved = lc.gated_theta([shipped, shipped], gw, 0.1, theta + 0.5).model
+    assert not np.allclose(moved.predict(xs, None, None)[0], agent.model.predict(xs, None, None)[0])
+    # the fit: a label that one input decides is learned; a long episode does not outweigh a short one
+    n_in = len(gw)
+    eps = []
+    for i in range(20):
+        p = rng.normal(size=(10 if i % 2 else 200, n_in))
+        lab = i % 2
+        p[:, 0] = np.abs(p[:, 0]) + 0.5 if lab else -np.abs(p[:, 0]) - 0.5
+        eps.append((p, lab))
+    fw, fc = lc.fit_gate(eps)
+    assert lc.accuracy(fw, fc, eps)[:2] == (1.0, 1.0)
+    assert abs(fc) < 1.0  # ten short episodes of 1 and ten long of 0 weigh alike: no bias toward the long ones
