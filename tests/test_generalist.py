@@ -1151,19 +1151,9 @@ def test_random_mix_shared_lengths_only_when_asked_and_the_default_draws_unchang
 def test_the_bound_script_puts_every_policy_above_the_bound():
     """benchmarks/learned_experiments/bound.py: on a short run of a held-out scenario the best fixed budget and
     the shipped model are at or above the lower bound, and the verdict reads the interval as documented."""
-    import importlib.util
-    import pathlib
-    import sys
+    bound = _experiment("bound")
+    from bench_learned import held_out  # imported by bound.py (sys.modules)
 
-    root = pathlib.Path(__file__).resolve().parents[1] / "benchmarks"
-    saved = list(sys.path)
-    try:
-        spec = importlib.util.spec_from_file_location("bound", root / "learned_experiments" / "bound.py")
-        bound = importlib.util.module_from_spec(spec)
-        spec.loader.exec_module(bound)
-        from bench_learned import held_out
-    finally:
-        sys.path[:] = saved
     kw = {**held_out()["H6-rag-burst"], "horizon": 600}
     r = bound.scenario_row(kw, 24, None, [0, 1], 600)
     m = r["mean"]
@@ -1175,11 +1165,8 @@ def test_the_bound_script_puts_every_policy_above_the_bound():
     assert bound.verdict((0.80, 0.70, 0.95)) == "not excluded"
 
 
-def test_the_load_classifier_experiment_gates_its_experts_as_it_was_fitted():
-    """benchmarks/learned_experiments/load_classifier.py: the gate reads at run time the averages it was fitted on
-    (the policy's carried state equals ``averages`` decision by decision), a gate sure of A (of B) plays expert A
-    (B) exactly, the searched weights start at the experts', and the ridge logistic fit separates a separable
-    label and weighs every episode alike."""
+def _experiment(name: str):
+    """The module of ``benchmarks/learned_experiments/<name>.py`` (its own ``sys.path`` inserts undone)."""
     import importlib.util
     import pathlib
     import sys
@@ -1187,11 +1174,22 @@ def test_the_load_classifier_experiment_gates_its_experts_as_it_was_fitted():
     root = pathlib.Path(__file__).resolve().parents[1] / "benchmarks"
     saved = list(sys.path)
     try:
-        spec = importlib.util.spec_from_file_location("load_classifier", root / "learned_experiments" / "load_classifier.py")
-        lc = importlib.util.module_from_spec(spec)
-        spec.loader.exec_module(lc)
+        spec = importlib.util.spec_from_file_location(name, root / "learned_experiments" / f"{name}.py")
+        module = importlib.util.module_from_spec(spec)
+        spec.loader.exec_module(module)
     finally:
         sys.path[:] = saved
+    return module
+
+
+def test_the_load_classifier_experiment_gates_its_experts_as_it_was_fitted(capsys):
+    """benchmarks/learned_experiments/load_classifier.py: the gate reads at run time the averages it was fitted on
+    (the policy's carried state equals ``averages`` decision by decision), a gate sure of A (of B) plays expert A
+    (B) exactly, the searched weights start at the experts', and the ridge logistic fit separates a separable
+    label and weighs every episode alike."""
+    import pathlib
+
+    lc = _experiment("load_classifier")
     shipped = str(pathlib.Path(__file__).resolve().parents[1] / "flowgym" / "data" / "models" / "generalist")
     a = lc.expert(shipped).model
     n_obs = a.observation_space.shape[0]
@@ -1216,14 +1214,33 @@ def test_the_load_classifier_experiment_gates_its_experts_as_it_was_fitted():
     for c, expert_pol in ((60.0, a), (-60.0, b_pol)):
         sure = lc.GatedPolicy(a, b_pol, np.zeros_like(gw), c)
         np.testing.assert_allclose(sure.predict(xs, None, None)[0], expert_pol(xs), atol=1e-6)
+        np.testing.assert_allclose(sure(xs), expert_pol(xs), atol=1e-6)  # called, the blend too
+    with pytest.raises(ValueError, match="no model-directory format"):
+        pol.arrays()
+    # a state already carried is reset where an episode starts, and only there
+    z2 = np.vstack([z, z + 1.0])
+    _, fresh = pol.predict(np.vstack([xs[0], xs[0]]), z2, [True, False])
+    np.testing.assert_allclose(fresh[0], np.tile(xs[0], len(lc.LEAKS)))
+    assert not np.allclose(fresh[1], fresh[0])
     # the search starts at the experts' weights: the rebuilt policy plays as the gated one
     agent = lc.gated([shipped, shipped], gw, 0.1)
     theta = lc.start_theta([shipped, shipped])
     assert theta.shape == (2 * ArrayPolicy.n_weights([n_obs, 2]),)
     rebuilt = lc.gated_theta([shipped, shipped], gw, 0.1, theta).model
     np.testing.assert_allclose(rebuilt.predict(xs, None, None)[0], agent.model.predict(xs, None, None)[0])
-    moved = lc.gated_theta([shipped, shipped], gw, 0.1, theta + 0.5).model
-    assert not np.allclose(moved.predict(xs, None, None)[0], agent.model.predict(xs, None, None)[0])
+    half = ArrayPolicy.n_weights([n_obs, 2])
+    moved_a = theta.copy()
+    moved_a[:half] += 0.5  # A's weights come first, B's after
+    for c, moves in ((60.0, True), (-60.0, False)):
+        moved = lc.gated_theta([shipped, shipped], np.zeros_like(gw), c, moved_a).model
+        same = np.allclose(moved.predict(xs, None, None)[0], a(xs), atol=1e-6)
+        assert same is not moves, c
+    # bad experts are refused by name before the gate is fitted (a refusal inside a pool worker would hang it)
+    for bad, says in ((shipped, "--experts takes two directories"), (f"{shipped},{shipped}/nowhere", "--experts: ")):
+        with pytest.raises(SystemExit):
+            lc.main(["draws", "--experts", bad])
+        out, err = capsys.readouterr()
+        assert says in err and "gate (logistic" not in out  # refused before the fit, which prints its accuracy
     # the fit: a label that one input decides is learned; a long episode does not outweigh a short one
     n_in = len(gw)
     eps = []

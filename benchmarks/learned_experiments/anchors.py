@@ -346,11 +346,11 @@ def swings(names: list[str], seeds: list[int], draws: int, model: str | None = N
     return out
 
 
-def _normalised(kw: dict[str, Any], seed: int, H: int | None, model: str | None) -> np.ndarray:
-    """The model's normalised observation (as its policy reads it) at every decision point of one episode."""
+def decision_points(agent: Any, kw: dict[str, Any], seed: int, H: int | None) -> np.ndarray:
+    """A learned ``agent``'s normalised observation (as its policy reads it) at every decision point of one
+    episode of ``kw`` at horizon ``H`` (``None``: ``kw``'s own)."""
     from flowgym.lab.evaluation import env_for
 
-    agent = make_agent("learned", **({} if model is None else {"path": model}))
     env = env_for(agent, kw, H)
     obs, _ = env.reset(seed=seed)
     agent.reset(env.config, seed=seed)
@@ -360,7 +360,13 @@ def _normalised(kw: dict[str, Any], seed: int, H: int | None, model: str | None)
             seen.append(agent.normalize(obs))
         obs, _, te, tr, _ = env.step(agent.act(obs, env.view()))
         done = te or tr
-    return np.abs(np.array(seen, dtype=np.float64))
+    return np.array(seen, dtype=np.float64)
+
+
+def _normalised(kw: dict[str, Any], seed: int, H: int | None, model: str | None) -> np.ndarray:
+    """The model's normalised observation at every decision point of one episode, in absolute value."""
+    agent = make_agent("learned", **({} if model is None else {"path": model}))
+    return np.abs(decision_points(agent, kw, seed, H))
 
 
 def ranges(names: list[str], seed: int, draws: int, model: str | None = None) -> list[str]:

@@ -21,11 +21,17 @@ to (it carries no label). This script gives it the label:
   recurrent policy (the averages are its state), run through ``LearnedBudget.from_policy``, the code path
   of a saved model.
 
-Commands (``--experts DIR_A,DIR_B``; the gate is fitted in each run, in about 30 s)::
+Commands (every one fits the gate first, in about 40 s, and prints its accuracy; ``fit`` does only that)::
 
-    python benchmarks/learned_experiments/load_classifier.py fit --experts runs/expA,runs/expB
-    python benchmarks/learned_experiments/load_classifier.py draws --experts runs/expA,runs/expB --draws 192
+    python benchmarks/learned_experiments/load_classifier.py fit
+    python benchmarks/learned_experiments/load_classifier.py gates
+    python benchmarks/learned_experiments/load_classifier.py search --experts runs/expA,runs/expB --theta runs/gated1s.npz
+    python benchmarks/learned_experiments/load_classifier.py draws --experts runs/expA,runs/expB [--theta runs/gated1s.npz]
     python benchmarks/learned_experiments/load_classifier.py screen --experts runs/expA,runs/expB --rate-switch FILE
+
+``search``: both experts' weights searched together on ``RandomMix()`` with the gate fixed (ARS V1 with
+``flowgym train``'s constants; training seeds 86000..), the best of the evaluations on the selection draws
+20000-20011 written to ``--theta`` with the gate; ``--theta`` then plays those weights and that gate.
 
 ``draws``: the gated policy, each expert and the shipped model on new draws of ``RandomMix()`` (seeds
 30000.., as ``select_generalist.py``) and of each family (seeds 84000.., 85000..), geometric mean time
@@ -48,13 +54,13 @@ import numpy as np
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-from anchors import scenario, seeds_of, tuned_rate_switch  # noqa: E402
+from anchors import decision_points, scenario, seeds_of, tuned_rate_switch  # noqa: E402
 from bench_learned import held_out  # noqa: E402
 
 from flowgym.agents import LearnedBudget, make_agent  # noqa: E402
 from flowgym.agents.learned import ArrayPolicy  # noqa: E402
 from flowgym.lab.distributions import RandomMix  # noqa: E402
-from flowgym.lab.evaluation import env_for, run_episode  # noqa: E402
+from flowgym.lab.evaluation import run_episode  # noqa: E402
 from flowgym.lab.scenarios import ADAPTIVE_SCENARIOS  # noqa: E402
 
 #: The two labelled families (``RandomMix`` fields); A is the gate's positive class.
@@ -97,6 +103,7 @@ class GatedPolicy(ArrayPolicy):
         self.leak = np.repeat(LEAKS, space.shape[0])
 
     def gate(self, x: np.ndarray, z: np.ndarray) -> np.ndarray:
+        """The probability of family A of each row of features ``x`` and their averages ``z``."""
         return 1.0 / (1.0 + np.exp(-(gate_inputs(x, z) @ self.w + self.c)))
 
     def predict(self, obs: Any, state: Any = None, episode_start: Any = None,
@@ -111,32 +118,29 @@ class GatedPolicy(ArrayPolicy):
         g = self.gate(x, z)[:, None]
         return (g * self.a(x) + (1 - g) * self.b(x)).astype(np.float32), z
 
+    def __call__(self, obs: np.ndarray) -> np.ndarray:
+        """The blended actions of a batch of observations, each an episode's first decision (not expert A's
+        alone, which the layers inherited from ``ArrayPolicy`` would give)."""
+        return self.predict(obs)[0].astype(np.float64)
+
+    def arrays(self) -> dict[str, np.ndarray]:
+        raise ValueError("GatedPolicy is an experiment's policy: it has no model-directory format")
+
 
 def expert(path: str) -> LearnedBudget:
+    """The model ``path`` (``"shipped"``: the shipped generalist) as an expert; ``ValueError`` (raised in the main
+    process by :func:`main`'s check, never first in a pool worker, which would not pass on an exit) unless it is a
+    memoryless linear ``--algo ars`` model."""
     agent = LearnedBudget(None if path == "shipped" else path)
-    if not isinstance(agent.model, ArrayPolicy) or agent.model.recurrent:
-        raise SystemExit(f"{path}: an expert must be a memoryless --algo ars model")
+    if not isinstance(agent.model, ArrayPolicy) or agent.model.recurrent or len(agent.model.layers) != 1:
+        raise ValueError(f"{path}: an expert must be a memoryless linear --algo ars model")
     return agent
-
-
-def decision_points(agent: Any, kw: dict[str, Any], seed: int) -> np.ndarray:
-    """``agent``'s normalised observation at every decision point of one episode."""
-    env = env_for(agent, kw, kw.get("horizon"))
-    obs, _ = env.reset(seed=seed)
-    agent.reset(env.config, seed=seed)
-    seen, done = [], False
-    while not done:
-        if agent.decides_next:
-            seen.append(agent.normalize(obs))
-        obs, _, te, tr, _ = env.step(agent.act(obs, env.view()))
-        done = te or tr
-    return np.asarray(seen, dtype=np.float64)
 
 
 def _family_points(task: tuple[dict[str, Any], int]) -> np.ndarray:
     over, seed = task
     kw = RandomMix(**over)(np.random.default_rng(seed))
-    xs = decision_points(LearnedBudget(None), kw, seed)
+    xs = decision_points(LearnedBudget(None), kw, seed, kw.get("horizon"))
     return gate_inputs(xs, averages(xs))
 
 
@@ -181,14 +185,22 @@ def accuracy(w: np.ndarray, c: float, episodes: list[tuple[np.ndarray, int]]) ->
     return float(np.mean(point)), float(np.mean(draw)), float(np.mean(late))
 
 
-def gated(experts: list[str], w: np.ndarray, c: float) -> LearnedBudget:
+def check_experts(experts: list[str]) -> tuple[LearnedBudget, LearnedBudget]:
+    """The two experts ``[DIR_A, DIR_B]``, loaded; ``ValueError`` unless they read the same features alike."""
     a, b = expert(experts[0]), expert(experts[1])
     for key in ("agent_env_options", "action_repeat", "observation_shape"):
         if a.meta[key] != b.meta[key]:
-            raise SystemExit(f"the experts differ in {key}: {a.meta[key]!r} and {b.meta[key]!r}")
+            raise ValueError(f"the experts differ in {key}: {a.meta[key]!r} and {b.meta[key]!r}")
     na, nb = a._norm, b._norm  # an experiment script: the experts must read the same normalised features
     if not all(np.array_equal(u, v) for u, v in zip(na, nb)):
-        raise SystemExit("the experts normalise their observations differently (both must start from one model)")
+        raise ValueError("the experts normalise their observations differently (both must start from one model)")
+    return a, b
+
+
+def gated(experts: list[str], w: np.ndarray, c: float) -> LearnedBudget:
+    """The gated policy of the two experts ``[DIR_A, DIR_B]`` and the gate ``(w, c)``, as a learned agent."""
+    a, b = check_experts(experts)
+    na = a._norm
     policy = GatedPolicy(a.model, b.model, w, c)
     return LearnedBudget.from_policy(policy, na, a.meta["agent_env_options"], a.meta["action_repeat"],
                                      label="learned (gated experts)")
@@ -215,15 +227,16 @@ def start_theta(experts: list[str]) -> np.ndarray:
 
 
 def build(spec: str, experts: list[str], gate: tuple[np.ndarray, float], theta: np.ndarray | None = None) -> Any:
+    """The agent ``spec`` names: ``"gated"`` (with ``theta``: the searched weights), ``"shipped"`` or a model path."""
     if spec == "gated":
         return gated(experts, *gate) if theta is None else gated_theta(experts, *gate, theta)
     return make_agent("learned", **({} if spec == "shipped" else {"path": spec}))
 
 
 def _draw_job(task: tuple[Any, ...]) -> float:
-    spec, experts, gate, over, seed, *theta = task
+    spec, experts, gate, over, seed, theta = task
     kw = RandomMix(**over)(np.random.default_rng(seed))
-    agent = build(spec, experts, gate, theta[0] if theta else None)
+    agent = build(spec, experts, gate, theta)
     return run_episode(agent, kw, seed, kw.get("horizon")).metrics()["mean_time_in_system"]
 
 
@@ -238,7 +251,10 @@ def search(experts: list[str], gate: tuple[np.ndarray, float], iterations: int, 
     with mp.get_context("spawn").Pool(workers) as pool:
         def run(cands: list[np.ndarray], seeds: list[int]) -> np.ndarray:
             tasks = [("gated", experts, gate, {}, s, th) for th in cands for s in seeds]
-            return np.log(np.asarray(pool.map(_draw_job, tasks, chunksize=4))).reshape(len(cands), len(seeds))
+            v = np.asarray(pool.map(_draw_job, tasks, chunksize=4))
+            if not np.all(np.isfinite(v) & (v > 0)):  # flowgym train drops such a draw; here it stops the search
+                raise ValueError(f"search: a draw of seeds {seeds[0]}-{seeds[-1]} has no finite time in system")
+            return np.log(v).reshape(len(cands), len(seeds))
 
         best = (float(np.exp(run([theta], sel).mean())), 0, theta.copy())
         print(f"update 0: selection geometric mean {best[0]:.2f}", flush=True)
@@ -261,8 +277,7 @@ def search(experts: list[str], gate: tuple[np.ndarray, float], iterations: int, 
 def _gate_job(task: tuple[str, int, tuple[np.ndarray, float]]) -> tuple[str, float]:
     name, seed, (w, c) = task
     kw, H = scenario(name)
-    kw = {**kw, "horizon": H} if H is not None else kw
-    xs = decision_points(LearnedBudget(None), kw, seed)
+    xs = decision_points(LearnedBudget(None), kw, seed, H)
     return name, float(np.mean(1.0 / (1.0 + np.exp(-(gate_inputs(xs, averages(xs)) @ w + c)))))
 
 
@@ -274,6 +289,7 @@ def _screen_job(task: tuple[Any, ...]) -> tuple[str, str, float]:
 
 
 def ratio_line(label: str, v: np.ndarray, base: np.ndarray) -> str:
+    """``v``'s geometric mean and its ratio to ``base``'s with a 95% paired bootstrap interval over the draws."""
     d = np.log(v) - np.log(base)
     idx = np.random.default_rng(0).integers(0, len(d), size=(4000, len(d)))
     lo, hi = np.exp(np.quantile(d[idx].mean(axis=1), [0.025, 0.975]))
@@ -286,30 +302,44 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--theta", help="draws, screen: play the gated policy with the weights of this search output "
                     "(its gate too) instead of the experts'; search: where to write it")
     ap.add_argument("--iterations", type=int, default=40, help="search: updates (default 40)")
-    ap.add_argument("--experts", required=True,
-                    help="DIR_A,DIR_B: the two experts' model directories ('shipped': the shipped generalist)")
+    ap.add_argument("--experts", help="search, draws, screen: DIR_A,DIR_B, the two experts' model directories "
+                    "('shipped': the shipped generalist)")
     ap.add_argument("--draws", type=int, default=192, help="draws: new RandomMix() draws (seeds 30000..)")
     ap.add_argument("--family-draws", type=int, default=64, help="draws: draws of each family")
     ap.add_argument("--rate-switch", help="screen: the tuned rate-switch JSON (bench_learned.py --out)")
     ap.add_argument("--workers", type=int, default=2)
     args = ap.parse_args(argv)
-    experts = args.experts.split(",")
-    if len(experts) != 2:
-        ap.error("--experts takes two directories, DIR_A,DIR_B")
+    if args.draws < 2 or args.family_draws < 2 or args.workers < 1 or args.iterations < 1:
+        ap.error("--draws and --family-draws must be at least 2, --workers and --iterations at least 1")
+    experts: list[str] = []
+    if args.cmd in ("search", "draws", "screen"):
+        experts = (args.experts or "").split(",")
+        if len(experts) != 2:
+            ap.error("--experts takes two directories, DIR_A,DIR_B")
+        try:  # checked here, before the gate's fit and before any pool worker builds them
+            check_experts(experts)
+        except (OSError, ValueError) as e:
+            ap.error(f"--experts: {e}")
+    if args.cmd == "search" and not args.theta:
+        ap.error("search needs --theta (where to write the searched weights)")
+    if args.cmd == "screen" and not args.rate_switch:
+        ap.error("screen needs --rate-switch")
+    theta, saved = None, None
+    if args.theta and args.cmd in ("draws", "screen"):  # a search's output: its weights and its gate
+        try:
+            with np.load(args.theta) as z:
+                theta, saved = z["theta"], (z["w"], float(z["c"]))
+            gated_theta(experts, *saved, theta)
+        except (OSError, KeyError, ValueError) as e:
+            ap.error(f"--theta {args.theta}: not a search output of these experts ({e})")
     train = labelled(FIT_SEEDS, 64, args.workers)
     w, c = fit_gate(train)
     test = labelled(TEST_SEEDS, 32, args.workers)
-    print("gate (logistic, %d inputs): accuracy per decision / per draw / after 1,024 slots: fit draws %.3f / %.3f / "
-          "%.3f, new draws %.3f / %.3f / %.3f" % (len(w), *accuracy(w, c, train), *accuracy(w, c, test)))
-    gate = (w, c)
-    theta = None
-    if args.theta and args.cmd != "search":
-        with np.load(args.theta) as z:
-            theta, gate = z["theta"], (z["w"], float(z["c"]))
+    print("gate (logistic, %d inputs): accuracy per decision / per draw / per decision after 1,024 slots: fit draws "
+          "%.3f / %.3f / %.3f, new draws %.3f / %.3f / %.3f" % (len(w), *accuracy(w, c, train), *accuracy(w, c, test)))
+    gate = (w, c) if saved is None else saved
     specs = ["shipped", experts[0], experts[1], "gated"]
     if args.cmd == "search":
-        if not args.theta:
-            ap.error("search needs --theta (where to write the searched weights)")
         search(experts, gate, args.iterations, args.workers, args.theta)
     elif args.cmd == "draws":
         sets = [("RandomMix()", {}, list(range(30000, 30000 + args.draws))),
@@ -329,8 +359,6 @@ def main(argv: list[str] | None = None) -> int:
         for n in names:
             print(f"  {n}: P(A) {np.mean([g for m, g in out if m == n]):.2f}")
     elif args.cmd == "screen":
-        if not args.rate_switch:
-            ap.error("screen needs --rate-switch")
         rs = tuned_rate_switch(args.rate_switch)
         names = [n for n in [*ADAPTIVE_SCENARIOS, *held_out()] if n in rs]
         tasks = [(s, experts, gate, n, seed, rs.get(n), theta) for n in names for s in ["rate-switch", *specs]
