@@ -1036,6 +1036,12 @@ class LearnedBudget(Agent):
         return np.clip((obs - mean) / std, -clip, clip).astype(np.float32)
 
     @property
+    def normalization(self) -> tuple[np.ndarray, np.ndarray, float] | None:
+        """The frozen statistics :meth:`normalize` applies, ``(mean, std, clip)``, or ``None`` (the observation
+        is read as it is). Two models whose policies should read the same features compare these."""
+        return self._norm
+
+    @property
     def decides_next(self) -> bool:
         """Whether the next :meth:`act` consults the policy (else it repeats the held decision)."""
         return self._left == 0

@@ -285,6 +285,20 @@ def test_the_saved_model_acts_as_the_candidate_that_was_evaluated(tiny_model):
     assert _selection_score(agent) == pytest.approx(res.best_eval, rel=1e-12)
 
 
+def test_normalization_is_what_normalize_applies_and_what_the_file_holds(tiny_model):
+    """``LearnedBudget.normalization``: the saved mean, the spread ``sqrt(var + eps)`` and the clip, which
+    ``normalize`` applies."""
+    out, _ = tiny_model
+    agent = LearnedBudget(out)
+    mean, std, clip = agent.normalization
+    with np.load(os.path.join(out, NORM_FILE)) as z:
+        np.testing.assert_allclose(mean, z["obs_mean"])
+        np.testing.assert_allclose(std, np.sqrt(z["obs_var"] + z["epsilon"]))
+        assert clip == float(z["clip_obs"])
+    obs = mean + std * np.linspace(-3 * clip, 3 * clip, len(mean))
+    np.testing.assert_allclose(agent.normalize(obs), np.clip((obs - mean) / std, -clip, clip), rtol=1e-5)
+
+
 def test_fresh_normalisation_is_the_mean_and_spread_of_the_features_under_zero_weights(tiny_model):
     """The frozen normalisation of a fresh search: the mean and variance of the observations the
     zero-weight policy sees at its decision points on the normalisation draws (seeds below ``seed``)."""

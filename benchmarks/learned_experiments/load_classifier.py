@@ -191,8 +191,8 @@ def check_experts(experts: list[str]) -> tuple[LearnedBudget, LearnedBudget]:
     for key in ("agent_env_options", "action_repeat", "observation_shape"):
         if a.meta[key] != b.meta[key]:
             raise ValueError(f"the experts differ in {key}: {a.meta[key]!r} and {b.meta[key]!r}")
-    na, nb = a._norm, b._norm  # an experiment script: the experts must read the same normalised features
-    if not all(np.array_equal(u, v) for u, v in zip(na, nb)):
+    na, nb = a.normalization, b.normalization  # the experts must read the same normalised features
+    if na is None or nb is None or not all(np.array_equal(u, v) for u, v in zip(na, nb)):
         raise ValueError("the experts normalise their observations differently (both must start from one model)")
     return a, b
 
@@ -200,7 +200,7 @@ def check_experts(experts: list[str]) -> tuple[LearnedBudget, LearnedBudget]:
 def gated(experts: list[str], w: np.ndarray, c: float) -> LearnedBudget:
     """The gated policy of the two experts ``[DIR_A, DIR_B]`` and the gate ``(w, c)``, as a learned agent."""
     a, b = check_experts(experts)
-    na = a._norm
+    na = a.normalization
     policy = GatedPolicy(a.model, b.model, w, c)
     return LearnedBudget.from_policy(policy, na, a.meta["agent_env_options"], a.meta["action_repeat"],
                                      label="learned (gated experts)")
