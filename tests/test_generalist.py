@@ -812,27 +812,31 @@ def test_benchmark_uses_the_compare_path_and_its_held_out_scenarios_build():
     assert cells[cols.index("/ lower bound")] == "1.200"
 
 
-def test_the_sweeps_beyond_the_report_build_their_scenarios_deterministically(monkeypatch, tmp_path, capsys):
-    """benchmarks/learned_experiments' stationary and non-stationary sweeps: every scenario builds, the same
-    seed draws the same one, the shapes they promise are there, the --refs cache is read only for the same
-    scenario and report seeds and is merged on write, the phase oracle is cached in it; anchors.py ranges
-    names the features it counts."""
+def _experiment(name: str):
+    """The module of ``benchmarks/learned_experiments/<name>.py`` (its own ``sys.path`` inserts undone)."""
     import importlib.util
-    import json
     import pathlib
     import sys
 
     root = pathlib.Path(__file__).resolve().parents[1] / "benchmarks"
     saved = list(sys.path)
-    sys.path[:0] = [str(root), str(root / "learned_experiments")]
     try:
-        mods = {}
-        for name in ("stationary_sweep", "nonstationary_sweep", "anchors", "family_mix"):
-            spec = importlib.util.spec_from_file_location(name, root / "learned_experiments" / f"{name}.py")
-            mods[name] = importlib.util.module_from_spec(spec)
-            spec.loader.exec_module(mods[name])
+        spec = importlib.util.spec_from_file_location(name, root / "learned_experiments" / f"{name}.py")
+        module = importlib.util.module_from_spec(spec)
+        spec.loader.exec_module(module)
     finally:
-        sys.path[:] = saved  # the scripts insert their own paths too
+        sys.path[:] = saved
+    return module
+
+
+def test_the_sweeps_beyond_the_report_build_their_scenarios_deterministically(monkeypatch, tmp_path, capsys):
+    """benchmarks/learned_experiments' stationary and non-stationary sweeps: every scenario builds, the same
+    seed draws the same one, the shapes they promise are there, the --refs cache is read only for the same
+    scenario and report seeds and is merged on write, the phase oracle is cached in it; anchors.py ranges
+    names the features it counts."""
+    import json
+
+    mods = {name: _experiment(name) for name in ("stationary_sweep", "nonstationary_sweep", "anchors", "family_mix")}
     st, ns, anchors = mods["stationary_sweep"], mods["nonstationary_sweep"], mods["anchors"]
     # family_mix's training distribution: the sweep's draws (draw_from a seed's stream is draw(seed)) or
     # RandomMix's, the same ones for the same stream
@@ -1163,23 +1167,6 @@ def test_the_bound_script_puts_every_policy_above_the_bound():
     assert bound.verdict((0.95, 0.91, 0.99)) == "out of reach"
     assert bound.verdict((0.95, 0.85, 0.99)).startswith("out of reach on the mean")
     assert bound.verdict((0.80, 0.70, 0.95)) == "not excluded"
-
-
-def _experiment(name: str):
-    """The module of ``benchmarks/learned_experiments/<name>.py`` (its own ``sys.path`` inserts undone)."""
-    import importlib.util
-    import pathlib
-    import sys
-
-    root = pathlib.Path(__file__).resolve().parents[1] / "benchmarks"
-    saved = list(sys.path)
-    try:
-        spec = importlib.util.spec_from_file_location(name, root / "learned_experiments" / f"{name}.py")
-        module = importlib.util.module_from_spec(spec)
-        spec.loader.exec_module(module)
-    finally:
-        sys.path[:] = saved
-    return module
 
 
 def test_the_load_classifier_experiment_gates_its_experts_as_it_was_fitted(capsys):
