@@ -53,9 +53,9 @@ def write_average(run: str, first: int, last: int, out: str, others: Sequence[st
         meta = json.load(fh)
     sizes = meta["layer_sizes"]
     memory = int(meta.get("memory", 0))
-    if others and memory:
-        raise ValueError(f"--with averages memoryless linear policies only; {run} has a memory of {memory} units")
     if others:
+        if memory:
+            raise ValueError(f"--with averages memoryless linear policies only; {run} has a memory of {memory} units")
         if len(sizes) != 2:
             raise ValueError(f"--with averages linear policies only; {run} has layer sizes {sizes}")
         n_in, n_out = sizes

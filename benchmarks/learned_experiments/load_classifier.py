@@ -56,6 +56,7 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 from anchors import decision_points, scenario, seeds_of, tuned_rate_switch  # noqa: E402
 from bench_learned import held_out  # noqa: E402
+from select_generalist import geometric_ratio_ci  # noqa: E402
 
 from flowgym.agents import LearnedBudget, make_agent  # noqa: E402
 from flowgym.agents.learned import ArrayPolicy  # noqa: E402
@@ -290,10 +291,8 @@ def _screen_job(task: tuple[Any, ...]) -> tuple[str, str, float]:
 
 def ratio_line(label: str, v: np.ndarray, base: np.ndarray) -> str:
     """``v``'s geometric mean and its ratio to ``base``'s with a 95% paired bootstrap interval over the draws."""
-    d = np.log(v) - np.log(base)
-    idx = np.random.default_rng(0).integers(0, len(d), size=(4000, len(d)))
-    lo, hi = np.exp(np.quantile(d[idx].mean(axis=1), [0.025, 0.975]))
-    return f"{label}: geometric mean {np.exp(np.log(v).mean()):.2f}; / shipped {np.exp(d.mean()):.3f} [{lo:.3f}, {hi:.3f}]"
+    r, lo, hi = geometric_ratio_ci(np.log(v) - np.log(base))
+    return f"{label}: geometric mean {np.exp(np.log(v).mean()):.2f}; / shipped {r:.3f} [{lo:.3f}, {hi:.3f}]"
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -262,8 +262,7 @@ class FlowControlConfig:
         if (
             not isinstance(ks, (list, tuple))
             or not ks
-            or any(isinstance(k, (bool, np.bool_)) or not isinstance(k, (int, float, np.integer, np.floating))
-                   or not (is_finite_real(k) and 0 < k <= MAX_MULTIPLIER) for k in ks)
+            or any(not (is_finite_real(k) and 0 < k <= MAX_MULTIPLIER) for k in ks)  # a bool is no real number
             or any(b <= a for a, b in zip(ks, ks[1:]))
         ):
             raise ValueError(f"multipliers must be a list of positive numbers up to {MAX_MULTIPLIER:g} in ascending "
