@@ -1239,3 +1239,61 @@ def test_the_load_classifier_experiment_gates_its_experts_as_it_was_fitted(capsy
     fw, fc = lc.fit_gate(eps)
     assert lc.accuracy(fw, fc, eps)[:2] == (1.0, 1.0)
     assert abs(fc) < 1.0  # ten short episodes of 1 and ten long of 0 weigh alike: no bias toward the long ones
+
+
+def test_the_distilled_offsets_experiment_plays_and_fits_what_it_says(tmp_path):
+    """benchmarks/learned_experiments/distill_offsets.py: the student plays the shipped action plus its offset
+    (clipped), carrying the averages it was fitted on; a constant offset agent plays the grid point; the soft-best
+    offset is the grid's minimum when one point is clearly best and the centre of a flat grid; the ridge fit
+    recovers a linear map and weighs every draw alike; a file of another grid is refused by name."""
+    do = _experiment("distill_offsets")
+    from flowgym.agents import LearnedBudget
+
+    base = LearnedBudget(None).model
+    n_obs = base.observation_space.shape[0]
+    rng = np.random.default_rng(5)
+    xs = rng.normal(size=(30, n_obs))
+    n_in = n_obs * (1 + len(do.LEAKS))
+    V, d = rng.normal(0, 0.1, (n_in, 2)), np.array([0.2, -0.3])
+    pol = do.OffsetStudent(base, V, d, 0.5)
+    z, acts = None, []
+    for t, x in enumerate(xs):
+        act, z = pol.predict(x[None], z, [t == 0])
+        acts.append(act[0])
+    want = do.averages(xs)
+    np.testing.assert_allclose(z[0], want[-1], rtol=1e-12)
+    off = 0.5 * (do.gate_inputs(xs, want) @ V + d)
+    np.testing.assert_allclose(np.array(acts), np.clip(base(xs) + off, -1, 1), rtol=1e-5, atol=1e-6)
+    assert np.ptp(off[:, 0]) > 0.05  # the offset moves with the state, not a constant
+    big = do.OffsetStudent(base, np.zeros_like(V), np.array([5.0, -5.0]), 1.0)
+    np.testing.assert_allclose(big(xs), np.tile([1.0, -1.0], (len(xs), 1)))  # clipped to the action's box
+    with pytest.raises(ValueError, match="no model-directory format"):
+        pol.arrays()
+    const = do.offset_agent(np.array([0.3, 0.0])).model
+    np.testing.assert_allclose(const(xs), np.clip(base(xs) + [0.3, 0.0], -1, 1))
+    # soft-best: one point clearly best, then a flat grid
+    loss = np.zeros((2, len(do.GRID), 3))
+    loss[0] += 1.0
+    loss[0, 7] = 0.0
+    best = do.soft_best(loss)
+    np.testing.assert_allclose(best[0], do.GRID[7], atol=1e-6)
+    np.testing.assert_allclose(best[1], [0.0, 0.0], atol=1e-12)
+    assert do.nearest(do.GRID[7] + 0.05) == 7
+    # the fit: constant inputs per draw and targets linear in them are recovered
+    V0, d0 = rng.normal(size=(4, 2)), np.array([0.1, 0.2])
+    cs = rng.normal(size=(40, 4))
+    pts = [np.repeat(c[None], 5 + 50 * (i % 2), axis=0) for i, c in enumerate(cs)]
+    Vf, df = do.fit_student(pts, cs @ V0 + d0, 1e-9)
+    np.testing.assert_allclose(cs @ Vf + df, cs @ V0 + d0, atol=1e-6)
+    # two draws of the same inputs, one 10 decisions long and one 1,000: their targets weigh alike
+    same = np.ones((1, 4))
+    Vf, df = do.fit_student([np.repeat(same, 10, axis=0), np.repeat(same, 1000, axis=0), rng.normal(size=(30, 4))],
+                            np.array([[1.0, 0.0], [0.0, 1.0], [0.5, 0.5]]), 1e-6)
+    p = (same @ Vf + df)[0]
+    assert abs(p[0] - p[1]) < 0.05, p  # a length-weighted fit would sit near the long draw's (0, 1)
+    # a labels file of another grid is refused, naming the file
+    bad = tmp_path / "bad.npz"
+    np.savez(bad, seeds=np.arange(2), grid=do.GRID[:4], loss=np.zeros((2, 4, 3)), points=np.zeros((4, n_in)),
+             lengths=np.array([2, 2]))
+    with pytest.raises(ValueError, match="bad.npz is not a labels output"):
+        do.load_labels(str(bad))
