@@ -187,6 +187,39 @@ def test_a_run_that_stops_at_the_iteration_cap_is_named_in_the_table():
                      "iterations) with 40 requests unfinished on average, counted in time in system up to the cap"]
 
 
+def test_a_finite_run_with_no_horizon_stops_at_the_safety_cap(monkeypatch, tmp_path, capsys):
+    """A finite workload with no horizon anywhere (a user's scenario, ``run --trace``) runs to its end, but a policy
+    that admits nothing stops at the safety cap (at least ``FINITE_CAP``, 100 iterations per request) instead of
+    running forever, in the compiled loop and stepped alike; the table and ``flowgym run`` say it did not drain.
+    A workload that never ends still needs a horizon."""
+    from flowgym.agents import FlowControl
+    from flowgym.lab import evaluation
+    from flowgym.lab.cli import main
+
+    monkeypatch.setattr(evaluation, "FINITE_CAP", 3000)
+    env = {"M": 2000, "workload": {"kind": "trace", "arrival": [0, 0, 3], "prompt_len": [5, 8, 2],
+                                   "output_len": [30, 10, 7]}}
+    for compiled in (True, False):
+        m = run_episode(FlowControl(b=0), env, 0, None, compiled=compiled).metrics()
+        assert (m["T"], m["unfinished"]) == (3000, 3), compiled
+    m = run_episode(FlowControl(b=4), env, 0, None).metrics()
+    assert m["unfinished"] == 0 and m["T"] < 100  # a policy that drains ends with the workload
+    many = {"M": 2000, "workload": {"kind": "iid", "rate": 1.0, "n_requests": 40,
+                                    "lengths": {"kind": "empirical", "pairs": [[5, 5]]}}}
+    assert run_episode(FlowControl(b=0), many, 0, None).metrics()["T"] == 4000  # 100 per request above the floor
+    text = evaluate([FlowControl(b=0)], env, seeds=[0], horizons=None).format()
+    assert "did not drain on 1 of 1 seeds: stopped at the iteration cap (3,000 iterations)" in text
+    trace = tmp_path / "t.csv"
+    trace.write_text("arrival,prompt_len,output_len\n0,10,20\n1,10,4\n")
+    assert main(["run", "--trace", str(trace), "--budget", "0"]) == 0
+    out = capsys.readouterr().out
+    assert "! did not drain: stopped at the iteration cap (3,000 iterations) with 2 requests unfinished" in out
+    assert main(["run", "--trace", str(trace), "--budget", "1"]) == 0
+    assert "did not drain" not in capsys.readouterr().out
+    with pytest.raises(ValueError, match="horizon=None needs a finite workload"):
+        evaluation.capped_env({"M": 2000, "horizon": None})
+
+
 def test_lower_bounds_hold_for_every_agent_and_do_not_depend_on_whose_requests():
     from flowgym.lab.evaluation import lower_bounds
     from flowgym.lab.scenarios import AgentSpec, get_scenario

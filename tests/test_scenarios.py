@@ -195,3 +195,20 @@ def test_compare_adds_agents_to_the_tuned_line_up(tmp_path, capsys):
                  "1", "--add-agents", "fixed:b=3", "--no-plots", "--quiet", "--out", str(tmp_path)]) == 0
     res = json.loads((tmp_path / "adaptive-switch.json").read_text())
     assert res["agents"][-1] == "fixed b=3" and res["agents"][0].startswith("flow-control (best fixed b) b=")
+
+
+def test_report_horizons_end_at_the_episode_the_scenario_sets(tmp_path):
+    """With no ``horizons``, a scenario whose ``env.horizon`` is set reports at the default horizons below it and at
+    it (the ``adaptive-*`` scenarios at 1000-4000, their 4,000-slot episodes), not past it; ``horizons`` wins; a
+    scenario without an ``env.horizon`` keeps the defaults."""
+    from flowgym.lab.scenarios import DEFAULT_HORIZONS, load_scenario
+
+    assert get_scenario("adaptive-mix").report_horizons() == [1000, 2000, 3000, 4000]
+    assert get_scenario("paper-synthetic-known").report_horizons() == DEFAULT_HORIZONS
+    body = 'name = "h"\n[env]\nM = 2000\nhorizon = 2500\n[[agents]]\nname = "mc"\n'
+    (tmp_path / "h.toml").write_text(body)
+    assert load_scenario(tmp_path / "h.toml").report_horizons() == [1000, 2000, 2500]
+    (tmp_path / "g.toml").write_text('horizons = [300, 6000]\n' + body)
+    assert load_scenario(tmp_path / "g.toml").report_horizons() == [300, 6000]
+    (tmp_path / "s.toml").write_text(body.replace("2500", "700"))
+    assert load_scenario(tmp_path / "s.toml").report_horizons() == [700]

@@ -72,7 +72,9 @@ def _run(args: argparse.Namespace) -> int:
     if args.budget is not None and args.budget < 0:
         print(f"error: --budget must be a non-negative number of requests per slot, got {args.budget}", file=sys.stderr)
         return 2
-    env = FlowControlEnv(**kwargs)
+    from flowgym.lab.evaluation import capped_env
+
+    env = capped_env(kwargs)  # run to the end of a finite workload: never past a safety cap
     if args.trace is not None and len(env.workload) == 0:  # type: ignore[arg-type]
         print(f"error: trace {args.trace!r} is an empty trace (a header row and no requests)", file=sys.stderr)
         return 2
@@ -84,7 +86,7 @@ def _run(args: argparse.Namespace) -> int:
             return 2
         budget = max(1, max_global_budget(env.config.M, mean_work))
     if budget > env.config.max_budget:  # the action space must hold the budget
-        env = FlowControlEnv(**kwargs, max_budget=budget)
+        env = capped_env({**kwargs, "max_budget": budget})
     t0 = time.perf_counter()
     _, info = env.reset(seed=args.seed)
     rho = info["rho"]
@@ -106,6 +108,9 @@ def _run(args: argparse.Namespace) -> int:
     for name in METRIC_NAMES:
         v = m[name]
         print(f"  {name:28s} {v:12.4f}" if isinstance(v, float) else f"  {name:28s} {v:12d}")
+    if not te and m["unfinished"] > 0 and not args.horizon_given and kwargs.get("horizon") is None:
+        print(f"! did not drain: stopped at the iteration cap ({m['T']:,} iterations) with {m['unfinished']:,} "
+              "requests unfinished, counted in time in system up to the cap")
     return 0
 
 
@@ -721,7 +726,8 @@ def build_parser() -> argparse.ArgumentParser:
                    help="arrival rate: per class per slot for paper-synthetic (default 5, the paper's), "
                    "requests/s for paper-realdata (10, 50), timestamp speed-up for azure (0.25, 0.4)")
     c.add_argument("--horizons", type=_horizons, default=None,
-                   help="comma-separated horizons T (default: the scenario's, else 1000,2000,3000,4000,5000); "
+                   help="comma-separated horizons T (default: the scenario's, else 1000,2000,3000,4000,5000 cut at "
+                   "the scenario's env.horizon, which ends the list); "
                    "finite scenarios (realdata, azure) run to the end of their workload instead")
     c.add_argument("--seeds", default="3",
                    help="reporting seeds: a count N (seeds 0..N-1; default 3), a range such as 900-919 (one seed: "

@@ -35,6 +35,8 @@ __all__ = [
     "Episode",
     "ResultTable",
     "build_agent",
+    "FINITE_CAP",
+    "capped_env",
     "env_for",
     "check_hostable",
     "run_episode",
@@ -121,12 +123,29 @@ class Episode:
         return metrics_at(self.log, self.series, self.config.M, self.series["usage"].size if T is None else T)
 
 
+#: The fewest iterations a run to the end of a finite workload stops at when neither the caller nor the scenario
+#: sets a horizon (:func:`capped_env`): a policy that admits nothing would otherwise never drain.
+FINITE_CAP = 1_000_000
+
+
+def capped_env(env_kwargs: dict[str, Any]) -> FlowControlEnv:
+    """``FlowControlEnv(**env_kwargs)``, but with no ``horizon`` (a finite workload run to its end) a safety cap:
+    the larger of :data:`FINITE_CAP` and 100 iterations per request of the workload. A run that reaches it has
+    requests unfinished, which the metrics count and the tables report ("did not drain")."""
+    env = FlowControlEnv(**env_kwargs)
+    if env.config.horizon is None:
+        n = env.workload.total_requests or 0
+        env = FlowControlEnv(**{**env_kwargs, "horizon": max(FINITE_CAP, 100 * int(n))})
+    return env
+
+
 def env_for(agent: Any, env_kwargs: dict[str, Any], horizon: int | None) -> FlowControlEnv:
     """The environment an agent runs in: the scenario's arguments plus the agent's needs.
 
     ``max_budget`` takes the larger of the two; any other option the agent
     needs must agree with the scenario's (or the scenario must leave it unset),
-    else ``ValueError`` says which.
+    else ``ValueError`` says which. With no horizon from either (a finite workload
+    run to its end), :func:`capped_env`'s safety cap.
     """
     kw = dict(env_kwargs)
     if horizon is not None or "horizon" not in kw:
@@ -140,7 +159,7 @@ def env_for(agent: Any, env_kwargs: dict[str, Any], horizon: int | None) -> Flow
             )
         else:
             kw[key] = value
-    return FlowControlEnv(**kw)
+    return capped_env(kw)
 
 
 def check_hostable(agent: Any, env_kwargs: dict[str, Any]) -> None:
@@ -166,7 +185,8 @@ def run_episode(
     """Run ``agent`` for ``horizon`` slots on ``seed``.
 
     ``horizon=None`` keeps the scenario's ``horizon`` (for a finite workload, a safety cap:
-    the run ends when the workload drains) or, if it has none, runs to the end. An agent that
+    the run ends when the workload drains) or, if it has none, runs to the end, never past
+    :func:`capped_env`'s cap. An agent that
     states its :meth:`~flowgym.agents.base.Agent.admission_rule` runs in one compiled loop
     where the environment allows (:meth:`FlowControlEnv.run_rule`: continuous time, numba),
     with the same result; ``compiled=False`` steps it in Python every iteration.

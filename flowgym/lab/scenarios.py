@@ -193,7 +193,8 @@ class Scenario:
     #: Wall time of ``flowgym compare --scenario NAME`` with its defaults on 2 cores (measured,
     #: tuning included; ``flowgym compare --help`` lists it), or ``None`` when not measured.
     run_time: str | None = None
-    #: Report horizons (``None``: :data:`DEFAULT_HORIZONS`; finite scenarios run to the end).
+    #: Report horizons (``None``: :data:`DEFAULT_HORIZONS`, cut at ``env.horizon`` if it is set, which ends the
+    #: list; finite scenarios run to the end).
     horizons: list[int] | None = None
     #: Horizon of tuning runs (``None``: the last report horizon, at most 2000).
     tune_horizon: int | None = None
@@ -218,8 +219,17 @@ class Scenario:
         return kw
 
     def report_horizons(self) -> list[int] | None:
-        """The horizons a comparison reports at (``None``: run to the end of the workload)."""
-        return None if self.finite else list(self.horizons or DEFAULT_HORIZONS)
+        """The horizons a comparison reports at (``None``: run to the end of the workload): :attr:`horizons`, else,
+        when ``env`` sets a ``horizon``, :data:`DEFAULT_HORIZONS` below it and that horizon (an episode's length is
+        where its report ends), else :data:`DEFAULT_HORIZONS`."""
+        if self.finite:
+            return None
+        if self.horizons:
+            return list(self.horizons)
+        h = self.env.get("horizon")
+        if isinstance(h, int) and not isinstance(h, bool):
+            return [t for t in DEFAULT_HORIZONS if t < h] + [h]
+        return list(DEFAULT_HORIZONS)
 
     def learned_action_range(self) -> tuple[int, tuple[int, ...] | None, str]:
         """``(max_budget, budget_levels, where from)`` of a learned policy on this scenario.
