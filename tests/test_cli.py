@@ -330,3 +330,11 @@ def test_ars_trains_on_a_scenario_without_a_horizon(tmp_path, capsys):
     assert main(["train", "--algo", "ars", "--scenario", "paper-synthetic-known", "--iterations", "1",
                  "--tune-seeds", "0", "--final-eval-seeds", "1", "--out", str(tmp_path / "m2")]) == 2
     assert "tune_seeds must be at least 1 when final_eval_seeds > 0: the final table tunes" in capsys.readouterr().err
+
+
+def test_reproduce_refuses_an_only_with_an_empty_name(tmp_path, capsys):
+    """``--only ""``, ``--only ,`` or a doubled comma would otherwise select nothing, which ran everything."""
+    for only in ("", ",", "theory,,sec4.1", "theory,"):
+        assert main(["reproduce", "--only", only, "--out", str(tmp_path / "r")]) == 2
+        assert f"--only {only!r} has an empty name" in capsys.readouterr().err
+    assert not (tmp_path / "r").exists()  # refused before any output

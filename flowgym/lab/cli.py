@@ -399,7 +399,11 @@ def _reproduce(args: argparse.Namespace) -> int:
 
     from flowgym.lab.reproduce import reproduce, write_docs
 
-    only = [x.strip() for x in args.only.split(",") if x.strip()] if args.only else None
+    only = [x.strip() for x in args.only.split(",") if x.strip()] if args.only is not None else None
+    if only is not None and (not only or len(only) != len(args.only.split(","))):
+        print(f"error: --only {args.only!r} has an empty name: list sections, setting ids or claim ids separated by "
+              "commas (leave --only out to run everything)", file=sys.stderr)
+        return 2
     if args.write_docs and (args.quick or only):
         print("error: --write-docs records the full run of every claim: drop --quick and --only", file=sys.stderr)
         return 2
