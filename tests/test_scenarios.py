@@ -212,3 +212,26 @@ def test_report_horizons_end_at_the_episode_the_scenario_sets(tmp_path):
     assert load_scenario(tmp_path / "g.toml").report_horizons() == [300, 6000]
     (tmp_path / "s.toml").write_text(body.replace("2500", "700"))
     assert load_scenario(tmp_path / "s.toml").report_horizons() == [700]
+
+
+def test_a_scenario_file_is_refused_for_what_a_run_would_only_find_later(tmp_path):
+    """At load (``scenario show`` too), naming the file: an empty inline trace, a trace given both in a file and
+    inline, an Azure workload in slots and a latency model over a workload in slots."""
+    from flowgym.lab.scenarios import load_scenario
+
+    csv = tmp_path / "t.csv"
+    csv.write_text("arrival,prompt_len,output_len\n0,1,3\n")
+    cases = {
+        '{kind = "trace", arrival = [], prompt_len = [], output_len = []}': "an empty trace",
+        f'{{kind = "trace", path = "{csv}", arrival = [0], prompt_len = [1], output_len = [3]}}':
+            "'arrival' names a column of the CSV",
+        '{kind = "azure", trace = "conv"}': "timestamps in seconds",
+        '{kind = "iid", rate = 1.0, n_requests = 5, lengths = {kind = "empirical", pairs = [[1, 2]]}}\n'
+        'time_model = "llama2-70b-tp2-a100"': "needs a timed workload",
+    }
+    for workload, says in cases.items():
+        p = tmp_path / "w.toml"
+        p.write_text(f'name = "w"\nfinite = true\n[env]\nM = 20000\nworkload = {workload}\n[[agents]]\nname = "mc"\n')
+        with pytest.raises(ValueError, match=says) as e:
+            load_scenario(p)
+        assert str(e.value).startswith(f"{p}: env: "), e.value

@@ -75,9 +75,6 @@ def _run(args: argparse.Namespace) -> int:
     from flowgym.lab.evaluation import capped_env
 
     env = capped_env(kwargs)  # run to the end of a finite workload: never past a safety cap
-    if args.trace is not None and len(env.workload) == 0:  # type: ignore[arg-type]
-        print(f"error: trace {args.trace!r} is an empty trace (a header row and no requests)", file=sys.stderr)
-        return 2
     mean_work = env.workload.mean_work()
     budget = args.budget
     if budget is None:

@@ -1178,8 +1178,19 @@ def make_workload(spec: Workload | Mapping[str, Any]) -> Workload:
         if kind == "trace":
             if "path" in kw:
                 path = kw.pop("path")
-                return Trace.from_csv(path, **{k: v for k, v in kw.items() if v is not None})
-            return Trace(**kw)
+                inline = [k for k in ("arrival", "prompt_len", "output_len", "cls") if k in kw
+                          and not isinstance(kw[k], str) and kw[k] is not None]
+                if inline:
+                    raise ValueError(f"workload 'trace': with 'path', {inline[0]!r} names a column of the CSV (a "
+                                     f"string), got {type(kw[inline[0]]).__name__}: give the requests in the file "
+                                     "or inline, not both")
+                tr = Trace.from_csv(path, **{k: v for k, v in kw.items() if v is not None})
+            else:
+                tr = Trace(**kw)
+            if len(tr) == 0:
+                raise ValueError("workload 'trace': an empty trace (no requests)" + (f" in {path!r}" if "path" in spec
+                                                                                     else ""))
+            return tr
     except TypeError as e:  # unexpected or missing keys
         raise ValueError(f"workload {kind!r}: {e}") from None
     raise ValueError(f"workload kind must be 'poisson', 'iid', 'mix', 'trace' or 'azure', got {kind!r}")
