@@ -881,7 +881,9 @@ class LearnedBudget(Agent):
                  trust: bool = False, carry_state: bool = True) -> None:
         if label is not None and not isinstance(label, str):  # a table label: 5 would fail only when printed
             raise ValueError(f"learned agent: label must be a string, got {label!r}")
-        default_label = label is None or label == ""
+        if label is not None and not label.strip():  # "" would fall back to the default label unseen
+            raise ValueError(f"learned agent: label is empty ({label!r}); leave it out for the default")
+        default_label = label is None
         if path is None:
             path = DEFAULT_MODEL
             label = label or "learned (generalist)"

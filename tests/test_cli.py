@@ -338,3 +338,13 @@ def test_reproduce_refuses_an_only_with_an_empty_name(tmp_path, capsys):
         assert main(["reproduce", "--only", only, "--out", str(tmp_path / "r")]) == 2
         assert f"--only {only!r} has an empty name" in capsys.readouterr().err
     assert not (tmp_path / "r").exists()  # refused before any output
+
+
+def test_run_refuses_a_seed_for_a_trace(tmp_path, capsys):
+    """A trace replays its own arrivals: a --seed would change nothing, so it is refused, not dropped."""
+    p = tmp_path / "t.csv"
+    p.write_text("arrival,prompt_len,output_len\n0,10,20\n1,10,4\n")
+    assert main(["run", "--trace", str(p), "--seed", "5", "--budget", "2"]) == 2
+    assert "drop --seed" in capsys.readouterr().err
+    assert main(["run", "--trace", str(p), "--budget", "2", "--json"]) == 0
+    assert json.loads(capsys.readouterr().out)["seed"] == 0

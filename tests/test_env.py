@@ -458,3 +458,20 @@ def test_view_queue_refuses_a_negative_count():
     with pytest.raises(ValueError, match="k must be a non-negative integer"):
         env.view().queue(-1)
     assert len(env.view().queue(0).ids) == 0
+
+
+def test_reset_refuses_options_it_would_not_read():
+    """The env reads no reset option and the batched vector env only ``reset_mask``: any other is refused by name
+    instead of dropped."""
+    import gymnasium as gym
+
+    env = gym.make("FlowControl-v0", horizon=50)
+    env.reset(seed=0, options={})  # empty: nothing dropped
+    with pytest.raises(ValueError, match=r"takes no options, got \['bogus'\]"):
+        env.reset(seed=0, options={"bogus": 1})
+    from flowgym.envs.vector import FlowControlVectorEnv
+
+    vec = FlowControlVectorEnv(2, horizon=50)
+    with pytest.raises(ValueError, match=r"the only option is 'reset_mask', got \['bogus'\]"):
+        vec.reset(seed=0, options={"bogus": 1})
+    vec.reset(seed=0)

@@ -100,6 +100,25 @@ def test_tune_picks_the_best_grid_value():
     assert by_value[0] > by_value[4]  # admitting nothing is the worst possible
 
 
+def test_tune_maximises_what_is_better_higher_and_checks_its_seeds():
+    """Throughput is tuned up, not down; a metric no agent changes, no seeds or a seed twice are refused by name;
+    seeds may come from any iterable (a generator too), in tune and evaluate alike."""
+    spec = AgentSpec("flow-control", {"b": 1}, tune=("b", [0, 1, 4]))
+    best, rows = tune(spec, SMALL, seeds=[7], horizon=200, metric="request_throughput")
+    by_value = {r["value"]: r["request_throughput"] for r in rows}
+    assert best == max(by_value, key=by_value.get) == 4 and by_value[0] == 0.0
+    for bad, says in (([], "non-empty list"), ([7, 7], "a seed twice"), ("7", "non-empty list")):
+        with pytest.raises(ValueError, match=says):
+            tune(spec, SMALL, seeds=bad, horizon=200)
+    with pytest.raises(ValueError, match="'arrived' does not depend on the agent"):
+        tune(spec, SMALL, seeds=[7], horizon=200, metric="arrived")
+    best2, _ = tune(spec, SMALL, seeds=(s for s in [7]), horizon=200)
+    assert best2 == tune(spec, SMALL, seeds=[7], horizon=200)[0]
+    a = evaluate([FlowControl(b=4)], SMALL, seeds=(s for s in [0, 1]), horizons=[100])
+    b = evaluate([FlowControl(b=4)], SMALL, seeds=[0, 1], horizons=[100])
+    assert a.rows == b.rows
+
+
 def test_table_files(tmp_path):
     tab = evaluate([FixedBudget(2), FlowControl(b=[1, 1])], SMALL, seeds=[0, 1], horizons=[50, 100])
     tab.to_csv(str(tmp_path / "r.csv"))

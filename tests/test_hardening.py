@@ -706,6 +706,9 @@ def test_agent_variants_get_distinct_labels_and_a_label_key():
         AgentSpec.parse("mc:label=a,label=b")
     with pytest.raises(ValueError, match="learned agent: label must be a string, got 5"):
         LearnedBudget(label=5)
+    for blank in ("", "  "):  # would fall back to the default label unseen
+        with pytest.raises(ValueError, match="learned agent: label is empty"):
+            LearnedBudget(label=blank)
     kw = {"M": 2000, "workload": {"kind": "poisson", "classes": [[10, 20]], "rates": 0.3}, "output_length_known": True}
     table = evaluate([AgentSpec("mc"), AgentSpec.parse("mc:max_budget=1")], kw, [0], [50])
     assert table.agents == ["mc", "mc max_budget=1"]

@@ -451,7 +451,8 @@ class FlowControlEnv(gym.Env[Any, Any]):
 
     An empty system at slot 0 with slot 0's arrivals in the queue. The workload
     is drawn from a generator seeded by ``reset(seed=...)``: the same seed gives
-    the same requests whatever the actions.
+    the same requests whatever the actions. ``reset`` takes no ``options`` (any
+    given are refused by name).
 
     ## Episode End
 
@@ -664,6 +665,8 @@ class FlowControlEnv(gym.Env[Any, Any]):
     # ------------------------------------------------------------------ gym API
 
     def reset(self, *, seed: int | None = None, options: dict[str, Any] | None = None) -> tuple[Any, dict[str, Any]]:
+        if options:  # none is read: an option given would otherwise be dropped unseen
+            raise ValueError(f"reset: FlowControl-v0 takes no options, got {sorted(map(str, options))}")
         super().reset(seed=seed)
         wl_seed = int(self.np_random.integers(0, 2**63 - 1))
         self.engine.reset(np.random.default_rng(wl_seed))

@@ -376,6 +376,9 @@ class FlowControlVectorEnv(VectorEnv):
         options: dict[str, Any] | None = None,
     ) -> tuple[Any, dict[str, Any]]:
         """Reset every environment (or those of ``options["reset_mask"]``); seeds ``seed + i``."""
+        other = sorted(map(str, set(options or {}) - {"reset_mask"}))
+        if other:
+            raise ValueError(f"reset: the only option is 'reset_mask', got {other}")
         seeds = self._seeds(seed)
         N = self.num_envs
         mask = None if options is None else options.get("reset_mask")

@@ -63,8 +63,13 @@ def _run(args: argparse.Namespace) -> int:
                 print("error: --rate sets the paper classes' Poisson rate; a --trace replays its own arrivals: drop "
                       "one of them", file=sys.stderr)
                 return 2
+            if args.seed is not None:
+                print("error: a --trace replays its own arrivals, which no seed changes: drop --seed", file=sys.stderr)
+                return 2
             kwargs["workload"] = {"kind": "trace", "path": args.trace}
             kwargs["horizon"] = args.horizon if args.horizon_given else None
+    if args.seed is None:
+        args.seed = 0
     if args.M is not None:
         kwargs["M"] = args.M
     if args.eviction is not None:
@@ -777,7 +782,8 @@ def build_parser() -> argparse.ArgumentParser:
     r.add_argument("--eviction", choices=["lifo", "all", "estimate"], default=None,
                    help="who leaves on overflow: lifo (the newest first, Algorithm 2; default), all, or estimate")
     r.add_argument("--trace", default=None, help="replay a CSV trace (columns arrival,prompt_len,output_len)")
-    r.add_argument("--seed", type=_int_from("--seed", 0, None), default=0, help="seed of the arrivals (default 0)")
+    r.add_argument("--seed", type=_int_from("--seed", 0, None), default=None,
+                   help="seed of the arrivals (default 0; a --trace replays its own, so not with --trace)")
     r.add_argument("--json", action="store_true", help="print the metrics as JSON")
     r.set_defaults(func=_run)
     h = sub.add_parser(

@@ -454,6 +454,24 @@ def run_episode_cell(cell: EpisodeCell) -> dict[str, Any]:
             "kv_usage": ep.series["usage"] / ep.config.M if cell.keep_kv_usage else None}
 
 
+#: The metrics where more is better, which :func:`tune` maximises (it minimises the others).
+HIGHER_IS_BETTER = ("request_throughput", "token_throughput", "generated_token_throughput", "completed")
+
+
+def _check_seeds(seeds: Any) -> list[int]:
+    """``seeds`` (any iterable of them) as a list; ``ValueError`` unless non-empty, non-negative integers, none twice."""
+    if isinstance(seeds, (str, bytes)) or not isinstance(seeds, Iterable):
+        raise ValueError(f"seeds must be a non-empty list of non-negative integers, got {seeds!r}")
+    given = seeds
+    seeds = list(seeds)  # a generator is read once, here
+    if not seeds or not all(
+            isinstance(x, (int, np.integer)) and not isinstance(x, (bool, np.bool_)) and x >= 0 for x in seeds):
+        raise ValueError(f"seeds must be a non-empty list of non-negative integers, got {seeds if seeds else given!r}")
+    if len(set(int(x) for x in seeds)) != len(seeds):  # a seed twice is one sample counted twice: a narrower CI
+        raise ValueError(f"seeds lists a seed twice: {seeds!r}")
+    return seeds
+
+
 def evaluate(
     agents: Iterable[Any],
     env_kwargs: dict[str, Any],
@@ -489,11 +507,7 @@ def evaluate(
                 for h in horizons) or not len(horizons):  # True is not 1, 20.7 is not 20
             raise ValueError(f"horizons must be positive integers (up to 2**53), got {horizons!r}")
         hs = sorted({int(h) for h in horizons})
-    if isinstance(seeds, (str, bytes)) or not len(seeds) or not all(
-            isinstance(x, (int, np.integer)) and not isinstance(x, (bool, np.bool_)) and x >= 0 for x in seeds):
-        raise ValueError(f"seeds must be a non-empty list of non-negative integers, got {seeds!r}")
-    if len(set(int(x) for x in seeds)) != len(seeds):  # a seed twice is one sample counted twice: a narrower CI
-        raise ValueError(f"seeds lists a seed twice: {seeds!r}")
+    seeds = _check_seeds(seeds)
     for agent, _ in items:  # bad input (an agent the scenario cannot host) fails here, before any run
         env_for(build_agent(agent) if isinstance(agent, AgentSpec) else agent, env_kwargs, hs[-1])
     work = episode_work(env_kwargs, hs[-1])
@@ -640,7 +654,8 @@ def tune(
     progress: Callable[[str], None] | None = None,
     backend: Any = "serial",
 ) -> tuple[Any, list[dict[str, Any]]]:
-    """Grid-search ``spec.tune`` on ``seeds``; the value with the best (lowest) mean ``metric``.
+    """Grid-search ``spec.tune`` on ``seeds``; the value with the best mean ``metric``: the lowest, or the highest
+    for the metrics of :data:`HIGHER_IS_BETTER` (throughputs, completed requests).
 
     Ties keep the first value of the grid. Returns ``(best, rows)`` with one row
     per grid value (its mean metric and how many runs completed a request). ``backend``
@@ -650,6 +665,10 @@ def tune(
         raise ValueError(f"agent {spec.name!r} has nothing to tune")
     if metric not in METRIC_NAMES:
         raise ValueError(f"metric must be one of {METRIC_NAMES}, got {metric!r}")
+    if metric in ("arrived", "rejected"):  # the workload's, whatever the policy: nothing to choose by
+        raise ValueError(f"metric {metric!r} does not depend on the agent: tune by another")
+    seeds = _check_seeds(seeds)
+    sign = -1.0 if metric in HIGHER_IS_BETTER else 1.0
     param, grid = spec.tune
     for value in grid:  # every value must build and fit the scenario (a bad grid fails before any run)
         env_for(build_agent(spec, **{param: value}), env_kwargs, horizon)
@@ -663,10 +682,11 @@ def tune(
     best, best_v = None, math.inf
     for i, value in enumerate(grid):
         vals = got[i * len(seeds):(i + 1) * len(seeds)]
-        v = float(np.mean(vals)) if np.all(np.isfinite(vals)) else math.inf
+        finite = bool(np.all(np.isfinite(vals)))
+        v = float(np.mean(vals)) if finite else math.inf
         rows.append({"param": param, "value": value, metric: v})
-        if v < best_v:
-            best, best_v = value, v
+        if finite and sign * v < best_v:
+            best, best_v = value, sign * v
     if best is None:
         raise ValueError(f"no value of {param} in {grid} completed a request on the tuning seeds")
     return best, rows
