@@ -1297,3 +1297,19 @@ def test_the_distilled_offsets_experiment_plays_and_fits_what_it_says(tmp_path):
              lengths=np.array([2, 2]))
     with pytest.raises(ValueError, match="bad.npz is not a labels output"):
         do.load_labels(str(bad))
+    # an expert that kept the shipped model's weights moves nothing; an empty experts folder is refused by name
+    import shutil
+
+    from flowgym.agents.learned import DEFAULT_MODEL
+
+    shutil.copytree(DEFAULT_MODEL, tmp_path / "experts" / "87000")
+    pts, ys, _ = do._expert_points_job((str(tmp_path / "experts" / "87000"), 87000))
+    assert pts.shape[1] == n_in and ys.shape == (len(pts), 2) and len(pts) > 10
+    assert np.abs(ys).max() == 0.0
+    (tmp_path / "none").mkdir()
+    with pytest.raises(ValueError, match="none holds no experts"):
+        do.expert_targets(str(tmp_path / "none"), 1)
+    # per-decision targets: a state-dependent offset linear in the inputs is recovered
+    X = [rng.normal(size=(20, 4)) for _ in range(10)]
+    Vf, df = do.fit_points(X, [x @ V0 + d0 for x in X], 1e-9)
+    np.testing.assert_allclose(Vf, V0, atol=1e-6)

@@ -19,6 +19,11 @@ log-multipliers, picked per training draw, is worth, and whether a regression on
   episode. Prints both for each ridge and each shrink of the student's offset.
 * ``scenarios``: the ceiling on the report scenarios instead (their screening seeds 7000-7003: each scenario's
   best grid offset on three seeds, played on the fourth), for comparison with the training draws'.
+* ``experts --experts DIR``: a state-dependent label instead of a constant one. The shipped generalist is
+  searched on each of the first ``--draws`` labelled draws alone (``per_scenario.py``'s budget: 200 episodes,
+  about 20 s a draw on 2 cores), into ``DIR/<seed>``. ``draws`` and ``screen`` with ``--experts DIR`` then fit the
+  student, by the same ridge, to each expert's per-decision offset from the shipped model's action at the
+  expert's own decision points on its draw.
 * ``draws`` / ``screen``: the student (``--ridge``, ``--shrink``; fitted on every labelled draw) as a recurrent
   policy through ``LearnedBudget.from_policy`` (the shipped generalist's action plus the offset, clipped to
   ``[-1, 1]``), against the shipped model on 192 new draws of ``RandomMix()`` (seeds 30000.., as
@@ -30,6 +35,8 @@ Commands::
     python benchmarks/learned_experiments/distill_offsets.py labels --labels runs/offsets.npz
     python benchmarks/learned_experiments/distill_offsets.py fit --labels runs/offsets.npz
     python benchmarks/learned_experiments/distill_offsets.py scenarios
+    python benchmarks/learned_experiments/distill_offsets.py experts --draws 64 --experts runs/pdx
+    python benchmarks/learned_experiments/distill_offsets.py draws --experts runs/pdx --draws 192 --ridge 10
     python benchmarks/learned_experiments/distill_offsets.py draws --labels runs/offsets.npz --ridge 10 --shrink 1
     python benchmarks/learned_experiments/distill_offsets.py screen --labels runs/offsets.npz --ridge 10 \\
         --shrink 1 --rate-switch FILE
@@ -179,16 +186,7 @@ def soft_best(loss: np.ndarray) -> np.ndarray:
 
 def fit_student(points: list[np.ndarray], targets: np.ndarray, ridge: float) -> tuple[np.ndarray, np.ndarray]:
     """Ridge regression of each draw's target offset on its decision points' inputs, every draw weighing alike."""
-    X = np.vstack(points)
-    Y = np.vstack([np.repeat(t[None], len(p), axis=0) for p, t in zip(points, targets)])
-    sw = np.concatenate([np.full(len(p), 1.0 / len(p)) for p in points])
-    sw *= len(X) / sw.sum()
-    mu = np.average(X, axis=0, weights=sw)
-    ym = np.average(Y, axis=0, weights=sw)
-    Xc, Yc = X - mu, Y - ym
-    A = (Xc * sw[:, None]).T @ Xc + ridge * len(X) / 1000.0 * np.eye(X.shape[1])
-    V = np.linalg.solve(A, (Xc * sw[:, None]).T @ Yc)
-    return V, ym - mu @ V
+    return fit_points(points, [np.repeat(t[None], len(p), axis=0) for p, t in zip(points, targets)], ridge)
 
 
 def nearest(delta: np.ndarray) -> int:
@@ -229,6 +227,63 @@ def fit_report(loss: np.ndarray, points: list[np.ndarray]) -> None:
         corr = [np.corrcoef(pred[:, j], best[:, j])[0, 1] for j in range(2)]
         print(f"ridge {ridge:g}: cross-validated, of offset 0: " + ", ".join(line)
               + f"; correlation with the soft-best offset {corr[0]:.2f} / {corr[1]:.2f}")
+
+
+def search_experts(n: int, out: str, workers: int) -> None:
+    """An expert per labelled draw: the shipped generalist searched on that draw alone (``per_scenario.py``'s budget:
+    12 updates of 8 directions on one episode, the best of four evaluations on two kept, update 0 the generalist
+    itself), into ``out/<seed>``; an expert already there is kept."""
+    from per_scenario import _Fixed
+
+    from flowgym.lab.ars import ARSConfig, train_ars
+
+    os.makedirs(out, exist_ok=True)
+    for seed in range(LABEL_SEED, LABEL_SEED + n):
+        where = os.path.join(out, str(seed))
+        if os.path.isdir(where):
+            continue
+        kw = RandomMix()(np.random.default_rng(seed))
+        res = train_ars(ARSConfig(distribution=_Fixed(f"RandomMix draw {seed}", kw), init="shipped", iterations=12,
+                                  directions=8, draws=1, eval_every=4, eval_episodes=2, workers=workers,
+                                  final_eval_seeds=0, out=where, progress=False))
+        print(f"draw {seed}: kept update {res.best_iteration} ({res.best_eval:.2f}), {res.wall_seconds:.0f} s",
+              flush=True)
+
+
+def _expert_points_job(task: tuple[str, int]) -> tuple[np.ndarray, np.ndarray, int]:
+    """An expert's inputs at its own decision points on its draw, the offset of its action from the shipped
+    model's there, and its kept update."""
+    path, seed = task
+    kw = RandomMix()(np.random.default_rng(seed))
+    agent = LearnedBudget(path)
+    xs = decision_points(agent, kw, seed, kw.get("horizon"))
+    return gate_inputs(xs, averages(xs)), agent.model(xs) - LearnedBudget(None).model(xs), \
+        int(agent.meta.get("best_iteration", -1))
+
+
+def expert_targets(out: str, workers: int) -> tuple[list[np.ndarray], list[np.ndarray]]:
+    """Every expert in ``out``: its inputs and its per-decision offsets from the shipped model."""
+    seeds = sorted(int(d) for d in os.listdir(out) if d.isdigit())
+    if not seeds:
+        raise ValueError(f"{out} holds no experts (run the experts command first)")
+    with mp.get_context("spawn").Pool(workers) as pool:
+        res = pool.map(_expert_points_job, [(os.path.join(out, str(s)), s) for s in seeds], chunksize=1)
+    moved = sum(1 for _, y, _ in res if np.abs(y).max() > 0)
+    print(f"{len(res)} experts in {out}: {moved} moved from the shipped model (the others kept update 0); mean "
+          f"absolute offset {np.mean([np.abs(y).mean() for _, y, _ in res]):.3f}")
+    return [p for p, _, _ in res], [y for _, y, _ in res]
+
+
+def fit_points(points: list[np.ndarray], targets: list[np.ndarray], ridge: float) -> tuple[np.ndarray, np.ndarray]:
+    """Ridge regression of per-decision target offsets on the inputs, every draw weighing alike."""
+    X, Y = np.vstack(points), np.vstack(targets)
+    sw = np.concatenate([np.full(len(p), 1.0 / len(p)) for p in points])
+    sw *= len(X) / sw.sum()
+    mu, ym = np.average(X, axis=0, weights=sw), np.average(Y, axis=0, weights=sw)
+    Xc, Yc = X - mu, Y - ym
+    A = (Xc * sw[:, None]).T @ Xc + ridge * len(X) / 1000.0 * np.eye(X.shape[1])
+    V = np.linalg.solve(A, (Xc * sw[:, None]).T @ Yc)
+    return V, ym - mu @ V
 
 
 def _draw_job(task: tuple[Any, ...]) -> float:
@@ -280,7 +335,9 @@ def scenario_ceiling(workers: int) -> None:
 
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("cmd", choices=["labels", "fit", "draws", "screen", "scenarios"])
+    ap.add_argument("cmd", choices=["labels", "fit", "draws", "screen", "scenarios", "experts"])
+    ap.add_argument("--experts", help="experts: where to write the per-draw experts; draws, screen: fit the student "
+                    "to these experts' per-decision offsets instead of the grid's labels")
     ap.add_argument("--labels", help="the labels file (labels: where to write it); every command but scenarios")
     ap.add_argument("--draws", type=int, default=96, help="labels: training draws (default 96); draws: new "
                     "RandomMix() draws to evaluate on (default 96 there too; 192 as select_generalist.py with --draws 192)")
@@ -296,6 +353,18 @@ def main(argv: list[str] | None = None) -> int:
     if args.cmd == "scenarios":
         scenario_ceiling(args.workers)
         return 0
+    if args.cmd == "experts":
+        if not args.experts:
+            ap.error("experts needs --experts (where to write them)")
+        search_experts(args.draws, args.experts, args.workers)
+        return 0
+    if args.experts and args.cmd in ("draws", "screen"):
+        try:
+            pts, ys = expert_targets(args.experts, args.workers)
+        except (OSError, ValueError) as e:
+            ap.error(f"--experts {args.experts}: {e}")
+        V, d = fit_points(pts, ys, args.ridge)
+        return evaluate_student(args, V, d)
     if not args.labels:
         ap.error(f"{args.cmd} needs --labels")
     if args.cmd == "labels":
@@ -309,6 +378,11 @@ def main(argv: list[str] | None = None) -> int:
         fit_report(loss, points)
         return 0
     V, d = fit_student(points, soft_best(loss), args.ridge)
+    return evaluate_student(args, V, d)
+
+
+def evaluate_student(args: argparse.Namespace, V: np.ndarray, d: np.ndarray) -> int:
+    """``draws`` or ``screen`` of the student ``(V, d)``."""
     specs = ["shipped", "student"]
     if args.cmd == "draws":
         seeds = list(range(30000, 30000 + args.draws))
