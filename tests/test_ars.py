@@ -490,6 +490,8 @@ def test_config_errors_name_the_setting():
         ARSConfig(hinge=1.0, multiplier_of="rate").validate()
     with pytest.raises(ValueError, match="env_overrides may not set 'workload'"):
         ARSConfig(env_overrides={"workload": {}}).validate()
+    with pytest.raises(ValueError, match=r"env_overrides: unknown FlowControl-v0 argument\(s\) \['bogus'\]"):
+        ARSConfig(env_overrides={"bogus": 1}).validate()  # before the run prints its first line or makes --out
     with pytest.raises(ValueError, match="seed must be at least norm_draws"):
         ARSConfig(seed=3).validate()
     with pytest.raises(ValueError, match=r"training seeds 20000\.\.20639 overlap the selection \(eval_seed\) seeds "

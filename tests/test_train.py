@@ -252,6 +252,7 @@ def test_train_cli_end_to_end(tmp_path, capsys):
     ({"net_arch": ()}, "net_arch"),
     ({"algo": "sac-ish"}, "algo"),
     ({"env_overrides": {"workload": {}}}, "workload"),
+    ({"env_overrides": {"bogus": 1}}, r"env_overrides: unknown FlowControl-v0 argument\(s\) \['bogus'\]"),
     ({"select": "median"}, "select"),
     ({"action_repeat": 0}, "action_repeat"),
     ({"action_rule": "median"}, "action_rule"),

@@ -188,6 +188,15 @@ class FlowControlConfig:
     engine_options: dict[str, Any] = field(default_factory=dict)
 
     @classmethod
+    def check_names(cls, arguments: Mapping[str, Any], where: str = "") -> None:
+        """``ValueError`` (prefixed by ``where``) naming every key of ``arguments`` that is no FlowControl-v0
+        argument, and listing the valid ones."""
+        names = {f.name for f in dataclasses.fields(cls)}
+        unknown = sorted(map(str, set(arguments) - names))
+        if unknown:
+            raise ValueError(f"{where}unknown FlowControl-v0 argument(s) {unknown}; valid: {sorted(names)}")
+
+    @classmethod
     def from_any(cls, config: FlowControlConfig | Mapping[str, Any] | None = None, **kwargs: Any) -> FlowControlConfig:
         """Build from an instance, a mapping and/or keyword arguments (keywords win); validate."""
         base: dict[str, Any] = {}
@@ -200,10 +209,7 @@ class FlowControlConfig:
         elif config is not None:
             raise ValueError(f"config must be a FlowControlConfig or a mapping, got {type(config).__name__}")
         base.update(kwargs)
-        names = {f.name for f in dataclasses.fields(cls)}
-        unknown = sorted(set(base) - names)
-        if unknown:
-            raise ValueError(f"unknown FlowControl-v0 argument(s) {unknown}; valid: {sorted(names)}")
+        cls.check_names(base)
         cfg = cls(**base)
         cfg.validate()
         return cfg

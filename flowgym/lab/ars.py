@@ -228,6 +228,9 @@ class ARSConfig:
             raise ValueError("input_noise is not implemented for a policy with a memory (memory > 0): choose one")
         if not isinstance(self.env_overrides, Mapping):
             raise ValueError(f"env_overrides must be a mapping, got {self.env_overrides!r}")
+        from flowgym.envs.flow_control import FlowControlConfig
+
+        FlowControlConfig.check_names(self.env_overrides, "env_overrides: ")
         for bad in ("workload", "observation", "action", "max_budget", "multipliers", "multiplier_of"):
             if bad in self.env_overrides:
                 raise ValueError(f"env_overrides may not set {bad!r}: the workload comes from the distribution or "

@@ -302,6 +302,9 @@ class TrainConfig:
                              f"model directory records and loads), got {pk!r}")
         if not isinstance(self.env_overrides, Mapping):
             raise ValueError(f"env_overrides must be a mapping, got {self.env_overrides!r}")
+        from flowgym.envs.flow_control import FlowControlConfig
+
+        FlowControlConfig.check_names(self.env_overrides, "env_overrides: ")
         for bad in ("workload", "observation", "max_budget"):
             if bad in self.env_overrides:
                 raise ValueError(f"env_overrides may not set {bad!r}: the scenario gives the workload (write your "
