@@ -347,4 +347,5 @@ def test_run_refuses_a_seed_for_a_trace(tmp_path, capsys):
     assert main(["run", "--trace", str(p), "--seed", "5", "--budget", "2"]) == 2
     assert "drop --seed" in capsys.readouterr().err
     assert main(["run", "--trace", str(p), "--budget", "2", "--json"]) == 0
-    assert json.loads(capsys.readouterr().out)["seed"] == 0
+    got = json.loads(capsys.readouterr().out)
+    assert got["seed"] == 0 and got["not_arrived"] == 0 and got["completed"] == 2

@@ -228,6 +228,19 @@ def test_a_finite_run_with_no_horizon_stops_at_the_safety_cap(monkeypatch, tmp_p
     assert run_episode(FlowControl(b=0), many, 0, None).metrics()["T"] == 4000  # 100 per request above the floor
     text = evaluate([FlowControl(b=0)], env, seeds=[0], horizons=None).format()
     assert "did not drain on 1 of 1 seeds: stopped at the iteration cap (3,000 iterations)" in text
+    # a trace's cap covers its last arrival and its work: a sparse trace drains under a policy that admits
+    sparse = {"M": 2000, "workload": {"kind": "trace", "arrival": [0, 5000], "prompt_len": [5, 5],
+                                     "output_len": [30, 30]}}
+    ep = run_episode(FlowControl(b=2), sparse, 0, None)
+    assert (ep.metrics()["completed"], ep.not_arrived) == (2, 0)
+    # a finite stream whose arrivals outlast the cap: the requests it kept out are counted and reported
+    slow = {"M": 2000, "workload": {"kind": "iid", "rate": 0.001, "n_requests": 40,
+                                    "lengths": {"kind": "empirical", "pairs": [[5, 5]]}}}
+    ep = run_episode(FlowControl(b=4), slow, 0, None)
+    assert ep.metrics()["unfinished"] == 0 and ep.not_arrived == 40 - ep.metrics()["arrived"] > 20
+    text = evaluate([FlowControl(b=4)], slow, seeds=[0], horizons=None).format()
+    assert f"with 0 requests unfinished on average, counted in time in system up to the cap, and {ep.not_arrived} " \
+           "not yet arrived, not counted" in text
     trace = tmp_path / "t.csv"
     trace.write_text("arrival,prompt_len,output_len\n0,10,20\n1,10,4\n")
     assert main(["run", "--trace", str(trace), "--budget", "0"]) == 0

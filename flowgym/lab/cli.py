@@ -100,6 +100,9 @@ def _run(args: argparse.Namespace) -> int:
     m = env.metrics()
     m.pop("kv_usage")
     result = {"budget": budget, "rho": rho, "seed": args.seed, "wall_seconds": wall, **m}
+    total = env.workload.total_requests
+    if total is not None:  # a finite workload: requests the horizon or the cap kept from arriving
+        result["not_arrived"] = max(0, int(total) - int(m["arrived"]))
     if args.json:
         print(_json.dumps(result, indent=2))
         return 0
@@ -110,9 +113,11 @@ def _run(args: argparse.Namespace) -> int:
     for name in METRIC_NAMES:
         v = m[name]
         print(f"  {name:28s} {v:12.4f}" if isinstance(v, float) else f"  {name:28s} {v:12d}")
-    if not te and m["unfinished"] > 0 and not args.horizon_given and kwargs.get("horizon") is None:
+    never = result.get("not_arrived", 0)
+    if not te and (m["unfinished"] > 0 or never) and not args.horizon_given and kwargs.get("horizon") is None:
         print(f"! did not drain: stopped at the iteration cap ({m['T']:,} iterations) with {m['unfinished']:,} "
-              "requests unfinished, counted in time in system up to the cap")
+              "requests unfinished, counted in time in system up to the cap"
+              + (f", and {never:,} not yet arrived, not counted" if never else ""))
     return 0
 
 

@@ -117,6 +117,8 @@ class Episode:
     log: dict[str, np.ndarray]
     series: dict[str, np.ndarray]
     wall_seconds: float
+    #: Requests of a finite workload that had not arrived when the run stopped (0 for an endless workload).
+    not_arrived: int = 0
 
     def metrics(self, T: int | None = None) -> dict[str, Any]:
         """Metrics of the first ``T`` slots (all by default)."""
@@ -128,14 +130,26 @@ class Episode:
 FINITE_CAP = 1_000_000
 
 
+def finite_cap(workload: Any, timed: bool) -> int:
+    """The safety cap of a run to the end of the finite ``workload``: at least :data:`FINITE_CAP` iterations, and
+    for a trace its last arrival (in slots) plus ten iterations per token of every request and 100 per request (a
+    policy that serves the requests one after another, each evicted several times, stays below it)."""
+    n = int(workload.total_requests or 0)
+    cap = max(FINITE_CAP, 100 * n)
+    prompt, output = getattr(workload, "prompt_len", None), getattr(workload, "output_len", None)
+    if prompt is not None and output is not None and n:
+        last = 0 if timed else max(0, int(math.ceil(float(workload.last_arrival))))
+        cap = max(cap, last + 10 * int(np.sum(prompt, dtype=np.int64) + np.sum(output, dtype=np.int64)) + 100 * n)
+    return min(cap, int(MAX_COUNT))
+
+
 def capped_env(env_kwargs: dict[str, Any]) -> FlowControlEnv:
-    """``FlowControlEnv(**env_kwargs)``, but with no ``horizon`` (a finite workload run to its end) a safety cap:
-    the larger of :data:`FINITE_CAP` and 100 iterations per request of the workload. A run that reaches it has
-    requests unfinished, which the metrics count and the tables report ("did not drain")."""
+    """``FlowControlEnv(**env_kwargs)``, but with no ``horizon`` (a finite workload run to its end) the safety cap
+    :func:`finite_cap`. A run that reaches it has requests unfinished or not yet arrived, which the tables and
+    ``flowgym run`` report ("did not drain")."""
     env = FlowControlEnv(**env_kwargs)
     if env.config.horizon is None:
-        n = env.workload.total_requests or 0
-        env = FlowControlEnv(**{**env_kwargs, "horizon": max(FINITE_CAP, 100 * int(n))})
+        env = FlowControlEnv(**{**env_kwargs, "horizon": finite_cap(env.workload, env.config.time_model != "slot")})
     return env
 
 
@@ -203,7 +217,10 @@ def run_episode(
         obs, _, terminated, truncated, _ = env.step(agent.act(obs, env.view()))
         done = terminated or truncated
     wall = time.perf_counter() - t0
-    return Episode(label or agent.label(), seed, env.config, env.request_log(), env.series(), wall)
+    log = env.request_log()
+    total = env.workload.total_requests
+    left = 0 if total is None else max(0, int(total) - int(log["finish"].size))
+    return Episode(label or agent.label(), seed, env.config, log, env.series(), wall, left)
 
 
 class Progress:
@@ -365,13 +382,15 @@ class ResultTable:
         if T is None:  # runs to the end of a finite workload: say which ones stopped at the cap instead
             for agent in self.agents:
                 rs = [r for r in self.rows if r["agent"] == agent and r["horizon"] is None]
-                stuck = [r for r in rs if r.get("unfinished", 0) > 0]
+                stuck = [r for r in rs if r.get("unfinished", 0) > 0 or r.get("not_arrived", 0) > 0]
                 if stuck:
                     its = max(int(r.get("T", 0)) for r in stuck)
                     left = float(np.mean([r["unfinished"] for r in stuck]))
+                    never = float(np.mean([r.get("not_arrived", 0) for r in stuck]))
                     lines.append(f"! {agent}: did not drain on {len(stuck)} of {len(rs)} seeds: stopped at the "
                                  f"iteration cap ({its:,} iterations) with {left:,.0f} requests unfinished on "
-                                 "average, counted in time in system up to the cap")
+                                 "average, counted in time in system up to the cap"
+                                 + (f", and {never:,.0f} not yet arrived, not counted" if never else ""))
         return "\n".join(lines)
 
     def to_csv(self, path: str) -> None:
@@ -450,6 +469,8 @@ def run_episode_cell(cell: EpisodeCell) -> dict[str, Any]:
         m = ep.metrics(T)
         m.pop("kv_usage")
         rows.append({"agent": cell.label, "seed": int(cell.seed), "horizon": T, **m})
+        if T is None:  # run to the end: requests the cap kept from arriving
+            rows[-1]["not_arrived"] = ep.not_arrived
     return {"rows": rows, "wall": ep.wall_seconds, "time_unit": "slot" if ep.config.time_model == "slot" else "s",
             "kv_usage": ep.series["usage"] / ep.config.M if cell.keep_kv_usage else None}
 
