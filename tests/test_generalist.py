@@ -1306,6 +1306,16 @@ def test_the_distilled_offsets_experiment_plays_and_fits_what_it_says(tmp_path):
     pts, ys, _ = do._expert_points_job((str(tmp_path / "experts" / "87000"), 87000))
     assert pts.shape[1] == n_in and ys.shape == (len(pts), 2) and len(pts) > 10
     assert np.abs(ys).max() == 0.0
+    # an expert whose first output sits higher: its offset from the shipped action is positive there, zero on the
+    # other output (the target is the expert's action minus the shipped one, not the other way round)
+    moved = tmp_path / "experts" / "87001"
+    shutil.copytree(DEFAULT_MODEL, moved)
+    with np.load(moved / "policy.npz") as z:
+        arrs = dict(z)
+    arrs["b0"] = arrs["b0"] + np.array([0.1, 0.0])
+    np.savez(moved / "policy.npz", **arrs)
+    _, ys, _ = do._expert_points_job((str(moved), 87001))
+    assert np.all(ys[:, 0] > 0) and np.all(ys[:, 0] <= 0.1 + 1e-9) and np.abs(ys[:, 1]).max() == 0.0
     (tmp_path / "none").mkdir()
     with pytest.raises(ValueError, match="none holds no experts"):
         do.expert_targets(str(tmp_path / "none"), 1)

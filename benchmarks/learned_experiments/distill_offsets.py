@@ -37,6 +37,7 @@ Commands::
     python benchmarks/learned_experiments/distill_offsets.py scenarios
     python benchmarks/learned_experiments/distill_offsets.py experts --draws 64 --experts runs/pdx
     python benchmarks/learned_experiments/distill_offsets.py draws --experts runs/pdx --draws 192 --ridge 10
+    python benchmarks/learned_experiments/distill_offsets.py screen --experts runs/pdx --ridge 10 --rate-switch FILE
     python benchmarks/learned_experiments/distill_offsets.py draws --labels runs/offsets.npz --ridge 10 --shrink 1
     python benchmarks/learned_experiments/distill_offsets.py screen --labels runs/offsets.npz --ridge 10 \\
         --shrink 1 --rate-switch FILE
