@@ -1169,6 +1169,15 @@ def test_the_bound_script_puts_every_policy_above_the_bound():
     assert bound.verdict((0.80, 0.70, 0.95)) == "not excluded"
 
 
+def _rollout(pol, xs):
+    """A recurrent experiment policy played on the rows of ``xs`` as one episode: its last state and its actions."""
+    z, acts = None, []
+    for t, x in enumerate(xs):
+        act, z = pol.predict(x[None], z, [t == 0])
+        acts.append(act[0])
+    return z, acts
+
+
 def test_the_load_classifier_experiment_gates_its_experts_as_it_was_fitted(capsys):
     """benchmarks/learned_experiments/load_classifier.py: the gate reads at run time the averages it was fitted on
     (the policy's carried state equals ``averages`` decision by decision), a gate sure of A (of B) plays expert A
@@ -1189,10 +1198,7 @@ def test_the_load_classifier_experiment_gates_its_experts_as_it_was_fitted(capsy
     xs = rng.normal(size=(40, n_obs))
     gw = rng.normal(0, 0.2, len(lc.LEAKS) * n_obs + n_obs)
     pol = lc.GatedPolicy(a, b_pol, gw, 0.1)
-    z, acts = None, []
-    for t, x in enumerate(xs):
-        act, z = pol.predict(x[None], z, [t == 0])
-        acts.append(act[0])
+    z, acts = _rollout(pol, xs)
     want = lc.averages(xs)
     np.testing.assert_allclose(z[0], want[-1], rtol=1e-12)
     g = 1 / (1 + np.exp(-(lc.gate_inputs(xs, want) @ gw + 0.1)))
@@ -1256,10 +1262,7 @@ def test_the_distilled_offsets_experiment_plays_and_fits_what_it_says(tmp_path):
     n_in = n_obs * (1 + len(do.LEAKS))
     V, d = rng.normal(0, 0.1, (n_in, 2)), np.array([0.2, -0.3])
     pol = do.OffsetStudent(base, V, d, 0.5)
-    z, acts = None, []
-    for t, x in enumerate(xs):
-        act, z = pol.predict(x[None], z, [t == 0])
-        acts.append(act[0])
+    z, acts = _rollout(pol, xs)
     want = do.averages(xs)
     np.testing.assert_allclose(z[0], want[-1], rtol=1e-12)
     off = 0.5 * (do.gate_inputs(xs, want) @ V + d)

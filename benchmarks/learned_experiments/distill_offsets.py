@@ -60,7 +60,7 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 from anchors import decision_points, scenario, seeds_of, tuned_rate_switch  # noqa: E402
 from bench_learned import held_out  # noqa: E402
-from load_classifier import LEAKS, averages, gate_inputs, ratio_line  # noqa: E402
+from load_classifier import LEAKS, averages, carry_averages, gate_inputs, print_screen, ratio_line  # noqa: E402
 
 from flowgym.agents import LearnedBudget, make_agent  # noqa: E402
 from flowgym.agents.learned import ArrayPolicy  # noqa: E402
@@ -97,12 +97,7 @@ class OffsetStudent(ArrayPolicy):
     def predict(self, obs: Any, state: Any = None, episode_start: Any = None,
                 deterministic: bool = True) -> tuple[np.ndarray, np.ndarray]:  # type: ignore[override]
         x = np.asarray(obs, dtype=np.float64)
-        rep = np.tile(x, len(LEAKS))
-        z = rep.copy() if state is None else np.array(state, dtype=np.float64)
-        if episode_start is not None:
-            s = np.asarray(episode_start, dtype=bool).reshape(len(x))
-            z[s] = rep[s]
-        z = (1 - self.leak) * z + self.leak * rep
+        z = carry_averages(x, state, episode_start, self.leak)
         return np.clip(self.base(x) + self.offset(x, z), -1.0, 1.0).astype(np.float32), z
 
     def __call__(self, obs: np.ndarray) -> np.ndarray:
@@ -401,20 +396,7 @@ def evaluate_student(args: argparse.Namespace, V: np.ndarray, d: np.ndarray) -> 
              for seed in seeds_of(n)]
     with mp.get_context("spawn").Pool(args.workers) as pool:
         out = pool.map(_screen_job, tasks, chunksize=1)
-    tis: dict[tuple[str, str], list[float]] = {}
-    for s, n, v in out:
-        tis.setdefault((s, n), []).append(v)
-    print(f"| scenario | tuned rate-switch TIS | shipped | student (ridge {args.ridge:g}, shrink {args.shrink:g}) |")
-    print("|---|---:|---:|---:|")
-    logs: dict[str, list[float]] = {s: [] for s in specs}
-    for n in names:
-        base = float(np.mean(tis[("rate-switch", n)]))
-        r = {s: float(np.mean(tis[(s, n)])) / base for s in specs}
-        for s in specs:
-            logs[s].append(math.log(r[s]))
-        print(f"| {n} | {base:.1f} | " + " | ".join(f"{r[s]:.3f}" for s in specs) + " |")
-    print(f"| geometric mean over {len(names)} | - | "
-          + " | ".join(f"{math.exp(np.mean(logs[s])):.3f}" for s in specs) + " |")
+    print_screen(out, names, specs, ["shipped", f"student (ridge {args.ridge:g}, shrink {args.shrink:g})"])
     return 0
 
 

@@ -91,6 +91,37 @@ def averages(xs: np.ndarray) -> np.ndarray:
     return z
 
 
+def carry_averages(x: np.ndarray, state: Any, episode_start: Any, leak: np.ndarray) -> np.ndarray:
+    """The exponential averages after the decision on the features ``x`` ``(n, f)``: ``state`` (``None`` at an
+    episode's start) moved toward ``x`` by ``leak``, each row where ``episode_start`` is set started at ``x``."""
+    rep = np.tile(x, len(LEAKS))
+    z = rep.copy() if state is None else np.array(state, dtype=np.float64)
+    if episode_start is not None:
+        s = np.asarray(episode_start, dtype=bool).reshape(len(x))
+        z[s] = rep[s]
+    return (1 - leak) * z + leak * rep
+
+
+def print_screen(out: list[tuple[str, str, float]], names: list[str], specs: list[str], header: list[str]) -> None:
+    """The screen's table from the ``(spec, scenario, time in system)`` episodes ``out`` (the tuned rate-switch's
+    under ``"rate-switch"``): each spec's mean over the seeds / the rate-switch's, and the geometric mean over
+    ``names``; ``header`` names the columns of ``specs``."""
+    tis: dict[tuple[str, str], list[float]] = {}
+    for s, n, v in out:
+        tis.setdefault((s, n), []).append(v)
+    print("| scenario | tuned rate-switch TIS | " + " | ".join(header) + " |")
+    print("|---|---:|" + "---:|" * len(specs))
+    logs: dict[str, list[float]] = {s: [] for s in specs}
+    for n in names:
+        base = float(np.mean(tis[("rate-switch", n)]))
+        r = {s: float(np.mean(tis[(s, n)])) / base for s in specs}
+        for s in specs:
+            logs[s].append(math.log(r[s]))
+        print(f"| {n} | {base:.1f} | " + " | ".join(f"{r[s]:.3f}" for s in specs) + " |")
+    print(f"| geometric mean over {len(names)} | - | "
+          + " | ".join(f"{math.exp(np.mean(logs[s])):.3f}" for s in specs) + " |")
+
+
 class GatedPolicy(ArrayPolicy):
     """``a = g(x, z) A(x) + (1 - g(x, z)) B(x)``: two linear experts blended by a logistic gate on the features
     ``x`` and their exponential averages ``z`` (the policy's state, carried as an LSTM state is)."""
@@ -110,12 +141,7 @@ class GatedPolicy(ArrayPolicy):
     def predict(self, obs: Any, state: Any = None, episode_start: Any = None,
                 deterministic: bool = True) -> tuple[np.ndarray, np.ndarray]:  # type: ignore[override]
         x = np.asarray(obs, dtype=np.float64)
-        rep = np.tile(x, len(LEAKS))
-        z = rep.copy() if state is None else np.array(state, dtype=np.float64)
-        if episode_start is not None:
-            s = np.asarray(episode_start, dtype=bool).reshape(len(x))
-            z[s] = rep[s]
-        z = (1 - self.leak) * z + self.leak * rep
+        z = carry_averages(x, state, episode_start, self.leak)
         g = self.gate(x, z)[:, None]
         return (g * self.a(x) + (1 - g) * self.b(x)).astype(np.float32), z
 
@@ -364,20 +390,7 @@ def main(argv: list[str] | None = None) -> int:
                  for seed in seeds_of(n)]
         with mp.get_context("spawn").Pool(args.workers) as pool:
             out = pool.map(_screen_job, tasks, chunksize=1)
-        tis: dict[tuple[str, str], list[float]] = {}
-        for s, n, v in out:
-            tis.setdefault((s, n), []).append(v)
-        print("| scenario | tuned rate-switch TIS | " + " | ".join(specs) + " |")
-        print("|---|---:|" + "---:|" * len(specs))
-        logs = {s: [] for s in specs}
-        for n in names:
-            base = float(np.mean(tis[("rate-switch", n)]))
-            r = {s: float(np.mean(tis[(s, n)])) / base for s in specs}
-            for s in specs:
-                logs[s].append(math.log(r[s]))
-            print(f"| {n} | {base:.1f} | " + " | ".join(f"{r[s]:.3f}" for s in specs) + " |")
-        print(f"| geometric mean over {len(names)} | - | "
-              + " | ".join(f"{math.exp(np.mean(logs[s])):.3f}" for s in specs) + " |")
+        print_screen(out, names, specs, specs)
     return 0
 
 
