@@ -404,20 +404,15 @@ def _train_from(t: Any, where: str) -> tuple[int | None, tuple[int, ...] | None]
 
 def _check_env(env: dict[str, Any], where: str) -> None:
     from flowgym.envs.flow_control import FlowControlConfig
+    from flowgym.sim.engine import check_time_model
     from flowgym.sim.workloads import make_workload
 
     try:
         cfg = FlowControlConfig.from_any(env)
-        w = make_workload(cfg.workload)
+        # the engine's own check, made here because no run builds an engine before a scenario is shown or saved
+        check_time_model(make_workload(cfg.workload).timed, cfg.time_model != "slot")
     except (ValueError, TypeError) as e:
         raise ValueError(f"{where}: {e}") from None
-    slots = cfg.time_model == "slot"
-    if w.timed and slots:  # the engine refuses both mismatches too, but only when a run builds it
-        raise ValueError(f"{where}: workload: its arrivals are timestamps in seconds (an 'azure' workload, a trace or "
-                         "stream with timed = true): set time_model (e.g. 'llama2-70b-tp2-a100') for continuous time")
-    if not w.timed and not slots:
-        raise ValueError(f"{where}: time_model {cfg.time_model!r} runs in continuous time, which needs a timed "
-                         "workload (arrivals in seconds: timed = true, or an 'azure' workload)")
 
 
 def _walk(env_root: dict[str, Any], path: str, where: str) -> tuple[Any, Any]:

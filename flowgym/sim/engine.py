@@ -56,7 +56,7 @@ from flowgym.sim.rules import FIFO, EstimateEviction, EvictAll, LIFOEviction, Sh
 from flowgym.sim.streaming import StreamTotals
 from flowgym.sim.workloads import Trace, Workload, make_workload
 
-__all__ = ["Engine", "SlotStats", "EVICTION_RULES", "QUEUE_ORDERS", "RECORD_MODES", "replay"]
+__all__ = ["Engine", "SlotStats", "check_time_model", "EVICTION_RULES", "QUEUE_ORDERS", "RECORD_MODES", "replay"]
 
 _I64 = np.int64
 _ID_BITS = 32  # keyed queue orders: key = (primary << 32) | id (flowgym.sim.rules)
@@ -97,6 +97,17 @@ class SlotStats(NamedTuple):
 
 
 # --------------------------------------------------------------------------- engine
+
+
+def check_time_model(workload_timed: bool, timed: bool) -> None:
+    """``ValueError`` unless a workload's arrivals (timestamps in seconds when ``workload_timed``, else slots) suit
+    the clock (``timed``: a latency model, continuous time; else unit slots)."""
+    if timed and not workload_timed:
+        raise ValueError("continuous time (a time_model) needs a timed workload: arrivals in seconds "
+                         "(e.g. {'kind': 'iid', ..., 'timed': True} or Trace(..., timed=True))")
+    if workload_timed and not timed:
+        raise ValueError("this workload's arrivals are timestamps in seconds: give a time_model "
+                         "(e.g. 'llama2-70b-tp2-a100') for continuous time")
 
 
 class Engine:
@@ -167,12 +178,7 @@ class Engine:
         self.estimate_floor = int(estimate_floor)
         self.time_model = None if time_model is None else make_latency_model(time_model)
         self.timed = self.time_model is not None
-        if self.timed and not self.workload.timed:
-            raise ValueError("continuous time (a time_model) needs a timed workload: arrivals in seconds "
-                             "(e.g. {'kind': 'iid', ..., 'timed': True} or Trace(..., timed=True))")
-        if self.workload.timed and not self.timed:
-            raise ValueError("this workload's arrivals are timestamps in seconds: give a time_model "
-                             "(e.g. 'llama2-70b-tp2-a100') for continuous time")
+        check_time_model(self.workload.timed, self.timed)
         self.m = self.workload.num_classes
         if per_class and self.m == 0:
             raise ValueError("per_class budgets need a workload with request classes")
