@@ -1272,8 +1272,17 @@ def test_the_distilled_offsets_experiment_plays_and_fits_what_it_says(tmp_path):
     np.testing.assert_allclose(big(xs), np.tile([1.0, -1.0], (len(xs), 1)))  # clipped to the action's box
     with pytest.raises(ValueError, match="no model-directory format"):
         pol.arrays()
-    const = do.offset_agent(np.array([0.3, 0.0])).model
-    np.testing.assert_allclose(const(xs), np.clip(base(xs) + [0.3, 0.0], -1, 1))
+    from flowgym.lab.evaluation import env_for
+
+    const, plain = do.offset_agent(np.array([0.3, 0.0])), LearnedBudget(None)
+    env = env_for(plain, {"M": 16492, "horizon": 64}, None)
+    obs, _ = env.reset(seed=0)
+    const.reset(env.config, seed=0)
+    plain.reset(env.config, seed=0)
+    for _ in range(20):  # decisions and the slots they are held for alike
+        want = np.clip(plain.act(obs, env.view()) + [0.3, 0.0], -1, 1)
+        np.testing.assert_allclose(const.act(obs, env.view()), want, rtol=1e-6)
+        obs, *_ = env.step(want)
     # soft-best: one point clearly best, then a flat grid
     loss = np.zeros((2, len(do.GRID), 3))
     loss[0] += 1.0

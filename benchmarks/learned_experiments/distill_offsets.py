@@ -61,6 +61,7 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 from anchors import decision_points, scenario, seeds_of, tuned_rate_switch  # noqa: E402
 from bench_learned import held_out  # noqa: E402
 from load_classifier import LEAKS, averages, carry_averages, gate_inputs, print_screen, ratio_line  # noqa: E402
+from replay_tuning import Offset  # noqa: E402
 
 from flowgym.agents import LearnedBudget, make_agent  # noqa: E402
 from flowgym.agents.learned import ArrayPolicy  # noqa: E402
@@ -108,32 +109,17 @@ class OffsetStudent(ArrayPolicy):
         raise ValueError("OffsetStudent is an experiment's policy: it has no model-directory format")
 
 
-class _Offset(ArrayPolicy):
-    """The base policy plus a constant offset (one grid point), clipped to ``[-1, 1]``."""
-
-    def __init__(self, base: ArrayPolicy, delta: np.ndarray) -> None:
-        space = base.observation_space
-        super().__init__(base.layers, space.low, space.high)
-        self.delta = np.asarray(delta, np.float64)
-
-    def __call__(self, obs: np.ndarray) -> np.ndarray:
-        return np.clip(super().__call__(obs) + self.delta, -1.0, 1.0)
-
-
-def _agent(policy: ArrayPolicy, label: str) -> LearnedBudget:
-    shipped = LearnedBudget(None)
-    return LearnedBudget.from_policy(policy, shipped.normalization, shipped.meta["agent_env_options"],
-                                     shipped.meta["action_repeat"], label=label)
-
-
-def offset_agent(delta: np.ndarray) -> LearnedBudget:
-    """The shipped generalist with the constant offset ``delta`` on its two actions."""
-    return _agent(_Offset(LearnedBudget(None).model, delta), f"learned + offset {list(delta)}")
+def offset_agent(delta: np.ndarray) -> Offset:
+    """The shipped generalist with the constant offset ``delta`` on its two actions (the replay probe's agent)."""
+    return Offset(LearnedBudget(None), delta)
 
 
 def student_agent(V: np.ndarray, d: np.ndarray, shrink: float) -> LearnedBudget:
     """The shipped generalist with the student's offset."""
-    return _agent(OffsetStudent(LearnedBudget(None).model, V, d, shrink), "learned + distilled offset")
+    shipped = LearnedBudget(None)
+    return LearnedBudget.from_policy(OffsetStudent(shipped.model, V, d, shrink), shipped.normalization,
+                                     shipped.meta["agent_env_options"], shipped.meta["action_repeat"],
+                                     label="learned + distilled offset")
 
 
 def _label_job(task: tuple[int, int, int]) -> float:
