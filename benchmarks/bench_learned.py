@@ -25,11 +25,17 @@ best fixed budget on stationary ones. The agents are built by
 :func:`flowgym.lab.evaluation.build_agent` from :class:`~flowgym.lab.scenarios.AgentSpec`,
 as ``flowgym compare`` builds them.
 
+``--scenarios`` takes the names above and scenario files (``my.toml``, ``docs/scenarios.md``): a scenario is
+held to the stationary goal when its workload is stationary (Poisson at a constant rate, one length
+distribution or a mixture of such streams: :attr:`flowgym.sim.workloads.Workload.stationary`), whatever its
+name.
+
 Not a timed test; run by hand (about 30 minutes on 2 cores for the defaults)::
 
     python benchmarks/bench_learned.py --out results/bench_learned
     python benchmarks/bench_learned.py --scenarios H1-codechat,adaptive-mix --seeds 5 --model runs/ppo-generalist
     python benchmarks/bench_learned.py --model runs/new --other-model shipped   # two models, one set of references
+    python benchmarks/bench_learned.py --scenarios my.toml,H4-short-phases --seeds 20   # your own scenario too
 """
 
 from __future__ import annotations
@@ -46,6 +52,7 @@ import numpy as np
 
 from flowgym.envs.flow_control import FlowControlEnv
 from flowgym.lab.evaluation import bound_unsupported, evaluate, lower_bounds, tune
+from flowgym.lab.parallel import BACKENDS
 from flowgym.lab.scenarios import ADAPTIVE_SCENARIOS, AgentSpec, get_scenario
 from flowgym.sim import _json
 
@@ -54,8 +61,14 @@ FIXED_GRID = [1, 2, 3, 4, 6, 8, 12, 16, 24, 32, 40, 48, 64, 96, 128, 192, 256]
 LOW_GRID = [1, 2, 3, 4, 6, 8, 12, 16]
 #: SGLang's one knob (``--schedule-conservativeness``: scales its initial ``new_token_ratio``), tuned per scenario
 SGLANG_GRID = [0.02, 0.05, 0.1, 0.2, 0.35, 0.5, 0.7, 1.0, 1.4]
-#: Stationary scenarios (goal: within 2% of the best fixed budget).
-STATIONARY = ("adaptive-low", "adaptive-high", "S1-stationary")
+
+
+def is_stationary(env_kwargs: dict[str, Any]) -> bool:
+    """Whether a scenario's load is stationary (goal: within 2% of the best fixed budget, not the
+    non-stationary goals): its workload's :attr:`~flowgym.sim.workloads.Workload.stationary`, read from the
+    workload itself, so a scenario file passed with ``--scenarios my.toml`` is classed by what it holds,
+    not by its name."""
+    return bool(FlowControlEnv(**env_kwargs).workload.stationary)
 
 
 def _stream(pairs: list[list[int]], on_rate: float, t_on: float, t_off: float, period: float,
@@ -252,7 +265,7 @@ def bench_scenario(name: str, model: str | None, seeds: list[int], tune_seeds: l
         per["lower bound"] = np.array([r["bound"] for r in lower_bounds(specs[1], kw, report, None if H is None else [H])])
     learned = per["learned"]
     out: dict[str, Any] = {
-        "scenario": name, "held_out": name in ho, "stationary": name in STATIONARY, "seeds": report,
+        "scenario": name, "held_out": name in ho, "stationary": is_stationary(kw), "seeds": report,
         "tune_seeds": tune_seeds, "fixed_b": b, "rate_switch": rs, "phase_oracle": oracle,
         "sglang_conservativeness": cons,
         "mean_time_in_system": {k: float(v.mean()) for k, v in per.items()},
@@ -309,13 +322,24 @@ def main(argv: Sequence[str] | None = None) -> int:
                     help="comma-separated (default: every adaptive-* scenario and every held-out one)")
     ap.add_argument("--seeds", type=int, default=20, help="report seeds 0..N-1 (default 20)")
     ap.add_argument("--tune-seeds", type=int, default=2, help="tuning seeds 1000.. (default 2)")
-    ap.add_argument("--backend", default="serial", help="serial (default) or process")
+    ap.add_argument("--backend", default="serial", choices=BACKENDS, help="serial (default), process or ray")
     ap.add_argument("--out", default=None, help="write <out>.md and <out>.json")
     ap.add_argument("--other-model", default=None,
                     help="a second model directory (or 'shipped') run against the same tuned references: "
                     "its ratio is the '/ other model' column")
     args = ap.parse_args(argv)
-    names = args.scenarios.split(",") if args.scenarios else [*ADAPTIVE_SCENARIOS, *held_out()]
+    names = args.scenarios.split(",") if args.scenarios is not None else [*ADAPTIVE_SCENARIOS, *held_out()]
+    for opt, n in (("--seeds", args.seeds), ("--tune-seeds", args.tune_seeds)):
+        if n < 1:
+            ap.error(f"{opt} must be at least 1, got {n}")
+    if "" in names:  # --scenarios "" or "a,,b": a name left empty, not "run them all"
+        ap.error(f"--scenarios: an empty name in {args.scenarios!r}; give comma-separated names or files")
+    for name in names:  # every name checked before hours of tuning start, with its own message
+        if name not in held_out():
+            try:
+                get_scenario(name)
+            except ValueError as e:
+                ap.error(f"--scenarios: {e}; or one defined here: {', '.join(held_out())}")
     seeds = list(range(args.seeds))
     tune_seeds = [1000 + i for i in range(args.tune_seeds)]
     results = []

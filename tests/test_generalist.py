@@ -773,20 +773,55 @@ def test_train_cli_ppo_generalist_and_scenario_defaults(monkeypatch):
     assert seen["cfg"].distribution == {"kind": "random-mix", "stationary_p": 1}
 
 
-def test_benchmark_uses_the_compare_path_and_its_held_out_scenarios_build():
+def _bench_learned_module():
     import importlib.util
     import pathlib
-
-    import flowgym.lab.evaluation as ev
 
     path = pathlib.Path(__file__).resolve().parents[1] / "benchmarks" / "bench_learned.py"
     spec = importlib.util.spec_from_file_location("bench_learned", path)
     mod = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(mod)
+    return mod
+
+
+@pytest.mark.parametrize("argv, match", [
+    (["--scenarios", ""], "--scenarios: an empty name in ''"),
+    (["--scenarios", "H4-short-phases,"], "an empty name"),
+    (["--scenarios", "H4-short-phases,nosuch"], "unknown scenario 'nosuch'.*H8-overload-then-light"),
+    (["--scenarios", "H4-short-phases", "--seeds", "0"], "--seeds must be at least 1, got 0"),
+    (["--scenarios", "H4-short-phases", "--tune-seeds", "0"], "--tune-seeds must be at least 1"),
+    (["--scenarios", "H4-short-phases", "--backend", "threads"], "invalid choice: 'threads'"),
+])
+def test_benchmark_refuses_bad_options_before_tuning(argv, match, capsys):
+    import re
+
+    with pytest.raises(SystemExit) as e:
+        _bench_learned_module().main(argv)
+    assert e.value.code == 2 and re.search(match, capsys.readouterr().err)
+
+
+def test_benchmark_classes_a_scenario_file_by_its_workload(tmp_path):
+    from flowgym.lab.scenarios import _named_text, get_scenario
+
+    mod = _bench_learned_module()
+    for name, want in (("adaptive-high", True), ("adaptive-switch", False)):
+        f = tmp_path / "mine.toml"  # renamed: the class comes from the workload, not the name
+        f.write_text(_named_text(name).replace(f'name = "{name}"', 'name = "mine"'), encoding="utf-8")
+        assert mod.is_stationary(get_scenario(str(f)).env_kwargs()) is want
+
+
+def test_benchmark_uses_the_compare_path_and_its_held_out_scenarios_build():
+    import flowgym.lab.evaluation as ev
+
+    mod = _bench_learned_module()
     assert mod.evaluate is ev.evaluate and mod.tune is ev.tune  # the functions flowgym compare runs
     assert mod.lower_bounds is ev.lower_bounds  # and compare --bound
     ho = mod.held_out()
-    assert len([n for n in ho if n not in mod.STATIONARY]) >= 3
+    assert len([n for n, kw in ho.items() if not mod.is_stationary(kw)]) >= 3
+    # stationarity is read from the workload, the named scenarios' and the held-out ones' alike
+    assert [n for n, kw in ho.items() if mod.is_stationary(kw)] == ["S1-stationary"]
+    assert [n for n in mod.ADAPTIVE_SCENARIOS if mod.is_stationary(mod.scenario_arguments(n)[0])] == [
+        "adaptive-low", "adaptive-high"]
     from flowgym.lab.scenarios import SCENARIOS
 
     assert not set(ho) & set(SCENARIOS)

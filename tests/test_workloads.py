@@ -734,3 +734,23 @@ def test_adaptive_mix_phases_hold_only_their_own_requests():
 def test_mixture_bad_streams_name_the_stream(streams, match):
     with pytest.raises(ValueError, match=match):
         make_workload({"kind": "mix", "streams": streams})
+
+
+@pytest.mark.parametrize("spec, want", [
+    ({"kind": "poisson", "classes": [[10, 20]], "rates": 2.0}, True),
+    ({"kind": "iid", "rate": 3.0, "lengths": {"kind": "empirical", "pairs": [[10, 20]]}}, True),
+    ({"kind": "iid", "rate": {"kind": "steps", "times": [0, 100], "rates": [3.0, 3.0], "period": 200},
+      "lengths": {"kind": "empirical", "pairs": [[10, 20]]}}, True),
+    ({"kind": "iid", "rate": {"kind": "steps", "times": [0, 100], "rates": [3.0, 3.1], "period": 200},
+      "lengths": {"kind": "empirical", "pairs": [[10, 20]]}}, False),
+    ({"kind": "iid", "rate": {"kind": "sinusoid", "mean": 3.0, "amplitude": 1.0, "period": 500},
+      "lengths": {"kind": "empirical", "pairs": [[10, 20]]}}, False),
+    ({"kind": "mix", "streams": [{"kind": "iid", "rate": 1.0, "lengths": {"kind": "empirical", "pairs": [[10, 20]]}},
+                                 {"kind": "poisson", "classes": [[5, 50]], "rates": 0.5}]}, True),
+    ({"kind": "mix", "streams": [{"kind": "iid", "rate": 1.0, "lengths": {"kind": "empirical", "pairs": [[10, 20]]}},
+                                 {"kind": "iid", "rate": {"kind": "steps", "times": [0, 50], "rates": [0.0, 1.0]},
+                                  "lengths": {"kind": "empirical", "pairs": [[5, 50]]}}]}, False),
+    ({"kind": "trace", "arrival": [0, 1, 5], "prompt_len": [3, 4, 5], "output_len": [2, 2, 2]}, False),
+])
+def test_stationary_is_a_constant_rate_poisson_process(spec, want):
+    assert make_workload(spec).stationary is want

@@ -43,7 +43,7 @@ import numpy as np
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from bench_learned import ADAPTIVE_SCENARIOS, FIXED_GRID, STATIONARY, held_out, ratio_ci, scenario_arguments  # noqa: E402
+from bench_learned import ADAPTIVE_SCENARIOS, FIXED_GRID, held_out, is_stationary, ratio_ci, scenario_arguments  # noqa: E402
 
 from flowgym.envs.flow_control import FlowControlEnv  # noqa: E402
 from flowgym.lab.evaluation import bound_unsupported, build_agent, run_episode, tune  # noqa: E402
@@ -130,7 +130,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         if b is None:
             b, _ = tune(AgentSpec("flow-control", {}, tune=("b", FIXED_GRID)), tune_kw, TUNE_SEEDS, H)
         r = scenario_row(kw, int(b), args.model, seeds, H)
-        stationary = name in STATIONARY
+        stationary = is_stationary(kw)
         r.update(scenario=name, verdict="(stationary: goal 1.02x)" if stationary else verdict(r["bound_over_fixed"]))
         rows.append(r)
         m = r["mean"]

@@ -164,6 +164,14 @@ class Workload(ABC):
         """Mean arrivals per slot, when known."""
         return None
 
+    @property
+    def stationary(self) -> bool:
+        """True when the arrival process is time-homogeneous: Poisson at a constant rate with one length
+        distribution (a mixture of such streams is one too). False for rate schedules that change (even steps
+        whose rates differ only slightly) and for traces, whose rate and mix drift. What a benchmark's
+        goal for stationary load applies to (``benchmarks/bench_learned.py``)."""
+        return False
+
     def for_engine(self) -> Workload:
         """The object an engine samples from: ``self``, or, for a workload that keeps state between
         :meth:`sample` calls (a finite :class:`IIDPoisson` counts what it made), a copy of its own, so that
@@ -294,6 +302,11 @@ class MultiClassPoisson(Workload):
         else:
             self.rates = np.full(m, _rate("rates", rates))
         _check_chunk_load("rates", float(self.rates.sum()), CHUNK_SLOTS, "slot")
+
+    @property
+    def stationary(self) -> bool:
+        """Always: every class arrives at a constant rate."""
+        return True
 
     def sample(self, rng: np.random.Generator, t0: int, t1: int) -> Requests:
         n_slots = t1 - t0
@@ -627,6 +640,14 @@ class IIDPoisson(Workload):
     def arrival_rate(self) -> float:
         return self.rate
 
+    @property
+    def stationary(self) -> bool:
+        """When the rate schedule is constant (a number, or steps that all have the same rate)."""
+        from flowgym.sim.rates import Steps
+
+        s = self.schedule
+        return self._constant or (isinstance(s, Steps) and bool(np.all(s.rates == s.rates[0])))
+
     def mean_work(self) -> float:
         return self.lengths.mean_work()
 
@@ -709,6 +730,12 @@ class Mixture(Workload):
 
     def arrival_rate(self) -> float:
         return float(sum(w.arrival_rate() for w in self.streams))
+
+    @property
+    def stationary(self) -> bool:
+        """When every stream is: the superposition of constant-rate Poisson streams is one, its lengths the
+        rate-weighted mixture of theirs."""
+        return all(w.stationary for w in self.streams)
 
     def work_rate(self, t: np.ndarray) -> np.ndarray | None:
         parts = [w.work_rate(t) for w in self.streams]
