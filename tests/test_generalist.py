@@ -1370,3 +1370,23 @@ def test_the_distilled_offsets_experiment_plays_and_fits_what_it_says(tmp_path):
     X = [rng.normal(size=(20, 4)) for _ in range(10)]
     Vf, df = do.fit_points(X, [x @ V0 + d0 for x in X], 1e-9)
     np.testing.assert_allclose(Vf, V0, atol=1e-6)
+
+
+def test_the_fractional_budget_experiment_rounds_by_error_diffusion():
+    """benchmarks/learned_experiments/fractional.py: the budgets' running sum stays within one request of the
+    fractional budgets' (so their mean is the fraction, below 1 too), the fractional rate-switch plays ``low`` on
+    average below its threshold and ``high`` above, and the environment's own rounding is back after a job."""
+    fr = _experiment("fractional")
+    import flowgym.envs.spaces as spaces
+
+    d, bs = fr.Diffusion(), np.random.default_rng(0).uniform(0, 3, 500)
+    got = np.array([d.take(b) for b in bs])
+    assert np.all(np.abs(np.cumsum(got) - np.cumsum(bs)) < 1) and set(np.unique(got)) <= {0, 1, 2, 3}
+    rs = fr.FractionalRateSwitch(16, 0.7, 3.0)
+    slow = [rs.act({"arrival_rate": np.array([1.0])}, None) for _ in range(100)]
+    assert 69 <= sum(slow) <= 70 and set(slow) == {0, 1}  # 70 but for the float sum of 0.7s
+    assert [rs.act({"arrival_rate": np.array([9.0])}, None) for _ in range(3)] == [16, 16, 16]
+    with pytest.raises(ValueError, match="'max-drain'"):
+        fr.fractional_budget((1.0, 1.0, 1.0), None, "max-drain", 64)
+    name, rule, v = fr._job(("H4-short-phases", "ars9 fractional", 0, {}))
+    assert spaces._scaled_budget is fr._ROUNDED and math.isfinite(v) and v > 0
