@@ -254,3 +254,44 @@ def test_an_agent_matching_an_optimum_of_zero_has_ratio_one():
     row = rows[-1]
     assert row["completed_by_T"] == 0 and row["ratio_completed"] == 1.0 and row["ratio_completed_max"] == 1.0
     assert row["ratio_tokens"] == 1.0
+
+
+def test_agents_that_cannot_run_are_refused_before_any_solve(monkeypatch):
+    """compare_to_hindsight checks every agent on the trace's environment first (an unknown name, options that
+    conflict, per-class budgets for other classes, one string for a list), so a bad agent costs no solve."""
+    import flowgym.lab.hindsight as hs
+
+    def no_solve(*a, **k):
+        raise AssertionError("a solve ran before the agents were checked")
+
+    monkeypatch.setattr(hs, "solve_hindsight", no_solve)
+    inst = ([3, 0, 0, 1], [2, 3, 1, 2], [5, 4, 6, 2], 12)
+    for agents, cls, match in ((["nosuch"], None, "unknown agent 'nosuch'"),
+                               ("mc", None, "agents must be a list of agents or agent specs"),
+                               (["flow-control:b=[1,1]"], [1, 2, 1, 2], "cannot run on this scenario: action")):
+        with pytest.raises(ValueError, match=match):
+            hs.compare_to_hindsight(*inst, agents, cls=cls)
+
+
+def test_the_generalist_runs_on_a_trace_with_the_lengths_it_was_trained_without():
+    """run_agent_on_trace takes output_length_known from the agent by default (the shipped learned agent needs
+    False; MC-SF needs True); an explicit value the agent cannot take is refused naming both."""
+    from flowgym.lab.hindsight import compare_to_hindsight, run_agent_on_trace
+
+    inst = ([3, 0, 0, 1], [2, 3, 1, 2], [5, 4, 6, 2], 12)
+    res, rows = compare_to_hindsight(*inst, ["mc-sf", "learned"], objectives=("total_latency",))
+    assert [r["name"] for r in rows if r["kind"] == "agent"] == ["mc-sf", "learned (generalist)"]
+    assert all(r["ratio_total_latency"] >= 1.0 for r in rows if r["kind"] == "agent")
+    with pytest.raises(ValueError, match="needs output_length_known=False but the scenario sets output_length_known=True"):
+        run_agent_on_trace("learned", *inst, output_length_known=True)
+
+
+def test_schedule_usage_names_a_bad_array():
+    from flowgym.lab.hindsight import schedule_usage
+
+    np.testing.assert_array_equal(schedule_usage([2, 3, 1], [3, 2, 4], [0, 5, -1]), [3, 4, 5, 0, 0, 4, 5])
+    for args, match in ((([2, 3, 1], [3, 2, 4], [0, 5]), "start has 2 entries, expected 3"),
+                        (([2, 3, 1], [3, 2, 0], [0, 5, 1]), r"output_len\[2\] = 0 must be >= 1"),
+                        (([2, 3, 1], [3, 2, 4], [0, 5, 1.5]), r"start\[2\] = 1.5 is not an integer")):
+        with pytest.raises(ValueError, match=match):
+            schedule_usage(*args)

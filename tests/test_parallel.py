@@ -77,6 +77,8 @@ def test_bad_backend_arguments():
         make_backend("threads")
     with pytest.raises(ValueError, match="workers must be a positive integer"):
         make_backend("process", workers=0)
+    with pytest.raises(ValueError, match="with address .* its own CPUs decide"):  # workers would be ignored
+        make_backend("ray", workers=2, address="auto")
 
 
 def test_compare_cli_backends_agree(tmp_path, capsys):

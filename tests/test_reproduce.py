@@ -202,3 +202,42 @@ def test_only_rejects_unknown_names(tmp_path, capsys):
 def test_docs_verdicts_match_the_claims_file():
     """docs/reproduction.md's generated verdict block agrees with every claim's recorded full-run verdict."""
     assert check_docs(ROOT / "docs" / "reproduction.md") == []
+
+
+HINDSIGHT_SETTING = """
+[settings.hb]
+section = "hindsight"
+kind = "hindsight"
+full = {instances = 1, span = 2, time_limit = 5.0}
+params = {agents = {"MC-SF" = "mc-sf"}}
+"""
+
+
+@pytest.mark.parametrize("text, match", [
+    (TINY_SETTING.replace("tune_horizon = 200", "tune_horizon = 200, time_limit = 5.0") + _claim(),
+     r"setting 'tiny': full \(of a compare setting\): unknown field 'time_limit'"),
+    (HINDSIGHT_SETTING.replace("time_limit = 5.0", "time_limit = 5.0, seeds = 7") + _claim(setting="hb"),
+     r"setting 'hb': full \(of a hindsight setting\): unknown field 'seeds'"),
+    (THEORY_SETTING + 'quick = {seeds = 2}\n' + _claim(), r"a theory setting reads no run fields, got \['seeds'\]"),
+    (HINDSIGHT_SETTING + _claim(setting="hb", kind="ratio", agent="MC-SFF", max_ratio=1.1, check=None),
+     r"claim 'c1': field 'agent' names 'MC-SFF', which is not one of setting 'hb''s agents \(MC-SF\)"),
+])
+def test_run_fields_a_setting_would_not_read_and_unknown_ratio_agents_are_refused_at_load(tmp_path, text, match):
+    with pytest.raises(ClaimsError, match=match):
+        load_claims(_write(tmp_path, text))
+
+
+def test_a_claim_on_numbers_that_are_all_nan_does_not_hold(tmp_path):
+    nan = float("nan")
+    text = (TINY_SETTING
+            + _claim(id="nw", setting="tiny", kind="compare", agent="A", baselines=["B"], check=None,
+                     metrics=["avg_latency"], comparison="not_worse")
+            + _claim(id="bnd", setting="tiny", kind="bound", agent="A", check=None, max={"p95_latency": 10}))
+    nw, bnd = load_claims(_write(tmp_path, text)).claims
+    d = _rows({"A": [{"avg_latency": nan} for s in range(5)], "B": [{"avg_latency": 5.0} for s in range(5)]})
+    r = evaluate_claim(nw, d)
+    assert r.verdict == FAILS and r.details[0]["n"] == 0
+    for order in ([5.0, nan], [nan, 5.0]):  # a run with no value breaks the bound, wherever it sits
+        d = _rows({"A": [{"p95_latency": v} for v in order]})
+        assert evaluate_claim(bnd, d).verdict == FAILS
+    assert evaluate_claim(bnd, _rows({"A": [{"p95_latency": v} for v in (5.0, 9.0)]})).verdict == HOLDS

@@ -482,8 +482,10 @@ def _positive_float(flag: str) -> Any:
 
 
 def _train_search(args: argparse.Namespace, cfg: Any) -> int:
+    from flowgym.lab.parallel import check_backend
     from flowgym.lab.train import SEARCH_SPACE, train_search
 
+    check_backend("ray", workers=args.workers, address=args.address)  # before the run prints or writes
     trials = args.trials or 4
     space = ", ".join(f"{k} ({kind} {vals})" for k, (kind, vals) in SEARCH_SPACE.items())
     print(f"searching {trials} trials of {cfg.algo} on {cfg.scenario if isinstance(cfg.scenario, str) else 'data'} "

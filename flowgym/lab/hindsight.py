@@ -158,11 +158,14 @@ def schedule_usage(prompt_len: Any, output_len: Any, start: Any, slots: int | No
     """KV tokens held in every slot by a no-eviction schedule (``start[i] < 0``: not started).
 
     A request started at ``s`` holds ``l + (t - s + 1)`` tokens in slot ``t``,
-    ``s <= t < s + o`` (the spec's ``U_t``). ``slots`` defaults to the makespan.
+    ``s <= t < s + o`` (the spec's ``U_t``). ``slots`` defaults to the makespan. ``ValueError`` names an
+    array of another length than ``prompt_len``, a negative length or a fractional entry.
     """
-    l = np.asarray(prompt_len, dtype=_I64)
-    o = np.asarray(output_len, dtype=_I64)
-    s = np.asarray(start, dtype=_I64)
+    l = int_array("prompt_len", prompt_len, None, 0)
+    o = int_array("output_len", output_len, l.size, 1)
+    s = int_array("start", start, l.size, -(2**62))
+    if slots is not None and (not is_real(slots) or int(slots) != slots or slots < 0):
+        raise ValueError(f"slots must be a non-negative whole number, got {slots!r}")
     on = s >= 0
     end = int((s[on] + o[on]).max(initial=0))
     T = end if slots is None else int(slots)
@@ -1048,6 +1051,17 @@ def _solve_throughput(types, a, l, o, M, T, objective, inc_val, inc_start, deadl
 # --------------------------------------------------------------------------- agents against the optimum
 
 
+def _trace_env_kwargs(agent: Any, a: np.ndarray, l: np.ndarray, o: np.ndarray, M: int, cls: Any,
+                      output_length_known: bool | None) -> dict[str, Any]:
+    """The environment arguments of an agent's run on a trace (:func:`run_agent_on_trace`)."""
+    wl: dict[str, Any] = {"kind": "trace", "arrival": a.tolist(), "prompt_len": l.tolist(), "output_len": o.tolist()}
+    if cls is not None:
+        wl["cls"] = np.asarray(cls, dtype=_I64).tolist()
+    if output_length_known is None:  # what the agent needs, else known (the hindsight program knows them)
+        output_length_known = agent.env_options().get("output_length_known", True)
+    return {"M": M, "workload": wl, "output_length_known": bool(output_length_known), "max_budget": 1024}
+
+
 def run_agent_on_trace(
     agent: Any,
     arrival: Sequence[int] | np.ndarray,
@@ -1056,7 +1070,7 @@ def run_agent_on_trace(
     M: int,
     *,
     cls: Sequence[int] | np.ndarray | None = None,
-    output_length_known: bool = True,
+    output_length_known: bool | None = None,
     seed: int = 0,
     label: str | None = None,
 ) -> dict[str, Any]:
@@ -1064,7 +1078,9 @@ def run_agent_on_trace(
 
     ``agent`` is an :class:`flowgym.agents.Agent`, an :class:`~flowgym.lab.scenarios.AgentSpec`
     or a spec string (``"mc-sf"``, ``"flow-control:b=4"``). ``cls`` gives request
-    classes (for per-class budgets). Returns ``label``, ``finish`` and
+    classes (for per-class budgets). ``output_length_known`` (default: what the agent needs, else
+    ``True``, as the hindsight program knows every length) says whether the environment tells the
+    agent output lengths; an agent that needs the other value is refused, naming both. Returns ``label``, ``finish`` and
     ``latency`` per request in input order (``finish = -1`` if unfinished), the
     totals ``total_latency``, ``avg_latency``, ``p95_latency``, ``max_latency``,
     ``makespan``, ``completed``, ``evictions``, ``wasted_tokens`` and the
@@ -1081,10 +1097,7 @@ def run_agent_on_trace(
         agent = build_agent(spec)
         label = label or spec.label or agent.label()
     label = label or agent.label()
-    wl: dict[str, Any] = {"kind": "trace", "arrival": a.tolist(), "prompt_len": l.tolist(), "output_len": o.tolist()}
-    if cls is not None:
-        wl["cls"] = np.asarray(cls, dtype=_I64).tolist()
-    env_kwargs = {"M": M, "workload": wl, "output_length_known": bool(output_length_known), "max_budget": 1024}
+    env_kwargs = _trace_env_kwargs(agent, a, l, o, M, cls, output_length_known)
     cap = int(a.max()) + 10 * int((l + o).sum()) + 100
     ep = run_episode(agent, env_kwargs, seed, cap, label)
     row = np.argsort(a, kind="stable")
@@ -1151,6 +1164,22 @@ def _agent_cell(c: _AgentCell) -> dict[str, Any]:
     return run_agent_on_trace(c.agent, c.a, c.l, c.o, c.M, cls=c.cls)
 
 
+def _check_agents(agents: Any, a: np.ndarray, l: np.ndarray, o: np.ndarray, M: int, cls: Any) -> None:
+    """Refuse, before any solve, agents that cannot run on the trace: an unknown name or parameter, options that
+    conflict with the trace's environment, a first action it does not take (per-class budgets for other classes);
+    and ``agents`` given as one string, which would be read letter by letter."""
+    from flowgym.lab.evaluation import build_agent, check_hostable
+    from flowgym.lab.scenarios import AgentSpec
+
+    if isinstance(agents, (str, AgentSpec)) or not isinstance(agents, (Sequence, np.ndarray)):
+        raise ValueError(f"agents must be a list of agents or agent specs (e.g. ['mc-sf', 'flow-control:b=4']), "
+                         f"got {agents!r}")
+    for ag in agents:
+        agent = build_agent(AgentSpec.parse(ag) if isinstance(ag, str) else ag) if isinstance(ag, (str, AgentSpec)) \
+            else ag
+        check_hostable(agent, _trace_env_kwargs(agent, a, l, o, M, cls, None))
+
+
 def compare_to_hindsight(
     arrival: Sequence[int] | np.ndarray,
     prompt_len: Sequence[int] | np.ndarray,
@@ -1187,6 +1216,7 @@ def compare_to_hindsight(
         raise ValueError("the throughput objectives need a horizon T")
     if cls is not None:
         cls = int_array("cls", cls, a.size, 0)
+    _check_agents(agents, a, l, o, M, cls)
     from flowgym.lab.parallel import using
 
     res = dict(results or {})

@@ -240,6 +240,9 @@ def check_backend(name: str | None, *, workers: int | None = None, address: str 
                              "backend='ray')")
     elif name != "ray":
         raise ValueError(f"backend must be one of {', '.join(BACKENDS)}, got {name!r}")
+    elif workers is not None and address is not None:  # the cluster's size decides: workers would be ignored
+        raise ValueError("workers sizes the local Ray cluster a run starts; with address (an existing cluster) "
+                         "its own CPUs decide: give one of the two")
 
 
 def using(backend: str | Backend | None) -> Any:

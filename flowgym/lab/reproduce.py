@@ -157,8 +157,11 @@ def _str_list(d: dict[str, Any], key: str, where: str) -> tuple[str, ...]:
 #: The fields a ``[settings.<id>]`` table, its ``full``/``quick`` run tables, its ``params`` and a ``[[claims]]`` entry
 #: may hold: anything else (a typo such as ``quick_verdit``) is refused, not ignored.
 SETTING_FIELDS = ("section", "kind", "scenario", "rate", "full", "quick", "params")
-RUN_FIELDS = ("seeds", "seed", "horizons", "env", "tune_env", "tune_seeds", "tune_horizon", "instances", "rate",
-              "span", "time_limit")
+#: The run fields (``full`` and ``quick`` tables) each kind of setting reads; any other is refused at load.
+RUN_FIELDS_OF = {"compare": ("seeds", "tune_seeds", "horizons", "tune_horizon", "env", "tune_env"),
+                 "hindsight": ("instances", "rate", "span", "time_limit", "seed"),
+                 "theory": ()}
+RUN_FIELDS = tuple(dict.fromkeys(f for fs in RUN_FIELDS_OF.values() for f in fs))
 PARAM_FIELDS = ("agents", "classes", "budgets", "rates", "M")
 CLAIM_FIELDS = ("id", "statement", "setting", "kind", "verdict", "quick_verdict", "agent", "baselines", "metrics",
                 "comparison", "max", "max_ratio", "check", "note")
@@ -246,7 +249,10 @@ def load_claims(path: str | os.PathLike[str] | None = None) -> ClaimSet:
             if not isinstance(s.get(k, {}), dict):
                 raise ClaimsError(f"{where}: field '{k}' must be a table")
         for k in ("full", "quick"):
-            _no_unknown(s.get(k, {}), RUN_FIELDS, f"{where}: {k}")
+            allowed = RUN_FIELDS_OF[kind]
+            if not allowed and s.get(k):
+                raise ClaimsError(f"{where}: {k}: a {kind} setting reads no run fields, got {sorted(s[k])}")
+            _no_unknown(s.get(k, {}), allowed, f"{where}: {k} (of a {kind} setting)")
         _no_unknown(s.get("params", {}), PARAM_FIELDS, f"{where}: params")
         _check_params(s.get("params", {}), where)
         settings[sid] = Setting(sid, section, kind, scenario, None if rate is None else float(rate),
@@ -313,6 +319,10 @@ def load_claims(path: str | os.PathLike[str] | None = None) -> ClaimSet:
         elif kind == "ratio":
             if skind != "hindsight":
                 raise ClaimsError(f"{where}: a ratio claim needs a hindsight setting, {sid!r} is {skind}")
+            names = settings[sid].params.get("agents", {})
+            if agent not in names:
+                raise ClaimsError(f"{where}: field 'agent' names {agent!r}, which is not one of setting {sid!r}'s "
+                                  f"agents ({', '.join(names) or 'none'})")
             raw_ratio = _req(c, "max_ratio", where, (int, float))
             if not is_finite_real(raw_ratio) or not raw_ratio >= 1:  # nan, inf and 10**400 fail it too
                 raise ClaimsError(f"{where}: field 'max_ratio' must be a finite number >= 1, got {raw_ratio!r}")
@@ -437,7 +447,8 @@ def evaluate_claim(claim: Claim, data: dict[str, Any], *, quick: bool = False) -
                 va, vb = [sa[s] for s in seeds], [sb[s] for s in seeds]
                 sign = 1.0 if m in HIGHER_IS_BETTER else -1.0  # oriented: > 0 is in A's favour
                 mean, lo, hi, n = paired_ci([sign * x for x in va], [sign * x for x in vb])
-                ok = lo > 0 if claim.comparison == "better" else not hi < 0
+                # no finite pair at all (the metric NaN on every seed: nothing completed) decides nothing: not held
+                ok = n > 0 and (lo > 0 if claim.comparison == "better" else not hi < 0)
                 oks.append(ok)
                 ma, mb = float(np.nanmean(va)), float(np.nanmean(vb))
                 d_lo, d_hi = (lo, hi) if sign > 0 else (-hi, -lo)
@@ -455,7 +466,8 @@ def evaluate_claim(claim: Claim, data: dict[str, Any], *, quick: bool = False) -
             raise ValueError(f"claim {claim.id!r}: no rows for agent {claim.agent!r} in setting {claim.setting!r}")
         oks, parts = [], []
         for m, bound in claim.max.items():
-            worst = max(float(r[m]) for r in mine)
+            vals = [float(r[m]) for r in mine]
+            worst = math.nan if any(math.isnan(v) for v in vals) else max(vals)  # a NaN run is not within any bound
             ok = worst <= bound
             oks.append(ok)
             details.append({"metric": m, "worst": worst, "max": bound, "runs": len(mine), "holds": ok})
@@ -543,7 +555,7 @@ def _run_compare(setting: Setting, args: dict[str, Any], out: str | None, backen
     from flowgym.lab.evaluation import evaluate, tune
     from flowgym.lab.scenarios import AgentSpec, get_scenario, parse_seeds
 
-    known = {"seeds", "tune_seeds", "horizons", "tune_horizon", "env", "tune_env"}
+    known = set(RUN_FIELDS_OF["compare"])
     bad = set(args) - known
     if bad:
         raise ClaimsError(f"setting '{setting.id}': unknown run fields {sorted(bad)} (known: {sorted(known)})")
