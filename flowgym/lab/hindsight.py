@@ -1197,7 +1197,9 @@ def compare_to_hindsight(
     """The hindsight optima of a trace and every agent's run on it, with ratios.
 
     ``backend`` (:mod:`flowgym.lab.parallel`) runs the solves and the agents' runs as cells;
-    the rows are the same on every backend (each solve is deterministic: HiGHS, one thread).
+    the rows are the same on every backend when every solve ends before its ``time_limit`` (a solve is then
+    deterministic). A solve the limit stops returns what it found by then, which depends on the machine's speed
+    and load: its status says so, and its ratios are a range (below).
 
     One row per optimum (``"hindsight: <objective>"``) and per agent, each with
     ``total_latency``, ``avg_latency``, ``p95_latency``, ``max_latency``,
