@@ -961,6 +961,11 @@ class LearnedBudget(Agent):
             raise ValueError(f"learned agent: normalisation statistics have shape {self._norm[0].shape}, "
                              f"the model's observation {self.obs_shape}")
         self.requires = dict(self.meta["agent_env_options"])
+        if self.requires.get("observation") in LOAD_OBSERVATIONS:
+            # the load features read no output length (a request's is seen only once it completes, known or not),
+            # so the model plays the same on a scenario that knows them: the same episode, bit for bit (tested).
+            # The flat and dict observations do read them when known (projected usage): they keep the need.
+            self.requires.pop("output_length_known", None)
         #: Slots each decision is held for, as in training (``flowgym_agent.json``'s ``action_repeat``).
         self.action_repeat = self.meta.get("action_repeat", 1)
         if isinstance(self.action_repeat, bool) or not isinstance(self.action_repeat, int) or self.action_repeat < 1:

@@ -695,6 +695,29 @@ def test_load_observation_is_the_same_in_streaming_record_mode():
 # --------------------------------------------------------------------------- shipped model, CLI, benchmark
 
 
+def test_a_load_observation_model_plays_the_same_whether_lengths_are_known():
+    """The load features read no output length, so a model on them does not need output_length_known=False
+    (a scenario that knows the lengths runs it: the same episode, bit for bit); a model on the flat or dict
+    observation, which reads them when known, keeps the need; --init still compares the recorded options."""
+    from flowgym.agents import LearnedBudget
+    from flowgym.lab.scenarios import get_scenario
+
+    agent = make_agent("learned")
+    assert "output_length_known" not in agent.requires
+    assert agent.meta["agent_env_options"]["output_length_known"] is False  # what it was trained with
+    kw = {**get_scenario("paper-synthetic-known").env_kwargs(), "horizon": 600}
+    assert kw["output_length_known"] is True
+    known = run_episode(agent, kw, seed=2, horizon=None)
+    unknown = run_episode(make_agent("learned"), {**kw, "output_length_known": False}, seed=2, horizon=None)
+    assert known.config.output_length_known and not unknown.config.output_length_known
+    for part in ("log", "series"):
+        a, b = getattr(known, part), getattr(unknown, part)
+        assert a.keys() == b.keys() and all(np.array_equal(a[k], b[k], equal_nan=True) for k in a), part
+    base = agent.model
+    flat = LearnedBudget.from_policy(base, None, {**agent.meta["agent_env_options"], "observation": "flat"}, 8)
+    assert flat.requires["output_length_known"] is False
+
+
 def test_shipped_generalist_loads_and_runs_without_training():
     from flowgym.agents.learned import DEFAULT_MODEL
 

@@ -273,17 +273,21 @@ def test_agents_that_cannot_run_are_refused_before_any_solve(monkeypatch):
             hs.compare_to_hindsight(*inst, agents, cls=cls)
 
 
-def test_the_generalist_runs_on_a_trace_with_the_lengths_it_was_trained_without():
-    """run_agent_on_trace takes output_length_known from the agent by default (the shipped learned agent needs
-    False; MC-SF needs True); an explicit value the agent cannot take is refused naming both."""
+def test_agents_run_on_a_trace_with_the_length_knowledge_they_need():
+    """run_agent_on_trace takes output_length_known from the agent by default (MC-SF needs True; the shipped
+    learned agent reads no length and runs either way), else True; an explicit value the agent cannot take is
+    refused naming both."""
     from flowgym.lab.hindsight import compare_to_hindsight, run_agent_on_trace
 
     inst = ([3, 0, 0, 1], [2, 3, 1, 2], [5, 4, 6, 2], 12)
     res, rows = compare_to_hindsight(*inst, ["mc-sf", "learned"], objectives=("total_latency",))
     assert [r["name"] for r in rows if r["kind"] == "agent"] == ["mc-sf", "learned (generalist)"]
     assert all(r["ratio_total_latency"] >= 1.0 for r in rows if r["kind"] == "agent")
-    with pytest.raises(ValueError, match="needs output_length_known=False but the scenario sets output_length_known=True"):
-        run_agent_on_trace("learned", *inst, output_length_known=True)
+    with pytest.raises(ValueError, match="needs output_length_known=True but the scenario sets output_length_known=False"):
+        run_agent_on_trace("mc-sf", *inst, output_length_known=False)
+    a = run_agent_on_trace("learned", *inst, output_length_known=False)
+    b = run_agent_on_trace("learned", *inst)
+    assert np.array_equal(a["finish"], b["finish"]) and a["completed"] == 4
 
 
 def test_schedule_usage_names_a_bad_array():

@@ -490,21 +490,22 @@ def _init_from(path: str, sizes: list[int], observation: str, env_options: dict[
     if not isinstance(agent.model, ArrayPolicy):
         raise ValueError(f"{where} is a {agent.meta.get('algo')!r} model; only an --algo ars model (policy.npz) "
                          "can start the search")
-    have = agent.requires.get("observation")
+    trained = agent.meta["agent_env_options"]  # what it was trained with (its needs leave out what it does not read)
+    have = trained.get("observation")
     if have != observation:
         mine = FEATURE_VERSIONS[LOAD_OBSERVATIONS[observation]]
         theirs = FEATURE_VERSIONS.get(LOAD_OBSERVATIONS.get(have, 0), ())
         if not theirs or len(theirs) > len(mine) or mine[:len(theirs)] != theirs:
             raise ValueError(f"{where} sees observation={have!r}; this search's is {observation!r} (a model of the "
                              "same observation, or of a shorter load observation that begins this one's, is needed)")
-    for key in sorted(set(env_options or {}) | set(agent.requires)):
+    for key in sorted(set(env_options or {}) | set(trained)):
         if key == "observation":
             continue  # checked above
-        theirs, mine = agent.requires.get(key), (env_options or {}).get(key)
+        theirs, mine = trained.get(key), (env_options or {}).get(key)
         if key == "multiplier_of" and (theirs, mine) == ("max-head", "max-drain"):
             continue  # the new output starts as a copy of k_safe: the drain term never decides
-        if key not in agent.requires or key not in (env_options or {}) or not _same_option(theirs, mine):
-            said = f"{key}={theirs!r}" if key in agent.requires else f"no {key} (it does not declare one)"
+        if key not in trained or key not in (env_options or {}) or not _same_option(theirs, mine):
+            said = f"{key}={theirs!r}" if key in trained else f"no {key} (it does not declare one)"
             now = f"{key}={mine!r}" if key in (env_options or {}) else f"no {key}"
             raise ValueError(f"{where} was trained with {said}; this search's is {now} (the same weights would "
                              "be another policy: start from a model of the same options)")
