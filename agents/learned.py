@@ -233,6 +233,9 @@ def action_space_of(meta: dict[str, Any]) -> Any:
     from gymnasium import spaces
 
     desc = meta.get("action_space")
+    if desc is None and meta.get("action_n") == 0:  # what an ARS model writes beside its box: the box is missing
+        raise ValueError(f"learned agent: {META_FILE} has no action_space (action_n=0: a model whose action is a "
+                         "box records it there)")
     if desc is None or desc == {"kind": "discrete", "n": meta.get("action_n")}:
         n = meta.get("action_n")
         if isinstance(n, bool) or not isinstance(n, int) or n < 1:
@@ -245,6 +248,9 @@ def action_space_of(meta: dict[str, Any]) -> Any:
                            for v in low + high) or any(a >= b for a, b in zip(low, high))):
             raise ValueError(f"learned agent: {META_FILE} has action_space={desc!r}; a box needs finite low < high lists")
         return spaces.Box(np.array(low, np.float32), np.array(high, np.float32), dtype=np.float32)
+    if isinstance(desc, dict) and desc.get("kind") == "discrete" and "action_n" in meta:  # both say n: they differ
+        raise ValueError(f"learned agent: {META_FILE} has action_n={meta.get('action_n')!r} but action_space="
+                         f"{desc!r}: the two must give the same number of actions")
     raise ValueError(f"learned agent: {META_FILE} has action_space={desc!r}; expected "
                      "{'kind': 'discrete', 'n': N} or {'kind': 'box', 'low': [...], 'high': [...]}")
 
@@ -304,16 +310,19 @@ def _load_safe(path: str, meta: dict[str, Any], trust: bool) -> tuple[Any, Any]:
     try:
         policy = policy_cls(obs_space, act_space, lambda _: 0.0, **kwargs)
         policy.load_state_dict(state)
-    except Exception as e:  # a missing or mismatched tensor
-        raise ValueError(f"learned agent: {POLICY_FILE} in {path!r} is not this policy's tensors ({_brief(e)})") from None
+    except Exception as e:  # a missing or mismatched tensor: torch's first line names no tensor, its next ones do
+        raise ValueError(f"learned agent: {POLICY_FILE} in {path!r} is not this policy's tensors "
+                         f"({_brief(e, lines=3)})") from None
     policy.set_training_mode(False)
     return policy, norm
 
 
-def _brief(e: Exception) -> str:
-    """``Type: first line`` of an exception's message, without terminal colour codes (torch's has them)."""
-    first = re.sub(r"\x1b\[[0-9;]*m", "", str(e).splitlines()[0]) if str(e) else ""
-    return f"{type(e).__name__}: {first}"
+def _brief(e: Exception, lines: int = 1) -> str:
+    """``Type: first line`` of an exception's message (its first ``lines`` non-empty lines, joined, each cut at
+    300 characters), without terminal colour codes (torch's has them)."""
+    text = re.sub(r"\x1b\[[0-9;]*m", "", str(e))
+    kept = [ln.strip()[:300] for ln in text.splitlines() if ln.strip()][:lines]
+    return f"{type(e).__name__}: {' '.join(kept)}"
 
 
 def _check_shapes(policy_cls: type, obs_space: Any, act_space: Any, kwargs: dict[str, Any], state: Any) -> None:
@@ -637,7 +646,7 @@ def _read_arrays(path: str, name: str, allowed: Any = None) -> dict[str, np.ndar
     read another member than the one checked): every member a ``name.npy`` array, each name once;
     ``allowed(key)`` says which array names the file may hold (any, by default). Each array's header is
     read first, and one of more than :data:`MAX_ARRAY_ELEMENTS` numbers, of more than 8 bytes a number or of
-    a sub-array type is refused before it is read."""
+    a sub-array type is refused before any is read, as is a file whose arrays hold more than that together."""
     import zipfile
     import zlib
 
@@ -662,7 +671,8 @@ def _read_arrays(path: str, name: str, allowed: Any = None) -> dict[str, np.ndar
             bad = sorted(k for k in keys if allowed is not None and not allowed(k))
             if bad:
                 raise _Refused(f"{where} holds arrays {bad} that it has no use for")
-            for k, member in zip(keys, members):
+            total = 0
+            for k, member in zip(keys, members):  # every header before any data: the file's size in numbers
                 with z.open(member) as fh:
                     version = fmt.read_magic(fh)
                     shape, _, dtype = (fmt.read_array_header_1_0(fh) if version == (1, 0)
@@ -671,6 +681,11 @@ def _read_arrays(path: str, name: str, allowed: Any = None) -> dict[str, np.ndar
                     raise _Refused(f"{where}: {k!r} holds {dtype} values; expected real numbers")
                 if math.prod(shape) > MAX_ARRAY_ELEMENTS:
                     raise _Refused(f"{where}: {k!r} has shape {shape}, more than {MAX_ARRAY_ELEMENTS} numbers")
+                total += math.prod(shape)
+                if total > MAX_ARRAY_ELEMENTS:  # many arrays each under the cap (a few KB compressed each)
+                    raise _Refused(f"{where}: its arrays hold more than {MAX_ARRAY_ELEMENTS} numbers together "
+                                   f"(up to {k!r})")
+            for k, member in zip(keys, members):
                 with z.open(member) as fh:
                     arrays[k] = fmt.read_array(fh, allow_pickle=False)
     except _Refused as e:
@@ -727,6 +742,11 @@ def _load_norm(path: str) -> tuple[dict[str, np.ndarray], Any]:
     return arrays, norm
 
 
+def _weight_name(key: str) -> bool:
+    """A name ``ARRAYS_FILE`` may hold: a layer's ``w<i>`` or ``b<i>``, or a memory's arrays."""
+    return re.fullmatch(r"[wb](0|[1-9][0-9]{0,3})", key) is not None or key in MEMORY_KEYS
+
+
 def _load_arrays(path: str, meta: dict[str, Any]) -> tuple[ArrayPolicy, Any]:
     """An :class:`ArrayPolicy` from ``ARRAYS_FILE`` and the normalisation, both plain arrays."""
     arrays, norm = _load_norm(path)
@@ -737,7 +757,7 @@ def _load_arrays(path: str, meta: dict[str, Any]) -> tuple[ArrayPolicy, Any]:
         raise ValueError(f"learned agent: {META_FILE} in {path!r}: an {meta.get('algo')!r} model acts with "
                          "action='log-multiplier'; agent_env_options says "
                          f"{meta['agent_env_options'].get('action')!r}")
-    weights = _read_arrays(path, ARRAYS_FILE)  # names checked below (each array's size before it is read)
+    weights = _read_arrays(path, ARRAYS_FILE, _weight_name)  # the names' order and pairing checked below
     layers = []
     while f"w{len(layers)}" in weights:
         i = len(layers)
@@ -747,9 +767,10 @@ def _load_arrays(path: str, meta: dict[str, Any]) -> tuple[ArrayPolicy, Any]:
     mem = [k for k in MEMORY_KEYS if k in weights]
     extra = sorted(set(weights) - {f"{c}{i}" for i in range(len(layers)) for c in "wb"} - set(MEMORY_KEYS))
     if extra:
+        n = len(layers)
+        want = "no layer (w0 is missing)" if n == 0 else "w0, b0" if n == 1 else f"w0, b0, ..., w{n - 1}, b{n - 1}"
         raise ValueError(f"learned agent: {ARRAYS_FILE} in {path!r} has arrays {extra} that are no layer "
-                         f"(expected w0, b0, ..., w{len(layers) - 1}, b{len(layers) - 1}, and for a memory "
-                         f"{', '.join(MEMORY_KEYS)})")
+                         f"(expected {want}, and for a memory {', '.join(MEMORY_KEYS)})")
     if mem and len(mem) != len(MEMORY_KEYS):
         raise ValueError(f"learned agent: {ARRAYS_FILE} in {path!r} has {mem} but not "
                          f"{[k for k in MEMORY_KEYS if k not in mem]} (a memory needs all of {list(MEMORY_KEYS)})")

@@ -641,12 +641,14 @@ def test_a_candidate_has_the_meta_of_the_model_written_from_it(tiny_model):
 
 def test_extra_or_complex_weights_are_refused(tiny_model, tmp_path):
     out, _ = tiny_model
-    with pytest.raises(ValueError, match=r"has arrays \['w5'\] that are no layer \(expected w0, b0, \.\.\., w0, b0, and "
+    with pytest.raises(ValueError, match=r"has arrays \['w5'\] that are no layer \(expected w0, b0, and "
                                          r"for a memory mem_u, mem_a, mem_b, mem_leak\)"):
         LearnedBudget(_tamper(out, tmp_path, "extra1", **{ARRAYS_FILE: {"w5": np.zeros((1, 1))}}))
-    two = {"w0": np.zeros((3, 20)), "b0": np.zeros(3), "w1": np.zeros((1, 3)), "b1": np.zeros(1), "c": np.zeros(1)}
-    with pytest.raises(ValueError, match=r"has arrays \['c'\] that are no layer \(expected w0, b0, \.\.\., w1, b1, and "):
+    two = {"w0": np.zeros((3, 20)), "b0": np.zeros(3), "w1": np.zeros((1, 3)), "b1": np.zeros(1), "w5": np.zeros(1)}
+    with pytest.raises(ValueError, match=r"has arrays \['w5'\] that are no layer \(expected w0, b0, \.\.\., w1, b1, and "):
         LearnedBudget(_tamper(out, tmp_path, "extra2", **{ARRAYS_FILE: two}))
+    with pytest.raises(ValueError, match=r"policy.npz in .* holds arrays \['c'\] that it has no use for"):
+        LearnedBudget(_tamper(out, tmp_path, "extra3", **{ARRAYS_FILE: {**two, "c": np.zeros(1)}}))  # no layer's name
     with pytest.raises(ValueError, match="that are no layer"):
         LearnedBudget(_tamper(out, tmp_path, "extra", **{ARRAYS_FILE: {"w5": np.zeros((1, 1))}}))
     with pytest.raises(ValueError, match="holds complex128 values"):
@@ -932,7 +934,7 @@ def test_memory_config_and_files_are_checked_by_name(memory_model, tmp_path):
         LearnedBudget(_tamper(out, tmp_path, "leak", **{ARRAYS_FILE: {"mem_leak": np.array([0.5, 2.0])}}))
     with pytest.raises(ValueError, match=r"mem_u \(2, 19\)"):
         LearnedBudget(_tamper(out, tmp_path, "short", **{ARRAYS_FILE: {"mem_u": np.zeros((2, 19))}}))
-    with pytest.raises(ValueError, match=r"has arrays \['mem_x'\] that are no layer"):
+    with pytest.raises(ValueError, match=r"holds arrays \['mem_x'\] that it has no use for"):
         LearnedBudget(_tamper(out, tmp_path, "other", **{ARRAYS_FILE: {"mem_x": np.zeros(2)}}))
     bad = _tamper(out, tmp_path, "meta", **{})
     meta = json.load(open(os.path.join(bad, META_FILE)))

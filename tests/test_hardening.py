@@ -311,6 +311,15 @@ def test_a_crafted_or_broken_ars_model_is_refused_by_file_and_array(tmp_path):
         np.savez_compressed(d / "policy.npz", **dict(z), w9=np.zeros(MAX_ARRAY_ELEMENTS + 1, np.uint8))
     assert (d / "policy.npz").stat().st_size < 100_000  # a small file asking for 16.8M numbers
     refused(d, rf"policy.npz in .*: 'w9' has shape \({MAX_ARRAY_ELEMENTS + 1},\), more than {MAX_ARRAY_ELEMENTS}")
+    d = copy("many")  # arrays each under the cap, with names a layer may have: refused by their total, unread
+    half = np.zeros(MAX_ARRAY_ELEMENTS // 2 + 1, np.uint8)
+    with np.load(src / "policy.npz") as z:
+        np.savez_compressed(d / "policy.npz", **dict(z), w5=half, b5=half, w6=half)
+    refused(d, rf"policy.npz in .*: its arrays hold more than {MAX_ARRAY_ELEMENTS} numbers together \(up to 'b5'\)")
+    d = copy("names")  # a name no layer or memory has is refused before anything is read
+    with np.load(src / "policy.npz") as z:
+        np.savez_compressed(d / "policy.npz", **dict(z), junk0=half)
+    refused(d, r"policy.npz in .* holds arrays \['junk0'\] that it has no use for")
     d = copy("missing")
     (d / "policy.npz").unlink()
     refused(d, r"policy.npz in .* is missing")
@@ -887,13 +896,20 @@ def test_train_refuses_what_a_distribution_would_drop_and_huge_numbers():
     from flowgym.lab.ars import ARSConfig
     from flowgym.lab.distributions import make_distribution
 
-    for key in ("M", "horizon"):
-        with pytest.raises(ValueError, match=f"env_overrides may not set '{key}' when training on a distribution"):
-            ARSConfig(env_overrides={key: 4000}).validate()
+    from flowgym.lab.train import TrainConfig
+
+    for key, value in (("M", 4000), ("horizon", 4000), ("time_model", "llama2-70b-tp2-a100")):
+        for cfg in (ARSConfig(env_overrides={key: value}),  # the time model was dropped from every draw silently
+                    TrainConfig(distribution="random-mix", env_overrides={key: value})):
+            with pytest.raises(ValueError, match=f"env_overrides may not set '{key}' when training on a distribution"):
+                cfg.validate()
     with pytest.raises(ValueError, match=r"unknown training distribution \['random-mix'\]"):
         make_distribution({"kind": ["random-mix"]})
     with pytest.raises(ValueError, match=r"random-mix: M_range must be \[low, high\] with 0 < low <= high <= 1e15"):
         make_distribution({"kind": "random-mix", "M_range": [10**400, 10**400]})
+    for name in ("rho_range", "overload_rho_range"):  # refused by name, not by a stream's rate when an episode runs
+        with pytest.raises(ValueError, match=rf"random-mix: {name} must end at 10 or less"):
+            make_distribution({"kind": "random-mix", name: [1.0, 1e4]})
     with pytest.raises(ValueError, match="noise must be a positive number"):
         ARSConfig(noise=10**400).validate()
 

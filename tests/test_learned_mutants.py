@@ -4,6 +4,7 @@ budget-level and action-space validation, the policy_kwargs whitelist, and what 
 from __future__ import annotations
 
 import json
+import re
 import shutil
 from pathlib import Path
 from types import SimpleNamespace
@@ -25,7 +26,16 @@ def test_two_ascending_levels_are_valid_one_is_not():
         assert not valid_levels(bad), bad
 
 
-@pytest.mark.parametrize("meta", [{"action_n": 0}, {"action_n": "3"}, {"action_n": True}, {"action_n": 2.0}, {}])
+def test_action_n_and_action_space_that_disagree_are_named():
+    from flowgym.agents.learned import action_space_of
+
+    with pytest.raises(ValueError, match=r"has action_n=1000 but action_space=\{'kind': 'discrete', 'n': 17\}"):
+        action_space_of({"action_n": 1000, "action_space": {"kind": "discrete", "n": 17}})
+    with pytest.raises(ValueError, match=r"has no action_space \(action_n=0: a model whose action is a box"):
+        action_space_of({"action_n": 0})
+
+
+@pytest.mark.parametrize("meta", [{"action_n": "3"}, {"action_n": True}, {"action_n": 2.0}, {}])
 def test_action_n_must_be_a_positive_integer(meta):
     from flowgym.agents.learned import action_space_of
 
@@ -271,15 +281,17 @@ def test_box_bounds_must_be_finite_numbers(low):
 
 
 @needs_sb3
-def test_mismatched_tensors_are_named_by_the_first_line_of_torchs_error(tmp_path):
+def test_mismatched_tensors_are_named_by_torchs_error(tmp_path):
     import torch
 
     from flowgym.agents.learned import LearnedBudget
 
     d = _copy(tmp_path)
     state = torch.load(d / "policy.pt", weights_only=True)
-    state.pop(next(iter(state)))  # one tensor missing
+    missing = next(iter(state))
+    state.pop(missing)  # one tensor missing: torch names it on the line after its first
     torch.save(state, d / "policy.pt")
     with pytest.raises(ValueError, match=r"policy.pt in .* is not this policy's tensors "
-                       r"\(RuntimeError: Error\(s\) in loading state_dict for ActorCriticPolicy:\)$"):
+                       r"\(RuntimeError: Error\(s\) in loading state_dict for ActorCriticPolicy: Missing key\(s\) "
+                       rf'in state_dict: "{re.escape(missing)}"\.\)$'):
         LearnedBudget(str(d))

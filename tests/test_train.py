@@ -317,6 +317,20 @@ def test_another_sb3_algorithm_plugs_in(tmp_path):
 
 
 @needs_sb3
+def test_a_stale_best_model_in_a_reused_out_is_never_selected(tmp_path):
+    """An interrupted run can leave best_model.zip behind; a run whose evaluations saved none (here: none ran)
+    selects its last policy, not that file."""
+    out = tmp_path / "reused"
+    out.mkdir()
+    (out / "best_model.zip").write_bytes(b"an earlier, interrupted run's")
+    (out / "best_vecnormalize.pkl").write_bytes(b"and its statistics")
+    res = train(TrainConfig(out=str(out), **{**TINY, "algo": "a2c", "total_timesteps": 256, "n_steps": 16,
+                                             "eval_freq": 100_000, "checkpoint_freq": 0, "select": "best"}))
+    assert res.selected == "last" and not (out / "best_model.zip").exists()
+    assert LearnedBudget(str(out)).meta["selected"] == "last"
+
+
+@needs_sb3
 def test_an_algorithm_of_the_callers_module_trains_and_loads_only_when_trusted(tmp_path, monkeypatch):
     # the training run loads what it wrote (before, its own check refused the class it had just trained)
     (tmp_path / "my_algos.py").write_text("from stable_baselines3 import A2C\n\n\nclass MyA2C(A2C):\n    pass\n")

@@ -375,6 +375,22 @@ def test_import_flowgym_does_not_import_sb3():
     subprocess.run([sys.executable, "-c", code], check=True)
 
 
+def test_sb3_adapter_refuses_reset_options_as_dummy_vec_env_does():
+    pytest.importorskip("stable_baselines3", reason="needs Stable-Baselines3: pip install 'flowgym[train]'")
+    from stable_baselines3.common.vec_env import DummyVecEnv
+
+    from flowgym.envs.sb3 import FlowControlSB3VecEnv
+
+    ours = FlowControlSB3VecEnv(2, horizon=5)
+    ref = DummyVecEnv([lambda: gym.make("FlowControl-v0", horizon=5) for _ in range(2)])
+    for venv in (ours, ref):
+        venv.set_options({"foo": 1})
+        with pytest.raises(ValueError, match=r"takes no options, got \['foo'\]"):
+            venv.reset()
+    ours.set_options([{}, {}])  # nothing asked: a plain reset
+    assert all(len(v) == 2 for v in ours.reset().values())
+
+
 @pytest.mark.parametrize("observation", ["dict", "flat"])
 def test_sb3_adapter_equals_dummy_vec_env(observation):
     pytest.importorskip("stable_baselines3", reason="needs Stable-Baselines3: pip install 'flowgym[train]'")

@@ -90,7 +90,14 @@ class FlowControlSB3VecEnv(VecEnv):
     # ------------------------------------------------------------------ VecEnv API
 
     def reset(self) -> Any:
-        """Reset every environment with the seeds of :meth:`seed` (then forgotten), as SB3 does."""
+        """Reset every environment with the seeds of :meth:`seed` (then forgotten), as SB3 does. Options given
+        with ``set_options`` are refused, as ``DummyVecEnv`` over ``gym.make`` environments refuses them:
+        FlowControl-v0 reads none."""
+        given = [o for o in self._options if o]
+        if given:
+            self._reset_options()  # forgotten either way, as SB3 does after a reset
+            raise ValueError(f"reset: FlowControl-v0 takes no options, got {sorted(map(str, given[0]))} "
+                             "(set_options)")
         seeds: list[int | None] | None = None if all(s is None for s in self._seeds) else list(self._seeds)
         obs, info = self.venv.reset(seed=seeds)
         self._reset_seeds()

@@ -236,10 +236,14 @@ class ARSConfig:
                 raise ValueError(f"env_overrides may not set {bad!r}: the workload comes from the distribution or "
                                  "the scenario, and the observation and action are the search's own settings")
         if self.distribution is not None:  # each draw sets these: an override would be dropped silently
-            for bad in ("M", "horizon"):
+            from flowgym.lab.distributions import DRAW_KEYS
+
+            for bad in DRAW_KEYS:
                 if bad in self.env_overrides:
                     raise ValueError(f"env_overrides may not set {bad!r} when training on a distribution: each draw "
-                                     "sets its own M and horizon (the distribution's fields, docs/training.md)")
+                                     f"sets its own {', '.join(DRAW_KEYS)} (M and horizon: the distribution's "
+                                     "fields; a draw runs in slots, a trace piece in its trace_time_model; "
+                                     "docs/training.md)")
         from flowgym.envs.spaces import LOAD_OBSERVATIONS, one_of
 
         if self.observation not in LOAD_OBSERVATIONS:

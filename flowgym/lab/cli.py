@@ -947,8 +947,8 @@ def build_parser() -> argparse.ArgumentParser:
                    "else every budget 0..max-budget; --max-budget alone: every budget)")
     t.add_argument("--env-overrides", type=_json_arg, default=None,
                    help='JSON of FlowControl-v0 arguments overriding the scenario\'s, e.g. '
-                   '\'{"reward_weights": {"in_system": 1, "wasted_tokens": 0.5}}\' (on a distribution not M or '
-                   'horizon: each draw sets its own)')
+                   '\'{"reward_weights": {"in_system": 1, "wasted_tokens": 0.5}}\' (on a distribution not M, '
+                   'horizon or time_model: each draw sets its own)')
     t.add_argument("--no-norm-obs", dest="norm_obs", action="store_false", default=None,
                    help="do not normalise observations")
     t.add_argument("--no-norm-reward", dest="norm_reward", action="store_false", default=None,

@@ -39,6 +39,11 @@ MIN_TRACE_WINDOW = 100.0
 #: distribution takes the report scenario's other arguments over every draw, never these.
 DRAW_KEYS = ("M", "workload", "horizon", "time_model")
 
+#: The largest load ``rho`` a range of :class:`RandomMix` may ask for (a stream's, while on): ten times what the
+#: cache serves is overload enough; far more asks the simulator for millions of arrivals a slot, refused only when
+#: an episode builds its workload.
+MAX_RHO = 10.0
+
 
 @functools.lru_cache(maxsize=1)
 def _shortest_trace_span() -> float:
@@ -71,7 +76,8 @@ class RandomMix:
     * a stream's load while on: ``rho`` uniform in ``rho_range`` (``overload_rho_range`` with
       probability ``overload_p`` for a stationary draw: the paper's overloaded regime; with
       probability ``phase_overload_p``, default 0, for a stream of a draw that takes turns, so
-      that an overload phase can end in a light one), its rate ``rho * M / E[w]``;
+      that an overload phase can end in a light one), its rate ``rho * M / E[w]``; both ranges end at
+      :data:`MAX_RHO` or less;
     * with probability ``shared_lengths_p`` (default 0) the streams of a draw that takes turns share the
       first stream's lengths, so its phases differ in load only, not in request mix (the kind of load
       of ``adaptive-switch``, ``adaptive-diurnal``); the coin is tossed only when it is above 0, so the
@@ -130,6 +136,10 @@ class RandomMix:
             elif f.name.endswith("_p"):
                 if not is_real(v) or not 0 <= v <= 1:
                     raise ValueError(f"random-mix: {f.name} must be a probability in [0, 1], got {v!r}")
+        for name in ("rho_range", "overload_rho_range"):  # a stream's load while on, against what the cache serves
+            if getattr(self, name)[1] > MAX_RHO:
+                raise ValueError(f"random-mix: {name} must end at {MAX_RHO:g} or less (a load {MAX_RHO:g} times what "
+                                 f"the cache serves), got {getattr(self, name)!r}")
         for name, floor in (("M_range", 4), ("azure_M_range", 4), ("prompt_range", 1), ("output_range", 1)):
             if getattr(self, name)[0] < floor:  # a cache of 3 tokens holds no request of prompt 1 and output 2
                 raise ValueError(f"random-mix: {name} must start at {floor} or more, got {getattr(self, name)!r}")

@@ -39,6 +39,7 @@ works without them; :func:`train` raises an ``ImportError`` naming the
 
 from __future__ import annotations
 
+import contextlib
 import csv
 import dataclasses
 import math
@@ -312,10 +313,14 @@ class TrainConfig:
                                  "--scenario my.toml; docs/scenarios.md), observation= is the training setting of that name, "
                                  "and max_budget= or budget_levels= set the action range")
         if self.distribution is not None:  # each draw sets these: an override would be dropped silently
-            for bad in ("M", "horizon"):
+            from flowgym.lab.distributions import DRAW_KEYS
+
+            for bad in DRAW_KEYS:
                 if bad in self.env_overrides:
                     raise ValueError(f"env_overrides may not set {bad!r} when training on a distribution: each draw "
-                                     "sets its own M and horizon (the distribution's fields, docs/training.md)")
+                                     f"sets its own {', '.join(DRAW_KEYS)} (M and horizon: the distribution's "
+                                     "fields; a draw runs in slots, a trace piece in its trace_time_model; "
+                                     "docs/training.md)")
         from flowgym.envs.spaces import LOAD_OBSERVATIONS, one_of
 
         if self.observation not in ("flat", *LOAD_OBSERVATIONS):
@@ -766,6 +771,9 @@ def train(cfg: TrainConfig | None = None, *, on_eval: Any = None, **overrides: A
     dist = cfg.distribution
     out = cfg.out
     os.makedirs(out, exist_ok=True)
+    for stale in ("best_model.zip", "best_vecnormalize.pkl"):  # an interrupted run's in a reused --out: selecting
+        with contextlib.suppress(FileNotFoundError):  # "best" must read only what this run's evaluations saved
+            os.remove(os.path.join(out, stale))
 
     venv = make_vec_env(train_kw, cfg.n_envs, cfg.seed, kind=cfg.vec_env, action_repeat=cfg.action_repeat,
                         budget_levels=cfg.budget_levels, distribution=dist)
