@@ -912,6 +912,8 @@ def test_train_refuses_what_a_distribution_would_drop_and_huge_numbers():
             make_distribution({"kind": "random-mix", name: [1.0, 1e4]})
     with pytest.raises(ValueError, match="noise must be a positive number"):
         ARSConfig(noise=10**400).validate()
+    with pytest.raises(ValueError, match=r"hidden=\[3000, 3000, 3000\] and memory=0 make 18075002 weights, more than"):
+        ARSConfig(hidden=(3000, 3000, 3000)).validate()  # a model the loader would refuse is refused before training
 
 
 def test_reproduce_checks_write_docs_only_and_claims_fields_before_the_run(tmp_path, capsys):

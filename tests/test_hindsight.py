@@ -299,3 +299,11 @@ def test_schedule_usage_names_a_bad_array():
                         (([2, 3, 1], [3, 2, 4], [0, 5, 1.5]), r"start\[2\] = 1.5 is not an integer")):
         with pytest.raises(ValueError, match=match):
             schedule_usage(*args)
+
+
+def test_schedule_usage_names_a_slots_that_is_not_a_whole_number():
+    from flowgym.lab.hindsight import schedule_usage
+
+    for slots in (float("inf"), float("nan"), -1, 2.5, True):
+        with pytest.raises(ValueError, match="slots must be a non-negative whole number"):
+            schedule_usage([2], [3], [0], slots=slots)

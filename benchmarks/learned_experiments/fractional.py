@@ -1,8 +1,8 @@
 """Is the budget's rounding to a whole number what costs the generalist at low arrival rates? (2026-11-29)
 
-The scenarios where the shipped generalist (ars9) still trails the tuned rate-switch most are ones whose
-budget is a few requests per slot or less: H8's overloaded phase of long generations (about 0.7 arrivals a
-slot; the tuned rate-switch plays ``low = 1`` there), the Azure replay (best fixed budget 1), H5 and H7. There
+On three of the scenarios where the shipped generalist (ars9) still trails the tuned rate-switch, the budget
+is often a few requests per slot or less: H8's overloaded phase of long generations (about 0.7 arrivals a slot;
+the tuned rate-switch plays ``low = 1`` there), the Azure replay (best fixed budget 1) and H5. There
 ``B_t = round(k x anchor)`` (at least 1) moves in steps of 30-100% of the budget, so the question is whether
 a budget that can be fractional on average would help. This script plays, on the screening seeds 7000-7003
 (the Azure replay: one episode):

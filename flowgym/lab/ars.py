@@ -224,6 +224,17 @@ class ARSConfig:
                 isinstance(h, bool) or not isinstance(h, (int, np.integer)) or h < 1 for h in self.hidden):
             raise ValueError(f"hidden must be a list of positive layer sizes (empty: linear), got {self.hidden!r}")
         pos_int("memory", zero=True)
+        from flowgym.agents.learned import MAX_ARRAY_ELEMENTS
+        from flowgym.envs.spaces import LOAD_OBSERVATIONS, log_multiplier_size
+        from flowgym.sim.estimators import FEATURE_VERSIONS
+
+        n_obs = len(FEATURE_VERSIONS.get(LOAD_OBSERVATIONS.get(self.observation, 4), ()))  # unknown: checked below
+        sizes = [n_obs + self.memory, *[int(h) for h in self.hidden], log_multiplier_size(self.multiplier_of)]
+        n = (MemoryArrayPolicy.n_weights(sizes, self.memory, n_obs) if self.memory
+             else ArrayPolicy.n_weights(sizes))
+        if n > MAX_ARRAY_ELEMENTS:  # the loader refuses a policy.npz of more (agents/learned.py)
+            raise ValueError(f"hidden={list(self.hidden)!r} and memory={self.memory} make {n} weights, more than the "
+                             f"{MAX_ARRAY_ELEMENTS} a model file may hold")
         if self.memory > 0 and self.input_noise > 0:
             raise ValueError("input_noise is not implemented for a policy with a memory (memory > 0): choose one")
         if not isinstance(self.env_overrides, Mapping):
@@ -236,14 +247,9 @@ class ARSConfig:
                 raise ValueError(f"env_overrides may not set {bad!r}: the workload comes from the distribution or "
                                  "the scenario, and the observation and action are the search's own settings")
         if self.distribution is not None:  # each draw sets these: an override would be dropped silently
-            from flowgym.lab.distributions import DRAW_KEYS
+            from flowgym.lab.distributions import check_overrides
 
-            for bad in DRAW_KEYS:
-                if bad in self.env_overrides:
-                    raise ValueError(f"env_overrides may not set {bad!r} when training on a distribution: each draw "
-                                     f"sets its own {', '.join(DRAW_KEYS)} (M and horizon: the distribution's "
-                                     "fields; a draw runs in slots, a trace piece in its trace_time_model; "
-                                     "docs/training.md)")
+            check_overrides(self.env_overrides)
         from flowgym.envs.spaces import LOAD_OBSERVATIONS, one_of
 
         if self.observation not in LOAD_OBSERVATIONS:

@@ -371,11 +371,6 @@ def _hindsight(args: argparse.Namespace) -> int:
     if T is None and any(k in ("completed", "tokens") for k in objectives):
         print("error: the completed/tokens objectives need --T", file=sys.stderr)
         return 2
-    from flowgym.lab.evaluation import build_agent
-    from flowgym.lab.scenarios import AgentSpec
-
-    for text in agents:  # an unknown agent or parameter is named before the solves, not after them
-        build_agent(AgentSpec.parse(text))
     if args.json:
         _writable_file("--json", args.json)
     print(what)

@@ -28,7 +28,7 @@ import numpy as np
 from flowgym.sim._checks import is_finite_real, is_real
 from flowgym.sim.workloads import EmpiricalLengths, make_workload
 
-__all__ = ["RandomMix", "DISTRIBUTIONS", "DRAW_KEYS", "make_distribution"]
+__all__ = ["RandomMix", "DISTRIBUTIONS", "DRAW_KEYS", "check_overrides", "make_distribution"]
 
 
 #: Shortest ``trace_window`` (seconds of the original trace).
@@ -38,6 +38,16 @@ MIN_TRACE_WINDOW = 100.0
 #: clock (a trace piece runs in continuous time, a slot draw has no ``time_model``). Training with a
 #: distribution takes the report scenario's other arguments over every draw, never these.
 DRAW_KEYS = ("M", "workload", "horizon", "time_model")
+
+def check_overrides(env_overrides: Mapping[str, Any]) -> None:
+    """Refuse environment overrides of what every draw of a distribution sets itself (:data:`DRAW_KEYS`): training
+    on a distribution would drop them silently. ``ValueError`` names the first."""
+    for bad in DRAW_KEYS:
+        if bad in env_overrides:
+            raise ValueError(f"env_overrides may not set {bad!r} when training on a distribution: each draw sets its "
+                             f"own {', '.join(DRAW_KEYS)} (M and horizon: the distribution's fields; a draw runs in "
+                             "slots, a trace piece in its trace_time_model; docs/training.md)")
+
 
 #: The largest load ``rho`` a range of :class:`RandomMix` may ask for (a stream's, while on): ten times what the
 #: cache serves is overload enough; far more asks the simulator for millions of arrivals a slot, refused only when

@@ -164,7 +164,7 @@ def schedule_usage(prompt_len: Any, output_len: Any, start: Any, slots: int | No
     l = int_array("prompt_len", prompt_len, None, 0)
     o = int_array("output_len", output_len, l.size, 1)
     s = int_array("start", start, l.size, -(2**62))
-    if slots is not None and (not is_real(slots) or int(slots) != slots or slots < 0):
+    if slots is not None and (not is_finite_real(slots) or int(slots) != slots or slots < 0):
         raise ValueError(f"slots must be a non-negative whole number, got {slots!r}")
     on = s >= 0
     end = int((s[on] + o[on]).max(initial=0))
@@ -1051,6 +1051,19 @@ def _solve_throughput(types, a, l, o, M, T, objective, inc_val, inc_start, deadl
 # --------------------------------------------------------------------------- agents against the optimum
 
 
+def _as_agent(agent: Any) -> tuple[Any, str | None]:
+    """An agent from an :class:`~flowgym.agents.Agent`, an :class:`~flowgym.lab.scenarios.AgentSpec` or a spec
+    string, and the spec's own label (``None`` for an agent object or a spec without one)."""
+    from flowgym.lab.evaluation import build_agent
+    from flowgym.lab.scenarios import AgentSpec
+
+    if isinstance(agent, str):
+        agent = AgentSpec.parse(agent)
+    if isinstance(agent, AgentSpec):
+        return build_agent(agent), agent.label
+    return agent, None
+
+
 def _trace_env_kwargs(agent: Any, a: np.ndarray, l: np.ndarray, o: np.ndarray, M: int, cls: Any,
                       output_length_known: bool | None) -> dict[str, Any]:
     """The environment arguments of an agent's run on a trace (:func:`run_agent_on_trace`)."""
@@ -1086,17 +1099,11 @@ def run_agent_on_trace(
     ``makespan``, ``completed``, ``evictions``, ``wasted_tokens`` and the
     simulator's ``metrics``.
     """
-    from flowgym.lab.evaluation import build_agent, run_episode
-    from flowgym.lab.scenarios import AgentSpec
+    from flowgym.lab.evaluation import run_episode
 
     a, l, o, M = _check_instance(arrival, prompt_len, output_len, M)
-    if isinstance(agent, str):
-        agent = AgentSpec.parse(agent)
-    if isinstance(agent, AgentSpec):
-        spec = agent
-        agent = build_agent(spec)
-        label = label or spec.label or agent.label()
-    label = label or agent.label()
+    agent, spec_label = _as_agent(agent)
+    label = label or spec_label or agent.label()
     env_kwargs = _trace_env_kwargs(agent, a, l, o, M, cls, output_length_known)
     cap = int(a.max()) + 10 * int((l + o).sum()) + 100
     ep = run_episode(agent, env_kwargs, seed, cap, label)
@@ -1168,15 +1175,14 @@ def _check_agents(agents: Any, a: np.ndarray, l: np.ndarray, o: np.ndarray, M: i
     """Refuse, before any solve, agents that cannot run on the trace: an unknown name or parameter, options that
     conflict with the trace's environment, a first action it does not take (per-class budgets for other classes);
     and ``agents`` given as one string, which would be read letter by letter."""
-    from flowgym.lab.evaluation import build_agent, check_hostable
+    from flowgym.lab.evaluation import check_hostable
     from flowgym.lab.scenarios import AgentSpec
 
     if isinstance(agents, (str, AgentSpec)) or not isinstance(agents, (Sequence, np.ndarray)):
         raise ValueError(f"agents must be a list of agents or agent specs (e.g. ['mc-sf', 'flow-control:b=4']), "
                          f"got {agents!r}")
     for ag in agents:
-        agent = build_agent(AgentSpec.parse(ag) if isinstance(ag, str) else ag) if isinstance(ag, (str, AgentSpec)) \
-            else ag
+        agent, _ = _as_agent(ag)
         check_hostable(agent, _trace_env_kwargs(agent, a, l, o, M, cls, None))
 
 

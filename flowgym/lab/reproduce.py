@@ -161,7 +161,6 @@ SETTING_FIELDS = ("section", "kind", "scenario", "rate", "full", "quick", "param
 RUN_FIELDS_OF = {"compare": ("seeds", "tune_seeds", "horizons", "tune_horizon", "env", "tune_env"),
                  "hindsight": ("instances", "rate", "span", "time_limit", "seed"),
                  "theory": ()}
-RUN_FIELDS = tuple(dict.fromkeys(f for fs in RUN_FIELDS_OF.values() for f in fs))
 PARAM_FIELDS = ("agents", "classes", "budgets", "rates", "M")
 CLAIM_FIELDS = ("id", "statement", "setting", "kind", "verdict", "quick_verdict", "agent", "baselines", "metrics",
                 "comparison", "max", "max_ratio", "check", "note")

@@ -313,14 +313,9 @@ class TrainConfig:
                                  "--scenario my.toml; docs/scenarios.md), observation= is the training setting of that name, "
                                  "and max_budget= or budget_levels= set the action range")
         if self.distribution is not None:  # each draw sets these: an override would be dropped silently
-            from flowgym.lab.distributions import DRAW_KEYS
+            from flowgym.lab.distributions import check_overrides
 
-            for bad in DRAW_KEYS:
-                if bad in self.env_overrides:
-                    raise ValueError(f"env_overrides may not set {bad!r} when training on a distribution: each draw "
-                                     f"sets its own {', '.join(DRAW_KEYS)} (M and horizon: the distribution's "
-                                     "fields; a draw runs in slots, a trace piece in its trace_time_model; "
-                                     "docs/training.md)")
+            check_overrides(self.env_overrides)
         from flowgym.envs.spaces import LOAD_OBSERVATIONS, one_of
 
         if self.observation not in ("flat", *LOAD_OBSERVATIONS):
