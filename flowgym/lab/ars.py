@@ -224,17 +224,6 @@ class ARSConfig:
                 isinstance(h, bool) or not isinstance(h, (int, np.integer)) or h < 1 for h in self.hidden):
             raise ValueError(f"hidden must be a list of positive layer sizes (empty: linear), got {self.hidden!r}")
         pos_int("memory", zero=True)
-        from flowgym.agents.learned import MAX_ARRAY_ELEMENTS
-        from flowgym.envs.spaces import LOAD_OBSERVATIONS, log_multiplier_size
-        from flowgym.sim.estimators import FEATURE_VERSIONS
-
-        n_obs = len(FEATURE_VERSIONS.get(LOAD_OBSERVATIONS.get(self.observation, 4), ()))  # unknown: checked below
-        sizes = [n_obs + self.memory, *[int(h) for h in self.hidden], log_multiplier_size(self.multiplier_of)]
-        n = (MemoryArrayPolicy.n_weights(sizes, self.memory, n_obs) if self.memory
-             else ArrayPolicy.n_weights(sizes))
-        if n > MAX_ARRAY_ELEMENTS:  # the loader refuses a policy.npz of more (agents/learned.py)
-            raise ValueError(f"hidden={list(self.hidden)!r} and memory={self.memory} make {n} weights, more than the "
-                             f"{MAX_ARRAY_ELEMENTS} a model file may hold")
         if self.memory > 0 and self.input_noise > 0:
             raise ValueError("input_noise is not implemented for a policy with a memory (memory > 0): choose one")
         if not isinstance(self.env_overrides, Mapping):
@@ -254,7 +243,16 @@ class ARSConfig:
 
         if self.observation not in LOAD_OBSERVATIONS:
             raise ValueError(f"observation must be {one_of(tuple(LOAD_OBSERVATIONS))}, got {self.observation!r}")
-        from flowgym.envs.flow_control import FlowControlConfig
+        from flowgym.agents.learned import MAX_ARRAY_ELEMENTS
+        from flowgym.envs.spaces import log_multiplier_size
+        from flowgym.sim.estimators import FEATURE_VERSIONS
+
+        n_obs = len(FEATURE_VERSIONS[LOAD_OBSERVATIONS[self.observation]])
+        sizes = [n_obs + self.memory, *[int(h) for h in self.hidden], log_multiplier_size(self.multiplier_of)]
+        n = _count_weights(sizes, self.memory, n_obs)
+        if n > MAX_ARRAY_ELEMENTS:  # the loader refuses a policy.npz of more (agents/learned.py)
+            raise ValueError(f"hidden={list(self.hidden)!r} and memory={self.memory} make {n} weights, more than the "
+                             f"{MAX_ARRAY_ELEMENTS} a model file may hold")
         from flowgym.lab.scenarios import get_scenario
 
         FlowControlConfig(multipliers=tuple(self.multipliers), multiplier_of=self.multiplier_of,
@@ -348,12 +346,16 @@ class _NoisyInputs(ArrayPolicy):
 _NOISE_STREAM = 0x1A5E
 
 
+def _count_weights(sizes: list[int], memory: int, n_obs: int) -> int:
+    """Weights of a policy of layer ``sizes`` (the first ``n_obs`` inputs plus ``memory`` units) with a memory of
+    ``memory`` units (0: none)."""
+    return MemoryArrayPolicy.n_weights(sizes, memory, n_obs) if memory else ArrayPolicy.n_weights(sizes)
+
+
 def _n_weights(spec: dict[str, Any]) -> int:
     """The search's number of weights: the network's, and the memory's (``spec["leak"]``: its rates, or none)."""
     leak = spec.get("leak")
-    if leak is None:
-        return ArrayPolicy.n_weights(spec["sizes"])
-    return MemoryArrayPolicy.n_weights(spec["sizes"], len(leak), len(spec["obs_low"]))
+    return _count_weights(spec["sizes"], 0 if leak is None else len(leak), len(spec["obs_low"]))
 
 
 def _policy(theta: np.ndarray, spec: dict[str, Any], noisy: bool = False) -> ArrayPolicy:
