@@ -328,18 +328,19 @@ def main(argv: Sequence[str] | None = None) -> int:
                     help="a second model directory (or 'shipped') run against the same tuned references: "
                     "its ratio is the '/ other model' column")
     args = ap.parse_args(argv)
-    names = args.scenarios.split(",") if args.scenarios is not None else [*ADAPTIVE_SCENARIOS, *held_out()]
+    ho = held_out()
+    names = args.scenarios.split(",") if args.scenarios is not None else [*ADAPTIVE_SCENARIOS, *ho]
     for opt, n in (("--seeds", args.seeds), ("--tune-seeds", args.tune_seeds)):
         if n < 1:
             ap.error(f"{opt} must be at least 1, got {n}")
     if "" in names:  # --scenarios "" or "a,,b": a name left empty, not "run them all"
         ap.error(f"--scenarios: an empty name in {args.scenarios!r}; give comma-separated names or files")
     for name in names:  # every name checked before hours of tuning start, with its own message
-        if name not in held_out():
+        if name not in ho:
             try:
                 get_scenario(name)
             except ValueError as e:
-                ap.error(f"--scenarios: {e}; or one defined here: {', '.join(held_out())}")
+                ap.error(f"--scenarios: {e}; or one defined here: {', '.join(ho)}")
     seeds = list(range(args.seeds))
     tune_seeds = [1000 + i for i in range(args.tune_seeds)]
     results = []
