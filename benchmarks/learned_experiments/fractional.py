@@ -66,9 +66,8 @@ def fractional_budget(k: Any, tracker: Any, of: str, max_budget: int) -> int:
     (one carry per tracker, that is per environment)."""
     if of not in spaces.TWO_ANCHORS or of == "max-drain":
         raise ValueError(f"fractional budgets are for the 'max' and 'max-head' actions, got {of!r}")
-    b = max(k[0] * spaces._rate_anchor(tracker, of), k[1] * tracker.safe_budget())
     d = tracker.__dict__.setdefault("_fractional", Diffusion())
-    return d.take(min(b, max_budget))
+    return d.take(spaces._unrounded_budget(k, tracker, of, max_budget))
 
 
 class FractionalRateSwitch(Agent):

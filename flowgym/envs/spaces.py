@@ -347,7 +347,12 @@ def _drain_term(tracker: LoadTracker, k_drain: Any, safe: float) -> float:
 
 
 def _scaled_budget(k: Any, tracker: LoadTracker, of: str, max_budget: int) -> int:
-    """``clip(round(k * anchor), 1, max_budget)``, the anchor the tracker's safe budget
+    """``clip(round(k * anchor), 1, max_budget)``: :func:`_unrounded_budget` rounded, at least 1."""
+    return int(max(round(_unrounded_budget(k, tracker, of, max_budget)), 1))
+
+
+def _unrounded_budget(k: Any, tracker: LoadTracker, of: str, max_budget: int) -> float:
+    """``min(k * anchor, max_budget)``, not rounded, the anchor the tracker's safe budget
     (``of="safe"``), arrival rate (``"rate"``) or the smaller of the two (``"min"``); with
     ``of="max"``, ``k = (k_rate, k_safe)`` and the larger of ``k_rate * rate`` and ``k_safe * safe``;
     ``of="max-head"`` the same with ``rate`` the larger of the rate now and when the queue head arrived;
@@ -362,7 +367,7 @@ def _scaled_budget(k: Any, tracker: LoadTracker, of: str, max_budget: int) -> in
         b = k * min(tracker.safe_budget(), tracker.arrival_rate())
     else:
         b = k * (tracker.safe_budget() if of == "safe" else tracker.arrival_rate())
-    return int(max(round(min(b, max_budget)), 1))  # capped before rounding: k * anchor may overflow to inf
+    return min(b, max_budget)  # capped before rounding: k * anchor may overflow to inf
 
 
 def log_multiplier_size(of: str) -> int:
