@@ -1413,3 +1413,5 @@ def test_the_fractional_budget_experiment_rounds_by_error_diffusion():
         fr.fractional_budget((1.0, 1.0, 1.0), None, "max-drain", 64)
     name, rule, v = fr._job(("H4-short-phases", "ars9 fractional", 0, {}))
     assert spaces._scaled_budget is fr._ROUNDED and math.isfinite(v) and v > 0
+    b = fr.budgets("H7-burst-on-base")  # the environment's own budgets: whole numbers, at least 1, one per slot
+    assert b.size == 4000 and b.min() >= 1 and b.dtype.kind == "i"

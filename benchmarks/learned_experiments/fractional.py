@@ -18,6 +18,7 @@ The fractional ars9 changes the environment's mapping of an action to a budget (
 ``docs/training.md``, "Every configuration tried" (row "fractional").
 
     python benchmarks/learned_experiments/fractional.py --rate-switch runs/bench_rs.json   # about 4 min on 2 cores
+    python benchmarks/learned_experiments/fractional.py --budgets H8-overload-then-light H5-rag-vs-reasoning  # 10 s
 """
 
 from __future__ import annotations
@@ -33,7 +34,7 @@ from typing import Any
 import numpy as np
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from anchors import scenario, seeds_of, tuned_rate_switch  # noqa: E402
+from anchors import SEEDS, scenario, seeds_of, tuned_rate_switch  # noqa: E402
 from bench_learned import held_out  # noqa: E402
 
 import flowgym.envs.spaces as spaces  # noqa: E402
@@ -109,11 +110,42 @@ def _job(task: tuple[str, str, int, dict[str, Any]]) -> tuple[str, str, float]:
         spaces._scaled_budget = _ROUNDED
 
 
+def budgets(name: str, seed: int = SEEDS[0]) -> np.ndarray:
+    """The budget the shipped generalist plays in every slot of one episode of scenario ``name`` (whole numbers, as
+    the environment rounds them): how often it is a few requests a slot or less."""
+    from flowgym.lab.evaluation import env_for
+
+    kw, H = scenario(name)
+    agent = make_agent("learned")
+    env = env_for(agent, kw, H)
+    obs, _ = env.reset(seed=seed)
+    agent.reset(env.config, seed=seed)
+    mapping = spaces.LogMultiplierBudget(agent.requires["multipliers"], env.config.max_budget, env.tracker,
+                                         of=agent.requires["multiplier_of"])
+    out, done = [], False
+    while not done:
+        a = agent.act(obs, env.view())
+        out.append(mapping.budget(a))  # the budget this slot's step admits by
+        obs, _, te, tr, _ = env.step(a)
+        done = te or tr
+    return np.array(out)
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--rate-switch", required=True, help="bench_learned.py's JSON (the tuned rate-switch parameters)")
+    ap.add_argument("--rate-switch", help="bench_learned.py's JSON (the tuned rate-switch parameters)")
     ap.add_argument("--workers", type=int, default=2)
+    ap.add_argument("--budgets", nargs="+", metavar="SCENARIO", default=None,
+                    help="instead: the shipped generalist's median budget and share of slots at 3 or less on these "
+                    "scenarios (screening seed 7000)")
     args = ap.parse_args(argv)
+    if args.budgets:
+        for name in args.budgets:
+            b = budgets(name)
+            print(f"{name}: median budget {np.median(b):g}, {np.mean(b <= 3):.0%} of {b.size} slots at 3 or less")
+        return 0
+    if args.rate_switch is None:
+        ap.error("--rate-switch is needed (or --budgets SCENARIO ...)")
     rs = tuned_rate_switch(args.rate_switch)
     names = [*ADAPTIVE_SCENARIOS, *held_out()]
     rules = ["rate-switch (tuned)", "ars9", "ars9 fractional", *(f"low={x:g}" for x in LOWS)]
