@@ -1173,3 +1173,140 @@ def test_vector_env_seeds_and_request_log_indices_are_checked_and_the_fallback_h
     assert log["arrival"].size == sync.envs[1].unwrapped.request_log()["arrival"].size > 0
     with pytest.raises(ValueError, match=r"i must be an environment index in \[0, 2\)"):
         sync.request_log(2)
+
+
+# ---- review of 2026-11-29: workloads, rate schedules, scenario files ----------------------------------------
+
+def test_a_sinusoid_down_to_zero_never_asks_poisson_for_a_negative_mean():
+    """amplitude == mean is allowed; at a trough the integral's rounding went slightly negative (worse as t grows)
+    and numpy's Poisson draw raised 'lam < 0' from inside reset."""
+    s = make_rate({"kind": "sinusoid", "mean": 1.0, "amplitude": 1.0, "period": 1e5, "phase": 0.75})
+    t = np.arange(10_074_744 - 2000, 10_074_744 + 2000, dtype=np.float64)
+    assert s.integral(t, t + 1).min() >= 0 and s.rate(t).min() >= 0
+    env = gym.make("FlowControl-v0", M=16492, horizon=50, workload={
+        "kind": "iid", "rate": {"kind": "sinusoid", "mean": 1.0, "amplitude": 1.0, "period": 1e7, "phase": 0.75},
+        "lengths": {"kind": "empirical", "pairs": [[10, 20]]}})
+    env.reset(seed=0)
+    for _ in range(50):
+        env.step(4)
+
+
+def test_huge_weights_and_lengths_are_handled_or_named():
+    e = EmpiricalLengths([[1, 2], [3, 4]], weights=[1e308, 1e308])  # the sum overflowed: p was [0, 0]
+    np.testing.assert_allclose(e.p, [0.5, 0.5])
+    assert e.max_output() == 4
+    assert EmpiricalLengths([[1, 2], [3, 4]], weights=[1, 2]).p.tolist() == [1 / 3, 2 / 3]  # as before, bit for bit
+    for key in ("max_output", "max_prompt"):  # a table of 10**18 entries: a memory error, or minutes
+        with pytest.raises(ValueError, match=rf"^{key} 1000000000000000000 is too large \(at most 16777216"):
+            make_workload({"kind": "iid", "rate": 1.0, "lengths": {"kind": "lognormal", "prompt_median": 10,
+                           "output_median": 10, "prompt_sigma": 1, "output_sigma": 1, key: 10**18}})
+        with pytest.raises(ValueError, match=rf"^{key} "):
+            make_workload({"kind": "iid", "rate": 1.0, "lengths": {"kind": "lmsys-like", key: 10**18}})
+    # a sigma so small that z is +inf above the median: that mass is all at the median, as with sigma 0
+    tiny = make_workload({"kind": "iid", "rate": 1.0, "lengths": {"kind": "lognormal", "prompt_median": 155,
+                          "output_median": 10, "prompt_sigma": 1e-320, "output_sigma": 0}}).lengths
+    zero = make_workload({"kind": "iid", "rate": 1.0, "lengths": {"kind": "lognormal", "prompt_median": 155,
+                          "output_median": 10, "prompt_sigma": 0, "output_sigma": 0}}).lengths
+    assert tiny.mean_work() == zero.mean_work()
+
+
+@pytest.mark.parametrize("window", [{"start": 0.0, "end": 1800.0}, [1800.0], [True, 100], [0, 100, 7], ["a", 5],
+                                    "0-1800", [0, float("nan")]])
+def test_a_malformed_azure_window_is_named(window):
+    with pytest.raises(ValueError, match=r"window must be two numbers \[start, end\] \(seconds\), got "):
+        make_workload({"kind": "azure", "trace": "conv", "window": window})
+
+
+@pytest.mark.parametrize("spec, match", [
+    ({"kind": "iid", "rate": "12", "lengths": {"kind": "empirical", "pairs": [[1, 2]]}}, r"^rate must be .* got '12'"),
+    ({"kind": "iid", "rate": 1, "n_requests": "50", "lengths": {"kind": "empirical", "pairs": [[1, 2]]}},
+     r"^n_requests must be a positive integer, got '50'"),
+    ({"kind": "poisson", "classes": [["10", "20"]], "rates": 1.0}, r"classes\[0\] prompt_len .*'10'"),
+    ({"kind": "iid", "rate": {"kind": "steps", "times": ["0", "1e1"], "rates": [1, 2]},
+      "lengths": {"kind": "empirical", "pairs": [[1, 2]]}}, r"times\[0\] .* got '0'"),
+    ({"kind": "iid", "rate": 1, "lengths": {"kind": "empirical", "pairs": [[1, 2], [3, 4]], "weights": "12"}},
+     r"^weights must be a list of non-negative numbers, got '12'"),
+    ({"kind": "iid", "rate": 1, "lengths": {"kind": "empirical", "pairs": [[True, 2]]}},
+     r"pairs\[0\] must be .* \(a bool is not a length\)"),
+    ({"kind": "trace", "arrival": [0, 1], "prompt_len": [True, 5], "output_len": [3, 4]},
+     r"column 'prompt_len', index 0: True is not a number"),
+    ({"kind": "trace", "arrival": [2**53 + 1], "prompt_len": [1], "output_len": [1]},
+     r"column 'arrival', index 0: 9007199254740993 is not exactly a 64-bit float"),
+    ({"kind": "iid", "rate": 1, "n_requests": 1e300, "lengths": {"kind": "empirical", "pairs": [[1, 2]]}},
+     r"^n_requests 1e\+300 is too large"),
+    ({"kind": "mix", "streams": [{"kind": "iid", "rate": 16000, "lengths": {"kind": "empirical", "pairs": [[1, 2]]}}] * 10},
+     r"^streams \(their rates together\): 160000 requests per slot is beyond"),
+])
+def test_text_bools_and_sizes_in_a_workload_are_named_not_guessed(spec, match):
+    """Text that float() reads ("12"), bools inside lists (numpy made True a 1), an arrival a float cannot hold,
+    a count no run could reach and streams whose rates together overflow a chunk were taken silently."""
+    with pytest.raises(ValueError, match=match):
+        make_workload(spec)
+
+
+def test_a_trace_csv_arrival_beyond_what_a_float_holds_is_named(tmp_path):
+    p = tmp_path / "t.csv"
+    p.write_text("arrival,prompt_len,output_len\n9007199254740993,1,1\n")
+    with pytest.raises(TraceError, match=r"column 'arrival', row 2: .*9007199254740993.* not exactly a 64-bit float"):
+        make_workload({"kind": "trace", "path": str(p)})
+
+
+def test_a_random_mix_draw_the_simulator_refuses_names_the_distribution():
+    from flowgym.lab.distributions import make_distribution
+
+    d = make_distribution({"kind": "random-mix", "M_range": [1e6, 1e7], "trace_p": 0})
+    with pytest.raises(ValueError, match=r"^random-mix: a draw \(M = \d+\) asks more .* narrow M_range"):
+        for s in range(40):
+            d(np.random.default_rng(s))
+
+
+_SCENARIO = """name = "t"
+{top}
+[env]
+M = 16492
+horizon = 1000
+{env}
+[[agents]]
+name = "mc"
+"""
+
+
+@pytest.mark.parametrize("top, env, match", [
+    ('description = "load {rate:g}"', "", r"description: \{rate\} stands for the rate, but this scenario has no rate table"),
+    ("finite = true", "horizon_unused = 0", None),  # placeholder replaced below
+    ("[train]\nmax_budget = 1000000000000000000000000000000", "",
+     r"train\.max_budget must be a positive integer of at most 1000000000"),
+    ('rate = {default = 1.0, set = ["env.workload.rate"]}\ntune_env = {workload = {rate = 1.0}}',
+     '[env.workload]\nkind = "iid"\nrate = 1.0\nlengths = {kind = "empirical", pairs = [[10, 20]]}',
+     r"tune_env sets 'workload\.rate', which the rate table's 'env\.workload\.rate' changes"),
+])
+def test_scenario_file_mistakes_are_named_at_load(tmp_path, top, env, match):
+    from flowgym.lab.scenarios import load_scenario
+
+    if match is None:  # finite = true with no workload: the env's default workload never ends
+        text = 'name = "t"\nfinite = true\n[env]\nM = 16492\n[[agents]]\nname = "mc"\n'
+        match = r"finite = true runs the workload to its end, but env's workload never ends"
+    else:
+        text = _SCENARIO.format(top=top, env=env)
+    p = tmp_path / "s.toml"
+    p.write_text(text)
+    with pytest.raises(ValueError, match=match):
+        load_scenario(p)
+
+
+def test_a_deeply_nested_scenario_file_is_named(tmp_path):
+    from flowgym.lab.scenarios import load_scenario
+
+    for suffix, text in ((".json", "[" * 100_000 + "]" * 100_000), (".toml", "a = " + "[" * 100_000 + "]" * 100_000)):
+        p = tmp_path / f"deep{suffix}"
+        p.write_text(text)
+        with pytest.raises(ValueError, match=r"nested too deeply to read"):
+            load_scenario(p)
+
+
+def test_toml_writer_escapes_del_and_writes_numpy_scalars():
+    from flowgym.lab import _toml
+
+    data = {"a": "x\x7fy", "b": np.float64(1.5), "c": np.int64(3), "d": np.bool_(True), "e": [np.float32(0.25)]}
+    text = _toml.dumps(data)
+    assert "np." not in text and _toml.loads(text) == {"a": "x\x7fy", "b": 1.5, "c": 3, "d": True, "e": [0.25]}

@@ -14,6 +14,8 @@ import re
 from collections.abc import Mapping
 from typing import Any
 
+import numpy as np
+
 try:
     import tomllib
 except ImportError:  # Python 3.10
@@ -37,18 +39,18 @@ def _key(k: str) -> str:
 def _value(v: Any, where: str) -> str:
     if v is None:
         raise ValueError(f"{where}: TOML has no null; leave the key out")
-    if isinstance(v, bool):
+    if isinstance(v, (bool, np.bool_)):
         return "true" if v else "false"
-    if isinstance(v, int):
-        return str(v)
-    if isinstance(v, float):
+    if isinstance(v, (int, np.integer)):
+        return str(int(v))
+    if isinstance(v, (float, np.floating)):
         if math.isnan(v):
             return "nan"
         if math.isinf(v):
             return "inf" if v > 0 else "-inf"
-        return repr(v)
-    if isinstance(v, str):
-        return json.dumps(v, ensure_ascii=False)  # a JSON string is a TOML basic string
+        return repr(float(v))  # a numpy float's repr is np.float64(1.5)
+    if isinstance(v, str):  # a JSON string is a TOML basic string, but for DEL, which TOML wants escaped
+        return json.dumps(v, ensure_ascii=False).replace("\x7f", "\\u007f")
     if isinstance(v, Mapping):
         return "{" + ", ".join(f"{_key(str(k))} = {_value(x, f'{where}.{k}')}" for k, x in v.items()) + "}"
     if isinstance(v, (list, tuple)):

@@ -267,6 +267,11 @@ class RandomMix:
             drawn["reward_scale"] = max(out_per_slot, 1e-6)
         if self.trace_p > 0 and rng.random() < self.trace_p:
             return self._trace_piece(rng)
+        try:  # a draw the simulator refuses is refused here, naming what to change, not when its episode starts
+            make_workload(workload)
+        except ValueError as e:
+            raise ValueError(f"random-mix: a draw (M = {M}) asks more of the simulator than it holds ({e}); narrow "
+                             "M_range, rho_range or overload_rho_range, or raise prompt_range or output_range") from None
         return drawn
 
     def _trace_piece(self, rng: np.random.Generator) -> dict[str, Any]:

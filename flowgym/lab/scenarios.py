@@ -19,7 +19,7 @@ from dataclasses import dataclass, field
 from importlib import resources
 from typing import Any
 
-from flowgym.envs.flow_control import MAX_COUNT
+from flowgym.envs.flow_control import MAX_BUDGET_CAP, MAX_COUNT
 from flowgym.lab import _toml
 from flowgym.sim._checks import is_real
 
@@ -311,6 +311,8 @@ class Scenario:
             default_rate, value = _apply_rate(data["rate"], env, rate, f"{where}: rate")
         elif rate is not None:
             raise ValueError(f"{where}: this scenario has no rate table, so --rate/rate= cannot change it")
+        if "rate" not in data and ("{rate}" in desc or "{rate:" in desc):
+            raise ValueError(f"{where}: description: {{rate}} stands for the rate, but this scenario has no rate table")
         try:
             desc = desc.format(rate=value if value is not None else float("nan"))
         except (KeyError, IndexError, ValueError, TypeError, AttributeError) as e:  # {load}, {rate[0]}, {rate.x}
@@ -322,9 +324,21 @@ class Scenario:
         if finite:
             from flowgym.sim.workloads import make_workload
 
-            if not make_workload(env.get("workload", {"kind": "poisson"})).finite and env.get("horizon") is None:
+            if env.get("horizon") is None and ("workload" not in env or not make_workload(env["workload"]).finite):
                 raise ValueError(f"{where}: finite = true runs the workload to its end, but env's workload never ends "
                                  "(give a trace, or an 'iid' workload with n_requests; or set finite = false)")
+        if tune_env and "rate" in data:  # the rate reaches env; a value tune_env sets would hide it from tuning runs
+            rs = data["rate"]
+            for p in [*rs.get("set", []), *rs.get("scale", [])]:
+                parts = p.split(".")
+                hidden = (len(parts) >= 2 and parts[0] == "env"
+                          and (parts[1] in tune_env and parts[1] != "workload"
+                               or parts[1] == "workload" and len(parts) >= 3 and isinstance(tune_env.get("workload"), dict)
+                               and parts[2] in tune_env["workload"]))
+                if hidden:
+                    raise ValueError(f"{where}: tune_env sets {'.'.join(parts[1:3] if parts[1] == 'workload' else parts[1:2])!r}, "
+                                     f"which the rate table's {p!r} changes: tuning runs would not see the rate "
+                                     "(leave it out of tune_env)")
         if tune_env:
             merged = copy.deepcopy(env)
             for k, v in tune_env.items():
@@ -387,8 +401,8 @@ def _train_from(t: Any, where: str) -> tuple[int | None, tuple[int, ...] | None]
     if unknown:
         raise ValueError(f"{where}: unknown key {unknown[0]!r}; allowed: max_budget, budget_levels")
     mb = t.get("max_budget")
-    if mb is not None and (isinstance(mb, bool) or not isinstance(mb, int) or mb < 1):
-        raise ValueError(f"{where}.max_budget must be a positive integer, got {mb!r}")
+    if mb is not None and (isinstance(mb, bool) or not isinstance(mb, int) or not 1 <= mb <= MAX_BUDGET_CAP):
+        raise ValueError(f"{where}.max_budget must be a positive integer of at most {MAX_BUDGET_CAP}, got {mb!r}")
     levels = t.get("budget_levels")
     if levels is not None:
         from flowgym.agents.learned import valid_levels
@@ -523,10 +537,14 @@ def _read(path: str) -> dict[str, Any]:
         except json.JSONDecodeError as e:
             raise ValueError(f"{path}: invalid JSON at line {e.lineno}, column {e.colno}: "
                              f"{e.msg}") from None
+        except RecursionError:
+            raise ValueError(f"{path}: its arrays or objects are nested too deeply to read") from None
     try:
         return _toml.loads(text)
     except _toml.TOMLDecodeError as e:
         raise ValueError(f"{path}: invalid TOML: {e}") from None
+    except RecursionError:
+        raise ValueError(f"{path}: its arrays or tables are nested too deeply to read") from None
 
 
 def load_scenario(path: str | os.PathLike[str], *, rate: float | None = None) -> Scenario:

@@ -55,12 +55,15 @@ def is_count(value: Any) -> bool:
 
 
 def non_negative(name: str, value: Any) -> float:
-    """``value`` as a finite float >= 0, else ``ValueError`` naming ``name``."""
+    """``value`` as a finite float >= 0, else ``ValueError`` naming ``name`` (a string is refused, even ``"12"``:
+    a number written as text in a scenario file is a mistake to point at, not to guess)."""
+    if isinstance(value, (str, bytes)):
+        raise ValueError(f"{name} must be a non-negative finite number, got {value!r} (text, not a number)")
     try:
         x = float(value)
     except (TypeError, ValueError, OverflowError):  # OverflowError: an integer too large for a float (10**400)
         raise ValueError(f"{name} must be a non-negative finite number, got {value!r}") from None
-    if isinstance(value, bool) or not math.isfinite(x) or x < 0:
+    if isinstance(value, (bool, np.bool_)) or not math.isfinite(x) or x < 0:
         raise ValueError(f"{name} must be a non-negative finite number, got {value!r}")
     return x
 
@@ -74,12 +77,14 @@ def positive(name: str, value: Any) -> float:
 
 
 def positive_int(name: str, value: Any) -> int:
-    """``value`` as an int >= 1 (whole floats accepted), else ``ValueError`` naming ``name``."""
+    """``value`` as an int >= 1 (whole floats accepted; no string, no bool), else ``ValueError`` naming ``name``."""
+    if isinstance(value, (str, bytes)):
+        raise ValueError(f"{name} must be a positive integer, got {value!r} (text, not a number)")
     try:
         ok = float(value) == int(value) and int(value) >= 1
     except (TypeError, ValueError, OverflowError):
         ok = False
-    if not ok or isinstance(value, bool):
+    if not ok or isinstance(value, (bool, np.bool_)):
         raise ValueError(f"{name} must be a positive integer, got {value!r}")
     return int(value)
 

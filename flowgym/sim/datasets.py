@@ -93,6 +93,9 @@ def azure_columns(trace: str = "conv", *, rate_multiplier: float = 1.0,
     t = d["time"]
     keep = np.ones(t.size, bool)
     if window is not None:
+        if (isinstance(window, (str, bytes, dict)) or not hasattr(window, "__len__") or len(window) != 2
+                or not all(is_finite_real(x) for x in window)):
+            raise ValueError(f"window must be two numbers [start, end] (seconds), got {window!r}")
         lo, hi = float(window[0]), float(window[1])
         if not 0 <= lo < hi:
             raise ValueError(f"window must satisfy 0 <= start < end, got {window!r}")

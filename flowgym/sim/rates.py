@@ -178,13 +178,15 @@ class Sinusoid(RateSchedule):
             raise ValueError(f"phase must be a finite number (a fraction of the period), got {phase!r}")
 
     def rate(self, t: np.ndarray) -> np.ndarray:
-        return self.m + self.a * np.sin(2 * np.pi * (np.asarray(t, dtype=np.float64) / self.period + self.phase))
+        return np.maximum(self.m + self.a * np.sin(2 * np.pi * (np.asarray(t, dtype=np.float64) / self.period + self.phase)), 0.0)
 
     def integral(self, t0: Any, t1: Any) -> np.ndarray:
         w = 2 * np.pi / self.period
         t0, t1 = np.asarray(t0, dtype=np.float64), np.asarray(t1, dtype=np.float64)
         ph = 2 * np.pi * self.phase
-        return self.m * (t1 - t0) - self.a / w * (np.cos(w * t1 + ph) - np.cos(w * t0 + ph))
+        # at a trough with amplitude == mean the exact integral is ~0 and rounding can make it slightly
+        # negative (worse as t grows): clamped, as Steps clamps, so no Poisson draw sees a negative mean
+        return np.maximum(self.m * (t1 - t0) - self.a / w * (np.cos(w * t1 + ph) - np.cos(w * t0 + ph)), 0.0)
 
     def peak(self) -> float:
         return self.m + self.a

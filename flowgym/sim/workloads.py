@@ -37,7 +37,7 @@ from typing import Any, NamedTuple
 import numpy as np
 
 from flowgym.sim import datasets
-from flowgym.sim._checks import non_negative, positive_int
+from flowgym.sim._checks import MAX_COUNT, MAX_OUTPUT_SLOTS, holds_bool, non_negative, positive_int
 
 __all__ = [
     "CHUNK_SLOTS",
@@ -391,6 +391,8 @@ class EmpiricalLengths(LengthDistribution):
         for k, pair in enumerate(pairs):
             if isinstance(pair, (str, bytes)) or not isinstance(pair, (Sequence, np.ndarray)) or len(pair) != 2:
                 raise ValueError(f"pairs[{k}] must be a (prompt_len, output_len) pair, got {pair!r}")
+            if holds_bool(pair):  # np.asarray would make True a 1
+                raise ValueError(f"pairs[{k}] must be a (prompt_len, output_len) pair, got {pair!r} (a bool is not a length)")
         arr = np.asarray(pairs)
         if arr.ndim != 2 or arr.shape[1] != 2 or arr.shape[0] == 0:
             raise ValueError("pairs must be a non-empty list of (prompt_len, output_len) pairs")
@@ -401,11 +403,17 @@ class EmpiricalLengths(LengthDistribution):
         if weights is None:
             w = np.ones(len(arr))
         else:
+            if isinstance(weights, (str, bytes)) or not isinstance(weights, (Sequence, np.ndarray)):
+                raise ValueError(f"weights must be a list of non-negative numbers, got {weights!r}")
             w = np.asarray([_rate(f"weights[{k}]", x) for k, x in enumerate(weights)])
             if len(w) != len(arr):
                 raise ValueError(f"weights has {len(w)} entries but pairs has {len(arr)}")
-            if w.sum() <= 0:
+            if w.max() <= 0:
                 raise ValueError("weights must not all be zero")
+            with np.errstate(over="ignore"):
+                overflows = not math.isfinite(w.sum())
+            if overflows:  # 1e308 each: scaled so the sum is finite (only then: the same p as ever)
+                w = w / w.max()
         self.p = w / w.sum()
         self._cdf = np.cumsum(self.p)
         self._cdf[-1] = 1.0
@@ -438,8 +446,9 @@ def _rounded_lognormal_pmf(median: float, sigma: float, lo: int, hi: int) -> tup
     mu = math.log(median)
     z = np.full(edges.shape, -np.inf)
     pos = edges > 0
-    z[pos] = (np.log(edges[pos]) - mu) / (sigma * math.sqrt(2.0))
-    cdf = 0.5 * (1.0 + np.array([math.erf(v) if np.isfinite(v) else -1.0 for v in z]))
+    with np.errstate(over="ignore"):  # a sigma of 1e-320: z is +-inf, handled below
+        z[pos] = (np.log(edges[pos]) - mu) / (sigma * math.sqrt(2.0))
+    cdf = 0.5 * (1.0 + np.array([math.erf(v) if np.isfinite(v) else math.copysign(1.0, v) for v in z]))
     cdf = np.concatenate([cdf, [1.0]])
     return support, np.diff(cdf)
 
@@ -474,12 +483,21 @@ class LogNormalLengths(LengthDistribution):
         self.output_median = self._median("output_median", output_median)
         self.prompt_sigma = self._sigma("prompt", self.prompt_median, prompt_sigma, prompt_mean)
         self.output_sigma = self._sigma("output", self.output_median, output_sigma, output_mean)
-        self.max_prompt = _positive_int("max_prompt", max_prompt)
-        self.max_output_len = _positive_int("max_output", max_output)
+        self.max_prompt = self._clip("max_prompt", max_prompt)
+        self.max_output_len = self._clip("max_output", max_output)
         sp, pp = _rounded_lognormal_pmf(self.prompt_median, self.prompt_sigma, 1, self.max_prompt)
         so, po = _rounded_lognormal_pmf(self.output_median, self.output_sigma, 1, self.max_output_len)
         el, eo, eo2 = (sp * pp).sum(), (so * po).sum(), (so * so * po).sum()
         self._mean_work = float(el * eo + (eo + eo2) / 2.0)  # l and o independent
+
+    @staticmethod
+    def _clip(name: str, v: Any) -> int:
+        """An upper clip: a positive integer of at most :data:`MAX_OUTPUT_SLOTS` (what one request can hold
+        in the engine; the distribution's table has an entry per length up to it)."""
+        x = _positive_int(name, v)
+        if x > MAX_OUTPUT_SLOTS:
+            raise ValueError(f"{name} {v!r} is too large (at most {MAX_OUTPUT_SLOTS} tokens)")
+        return x
 
     @staticmethod
     def _median(name: str, v: Any) -> float:
@@ -604,6 +622,8 @@ class IIDPoisson(Workload):
         self.rate = self.schedule.mean()
         self.lengths = _make_lengths(lengths)
         self.n_requests = None if n_requests is None else _positive_int("n_requests", n_requests)
+        if self.n_requests is not None and self.n_requests > MAX_COUNT:
+            raise ValueError(f"n_requests {n_requests!r} is too large (at most {MAX_COUNT})")
         _check_chunk_load("rate", self.schedule.peak(), CHUNK_SECONDS if timed else CHUNK_SLOTS,
                           "second" if timed else "slot")
         self.finite = self.n_requests is not None
@@ -713,6 +733,9 @@ class Mixture(Workload):
             raise ValueError("streams must all be in slots or all timed (arrivals in seconds), not a mix of both")
         self.streams = made
         self.timed = made[0].timed
+        peak = sum(w.schedule.peak() if isinstance(w, IIDPoisson) else float(w.rates.sum()) for w in made)
+        _check_chunk_load("streams (their rates together)", peak, CHUNK_SECONDS if self.timed else CHUNK_SLOTS,
+                          "second" if self.timed else "slot")
         self.chunk_span = made[0].chunk_span
 
     def sample(self, rng: np.random.Generator, t0: Any, t1: Any) -> Requests:
@@ -787,6 +810,10 @@ def _trace_column(
     name: str, values: Any, *, allow_zero: bool, rows: np.ndarray | None = None, whole: bool = True
 ) -> np.ndarray:
     """Validate one column (integers, or with ``whole=False`` reals); errors name the column and the row."""
+    if isinstance(values, (list, tuple)) and holds_bool(values):  # np.asarray would make True a 1
+        i = next(k for k, v in enumerate(values) if holds_bool(v))
+        at = f"row {int(rows[i])}" if rows is not None else f"index {i}"
+        raise TraceError(f"column {name!r}, {at}: {values[i]!r} is not a number")
     arr = np.asarray(values)
     if arr.ndim != 1:
         raise TraceError(f"column {name!r} must be one-dimensional, got shape {arr.shape}")
@@ -824,6 +851,15 @@ def _trace_column(
         raise TraceError(f"column {name!r}, {where(i)}: {shown(i)} is too large for {what} (at most {int(limit)})")
     if not whole:
         return f
+    for i in np.flatnonzero(f >= 2.0**53):  # where a float no longer holds every integer: 2**53 + 1 reads as 2**53
+        v = arr[i].item() if isinstance(arr[i], np.generic) else arr[i]
+        try:
+            exact = int(v.strip() if isinstance(v, str) else v) == int(f[i])
+        except (TypeError, ValueError):  # "9.1e15": a float as written, taken as that float
+            exact = True
+        if not exact:
+            raise TraceError(f"column {name!r}, {where(i)}: {shown(i)} is not exactly a 64-bit float "
+                             f"(read as {int(f[i])}); give a smaller number")
     bad = f != np.floor(f)
     if bad.any():
         i = int(np.flatnonzero(bad)[0])
@@ -894,6 +930,8 @@ def _csv_columns_arrow(path: str, wanted: dict[str, str]) -> dict[str, np.ndarra
         if column.null_count:
             return None
         out[field] = column.to_numpy()
+        if np.any(out[field] >= 2.0**53):  # as a float 2**53 + 1 reads 2**53: the csv path keeps the text to check
+            return None
     return out
 
 
