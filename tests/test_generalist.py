@@ -1415,3 +1415,34 @@ def test_the_fractional_budget_experiment_rounds_by_error_diffusion():
     assert spaces._scaled_budget is fr._ROUNDED and math.isfinite(v) and v > 0
     b = fr.budgets("H7-burst-on-base")  # the environment's own budgets: whole numbers, at least 1, one per slot
     assert b.size == 4000 and b.min() >= 1 and b.dtype.kind == "i"
+
+
+def test_the_smoothing_experiment_averages_the_unrounded_budget():
+    """benchmarks/learned_experiments/smoothing.py: the budget is an exponential average of the environment's
+    unrounded budget over ``tau`` slots, rounded as the environment rounds; ``tau = 1`` is the environment's own
+    mapping; a bad ``tau`` is refused by name; the environment's own rounding is back after a job."""
+    sm = _experiment("smoothing")
+    import types
+
+    import flowgym.envs.spaces as spaces
+
+    seq = iter([10.0, 20.0, 20.0, 0.2])
+    saved = spaces._unrounded_budget
+    spaces._unrounded_budget = lambda k, tracker, of, mb: next(seq)
+    try:
+        f, tracker = sm.smoothed_budget(2), types.SimpleNamespace()
+        # s = 10, then 15, 17.5, 8.85: rounded, at least 1
+        assert [f(None, tracker, "max-head", 64) for _ in range(4)] == [10, 15, 18, 9]
+        seq = iter([3.4, 0.2])
+        g, fresh = sm.smoothed_budget(1), types.SimpleNamespace()
+        assert [g(None, fresh, "max-head", 64) for _ in range(2)] == [3, 1]  # tau 1: round(b), at least 1
+    finally:
+        spaces._unrounded_budget = saved
+    for bad in (0.5, float("nan"), float("inf"), "8"):
+        with pytest.raises(ValueError, match="tau"):
+            sm.smoothed_budget(bad)
+    name, rule, v = sm._job(("H4-short-phases", "tau=4", 0, {}))
+    assert spaces._scaled_budget is sm._ROUNDED and math.isfinite(v) and v > 0
+    _, _, v1 = sm._job(("H4-short-phases", "tau=1", 0, {}))
+    _, _, v0 = sm._job(("H4-short-phases", "ars9", 0, {}))
+    assert v1 == v0 != v  # tau 1 plays the environment's budgets exactly; tau 4 other ones
