@@ -1310,3 +1310,18 @@ def test_toml_writer_escapes_del_and_writes_numpy_scalars():
     data = {"a": "x\x7fy", "b": np.float64(1.5), "c": np.int64(3), "d": np.bool_(True), "e": [np.float32(0.25)]}
     text = _toml.dumps(data)
     assert "np." not in text and _toml.loads(text) == {"a": "x\x7fy", "b": 1.5, "c": 3, "d": True, "e": [0.25]}
+
+
+def test_trace_class_lengths_are_each_class_median_grouped_in_one_sort():
+    """Trace.classes (each class's median prompt and output) was a scan of every row per class id up to the
+    largest; now one sort. Same table as the scan, absent ids zero, num_classes beyond the ids padded."""
+    rng = np.random.default_rng(3)
+    n = 2000
+    cls = rng.choice([0, 2, 5, 9], n)
+    tr = Trace(np.arange(n), rng.integers(1, 50, n), rng.integers(1, 50, n), cls=cls, num_classes=12)
+    ref = np.zeros((12, 2), dtype=np.int64)
+    for k in (0, 2, 5, 9):
+        sel = cls == k
+        ref[k] = (int(np.median(tr.prompt_len[tr.cls == k])), int(np.median(tr.output_len[tr.cls == k])))
+        assert sel.sum() == (tr.cls == k).sum()
+    np.testing.assert_array_equal(tr.classes, ref)

@@ -1049,10 +1049,14 @@ class Trace(Workload):
 
     def _class_lengths(self, m: int) -> np.ndarray:
         out = np.zeros((m, 2), dtype=np.int64)
-        for k in range(m):
-            sel = self.cls == k
-            if sel.any():
-                out[k] = (int(np.median(self.prompt_len[sel])), int(np.median(self.output_len[sel])))
+        # grouped by one sort, each class present once (a scan per class id up to m was m x rows)
+        order = np.argsort(self.cls, kind="stable")
+        ids, starts = np.unique(self.cls[order], return_index=True)
+        ends = np.append(starts[1:], order.size)
+        for k, a, b in zip(ids.tolist(), starts.tolist(), ends.tolist()):
+            if k < m:
+                rows = order[a:b]
+                out[k] = (int(np.median(self.prompt_len[rows])), int(np.median(self.output_len[rows])))
         return out
 
     def __len__(self) -> int:
