@@ -131,6 +131,26 @@ def budgets(name: str, seed: int = SEEDS[0]) -> np.ndarray:
     return np.array(out)
 
 
+def print_ratio_table(out: Sequence[tuple[str, str, float]], names: Sequence[str], rules: Sequence[str],
+                      geo: Sequence[str]) -> None:
+    """Print the mean time in system of each rule of ``rules[1:]`` over that of ``rules[0]`` (the reference), per
+    scenario (``-`` where a rule did not run), as a markdown table, then the geometric means of the ``geo``
+    rules over the scenarios. ``out``: ``(scenario, rule, time in system)`` per episode."""
+    acc: dict[str, dict[str, list[float]]] = {}
+    for n, r, v in out:
+        acc.setdefault(n, {}).setdefault(r, []).append(v)
+    print(f"| scenario (/ {rules[0]}) | " + " | ".join(rules[1:]) + " |")
+    print("|---|" + "---:|" * (len(rules) - 1))
+    logs: dict[str, list[float]] = {r: [] for r in geo}
+    for n in names:
+        base = float(np.mean(acc[n][rules[0]]))
+        ratio = {r: float(np.mean(v)) / base for r, v in acc[n].items()}
+        for r in logs:
+            logs[r].append(math.log(ratio[r]))
+        print(f"| {n} | " + " | ".join(f"{ratio[r]:.3f}" if r in ratio else "-" for r in rules[1:]) + " |")
+    print("\ngeometric mean over the scenarios: " + ", ".join(f"{r} {math.exp(np.mean(v)):.3f}" for r, v in logs.items()))
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--rate-switch", help="bench_learned.py's JSON (the tuned rate-switch parameters)")
@@ -153,19 +173,7 @@ def main(argv: Sequence[str] | None = None) -> int:
              if not (r.startswith("low=") and rs[n]["low"] != 1)]
     with mp.get_context("spawn").Pool(args.workers) as pool:
         out = pool.map(_job, tasks, chunksize=1)
-    acc: dict[str, dict[str, list[float]]] = {}
-    for n, r, v in out:
-        acc.setdefault(n, {}).setdefault(r, []).append(v)
-    print("| scenario (/ tuned rate-switch) | " + " | ".join(rules[1:]) + " |")
-    print("|---|" + "---:|" * (len(rules) - 1))
-    logs: dict[str, list[float]] = {r: [] for r in ("ars9", "ars9 fractional")}
-    for n in names:
-        base = float(np.mean(acc[n]["rate-switch (tuned)"]))
-        ratio = {r: float(np.mean(v)) / base for r, v in acc[n].items()}
-        for r in logs:
-            logs[r].append(math.log(ratio[r]))
-        print(f"| {n} | " + " | ".join(f"{ratio[r]:.3f}" if r in ratio else "-" for r in rules[1:]) + " |")
-    print("\ngeometric mean over the scenarios: " + ", ".join(f"{r} {math.exp(np.mean(v)):.3f}" for r, v in logs.items()))
+    print_ratio_table(out, names, rules, geo=("ars9", "ars9 fractional"))
     return 0
 
 

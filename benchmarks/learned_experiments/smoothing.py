@@ -25,11 +25,11 @@ import sys
 from collections.abc import Callable, Sequence
 from typing import Any
 
-import numpy as np
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from anchors import scenario, seeds_of, tuned_rate_switch  # noqa: E402
 from bench_learned import held_out  # noqa: E402
+from fractional import print_ratio_table  # noqa: E402
 
 import flowgym.envs.spaces as spaces  # noqa: E402
 from flowgym.agents import make_agent  # noqa: E402
@@ -89,19 +89,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     tasks = [(n, r, s, rs[n]) for n in names for r in rules for s in seeds_of(n)]
     with mp.get_context("spawn").Pool(args.workers) as pool:
         out = pool.map(_job, tasks, chunksize=1)
-    acc: dict[str, dict[str, list[float]]] = {}
-    for n, r, v in out:
-        acc.setdefault(n, {}).setdefault(r, []).append(v)
-    print("| scenario (/ tuned rate-switch) | " + " | ".join(rules[1:]) + " |")
-    print("|---|" + "---:|" * (len(rules) - 1))
-    logs: dict[str, list[float]] = {r: [] for r in rules[1:]}
-    for n in names:
-        base = float(np.mean(acc[n]["rate-switch (tuned)"]))
-        ratio = {r: float(np.mean(acc[n][r])) / base for r in rules[1:]}
-        for r in rules[1:]:
-            logs[r].append(math.log(ratio[r]))
-        print(f"| {n} | " + " | ".join(f"{ratio[r]:.3f}" for r in rules[1:]) + " |")
-    print("\ngeometric mean over the scenarios: " + ", ".join(f"{r} {math.exp(np.mean(v)):.3f}" for r, v in logs.items()))
+    print_ratio_table(out, names, rules, geo=rules[1:])
     return 0
 
 
