@@ -25,7 +25,6 @@ import sys
 from collections.abc import Callable, Sequence
 from typing import Any
 
-
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from anchors import scenario, seeds_of, tuned_rate_switch  # noqa: E402
 from bench_learned import held_out  # noqa: E402
