@@ -1325,3 +1325,86 @@ def test_trace_class_lengths_are_each_class_median_grouped_in_one_sort():
         ref[k] = (int(np.median(tr.prompt_len[tr.cls == k])), int(np.median(tr.output_len[tr.cls == k])))
         assert sel.sum() == (tr.cls == k).sum()
     np.testing.assert_array_equal(tr.classes, ref)
+
+
+def test_jaillet_coefficients_are_checked_in_milliseconds():
+    """JailletLatency's a, b, c, p are milliseconds (its formula gives d_ms): a 5-second iteration (c = 5000) is a
+    time scale of serving, and the cap is 3,600 s in milliseconds, with a message in that unit."""
+    from flowgym.sim.latency import make_latency_model
+
+    assert make_latency_model({"kind": "jaillet", "c": 5000}).duration(0, 0, 0, 0) == 5.0
+    with pytest.raises(ValueError, match=r"latency coefficient c = 4000000 milliseconds is beyond .*\(at most 3600000 "
+                                         r"milliseconds; this model's coefficients are in milliseconds, not seconds"):
+        make_latency_model({"kind": "jaillet", "c": 4_000_000})
+    with pytest.raises(ValueError, match=r"c0 = 4000 seconds .* in seconds, not milliseconds"):
+        make_latency_model({"kind": "linear", "c0": 4000})
+
+
+def test_vllm_step_retried_after_a_latency_callable_raises_is_the_same_run():
+    """With preempt_order="random" the victims were drawn before the callable ran, so a step retried after it
+    raised (which CallableLatency's docstring allows) drew other victims: another run."""
+    from flowgym.sim.vllm import VllmEngine
+
+    rng = np.random.default_rng(7)
+    n = 60
+    arr, L, O = np.sort(rng.uniform(0, 2, n)).tolist(), rng.integers(1, 30, n).tolist(), rng.integers(5, 60, n).tolist()
+
+    def run(fail_at):
+        calls = {"k": 0}
+
+        def f(P, D, K, B):
+            calls["k"] += 1
+            if calls["k"] in fail_at:
+                raise RuntimeError("boom")
+            return 0.01
+
+        e = VllmEngine(300, Trace(arr, L, O, timed=True), time_model=f,
+                       options=dict(block_size=4, max_num_seqs=None, preempt_order="random"))
+        e.reset(np.random.default_rng(0))
+        fails = 0
+        while not (e.exhausted and e.n_queued + e.n_active == 0):
+            e.arrive()
+            while True:
+                try:
+                    e.serve(8)
+                    break
+                except RuntimeError:
+                    fails += 1
+        return e.request_log()["finish"].tolist(), e.total_evictions, fails
+
+    base = run(set())
+    assert base[1] > 0 and base[2] == 0  # victims are drawn in this run
+    for k in (12, 40, 61, 117, 152):
+        got = run({k})
+        assert got[2] == 1 and got[:2] == base[:2]
+
+
+def test_vllm_a_preempted_head_the_watermark_never_admits_is_warned_and_named():
+    """A request admitted on arrival, preempted after j tokens, can need more blocks to recompute l + j than the
+    watermark leaves: it then waits at the head for good and admission stops behind it (vLLM V0 drops it). This
+    was silent; now a RuntimeWarning names the row once, and engine.stalled_head holds it."""
+    import warnings
+
+    kw = dict(engine="vllm-v1", M=1000, horizon=None,
+              workload={"kind": "trace", "arrival": [0, 0, 5], "prompt_len": [200, 200, 10], "output_len": [700, 700, 5]})
+    env = gym.make("FlowControl-v0", engine_options={"block_size": 1, "watermark": 0.6, "max_num_batched_tokens": None},
+                   **kw).unwrapped
+    env.reset(seed=0)
+    with pytest.warns(RuntimeWarning, match=r"request row 1, preempted after 301 tokens, needs 501 blocks to recompute, "
+                                            r"more than the 400 the watermark \(0\.6\) leaves"):
+        for _ in range(400):
+            env.step(10)
+    assert env.engine.stalled_head == 1 and env.engine.n_queued == 2
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # once a run: no second warning
+        for _ in range(50):
+            env.step(10)
+    # without the watermark the same trace runs to its end, unwarned
+    env = gym.make("FlowControl-v0", engine_options={"block_size": 1, "max_num_batched_tokens": None}, **kw).unwrapped
+    env.reset(seed=0)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", RuntimeWarning)
+        for _ in range(5000):
+            if env.step(10)[2]:
+                break
+    assert env.engine.stalled_head == -1 and (env.request_log()["finish"] > 0).all()

@@ -35,16 +35,22 @@ __all__ = [
 ]
 
 
-#: The longest batch iteration a model may give (seconds): beyond it the time scale is not a
-#: serving system's (and an idle clock would have to cover it chunk by chunk).
+#: The longest batch iteration a callable model may give (seconds): beyond it the time scale is not a
+#: serving system's (and an idle clock would have to cover it chunk by chunk). The built-in models bound
+#: each coefficient by it instead (in their own unit), not their sum over a batch: their durations are
+#: computed as a step runs, and the compiled loop computes them too.
 MAX_ITERATION_SECONDS = 3600.0
 
 
-def _coef(name: str, v: Any) -> float:
+def _coef(name: str, v: Any, unit: str = "s") -> float:
+    """A coefficient in seconds (``unit="s"``, :class:`LinearLatency`) or milliseconds (``"ms"``,
+    :class:`JailletLatency`), non-negative and at most :data:`MAX_ITERATION_SECONDS` in that unit's terms."""
     x = non_negative(f"latency coefficient {name}", v)
-    if x > MAX_ITERATION_SECONDS:
-        raise ValueError(f"latency coefficient {name} = {v!r} seconds is beyond any serving system's time scale "
-                         f"(at most {MAX_ITERATION_SECONDS:g} s; coefficients are in seconds, not milliseconds)")
+    limit = MAX_ITERATION_SECONDS * (1000.0 if unit == "ms" else 1.0)
+    if x > limit:
+        word, other = ("milliseconds", "seconds") if unit == "ms" else ("seconds", "milliseconds")
+        raise ValueError(f"latency coefficient {name} = {v!r} {word} is beyond any serving system's time scale "
+                         f"(at most {limit:.0f} {word}; this model's coefficients are in {word}, not {other})")
     return x
 
 
@@ -105,7 +111,7 @@ class JailletLatency(LatencyModel):
     name = "jaillet"
 
     def __init__(self, a: float = 0.0027, b: float = 0.52, c: float = 44.6, p: float = 0.378) -> None:
-        self.a, self.b, self.c, self.p = (_coef(n, v) for n, v in (("a", a), ("b", b), ("c", c), ("p", p)))
+        self.a, self.b, self.c, self.p = (_coef(n, v, "ms") for n, v in (("a", a), ("b", b), ("c", c), ("p", p)))
         if self.c == 0:  # as LinearLatency's c0: an idle or decode-only iteration would take no time
             raise ValueError("latency coefficient c (milliseconds per iteration) must be positive (an iteration "
                              f"takes time), got {c!r}")

@@ -212,11 +212,11 @@ class VllmOptions:
             raise ValueError(f"engine_options watermark must be a fraction in [0, 1), got {w!r}")
         for name, valid in (("admission", ("blocks", "count")), ("preemption", ("recompute", "discard")),
                             ("preempt_order", PREEMPT_ORDERS), ("requeue", ("front", "back"))):
-            if getattr(self, name) not in valid:
+            if not isinstance(getattr(self, name), str) or getattr(self, name) not in valid:  # not np.array(['blocks'])
                 raise ValueError(f"engine_options {name} must be one of {list(valid)}, got {getattr(self, name)!r}")
         mt = self.max_tokens
-        if not (mt in ("default", "output") or (isinstance(mt, (int, np.integer)) and not isinstance(mt, bool)
-                                                 and mt >= 1)):
+        if not ((isinstance(mt, str) and mt in ("default", "output"))
+                or (isinstance(mt, (int, np.integer)) and not isinstance(mt, bool) and mt >= 1)):
             raise ValueError(f"engine_options max_tokens must be 'default', 'output' or a positive integer, got {mt!r}")
         if not isinstance(mt, str) and mt > MAX_COUNT:
             raise ValueError(f"engine_options max_tokens must be at most 2**53, got {mt!r}")
@@ -365,6 +365,9 @@ class VllmEngine(Engine):
         self.recomputed_tokens = 0
         self.prefill_tokens = 0
         self.last_evicted = 0
+        #: Row of the first preempted request found at the queue head whose recompute could never pass the
+        #: watermark (it and every request behind it then wait for good; vLLM V0 would drop it); -1: none.
+        self.stalled_head = -1
         self._steps: list[tuple[int, ...]] = []
         # inter-token gaps: integer slots in slot mode; in continuous time round(1000 ln(seconds))
         self._itl_counts = np.zeros(0, _I64)
@@ -413,6 +416,26 @@ class VllmEngine(Engine):
         return too_long | (_ceil_div(first + la, bs) > self.num_blocks - self.watermark_blocks)
 
     # ------------------------------------------------------------------ queue
+
+    def _check_stall(self, head: int, ntok: int) -> None:
+        """Warn (once a run) when the queue head is a preempted request whose recompute of ``ntok`` tokens needs
+        more blocks in an empty cache than the watermark leaves: :meth:`_on_sample`'s rejection test, which an
+        arrival passed, applied to ``l + j``. vLLM V0 drops such a request (``AllocStatus.NEVER``); here it stays
+        at the head, and admission stops behind it for good."""
+        opts, bs, la = self.options, self.block_size, self.lookahead
+        first = ntok if opts.reserve_full_prompt else (min(ntok, self._thr) if self._thr else ntok)
+        if not opts.reserve_full_prompt and opts.chunked_prefill:
+            first = min(first, self._tok_cap)
+        need = -(-(first + la) // bs)
+        if need > self.num_blocks - self.watermark_blocks:
+            import warnings
+
+            self.stalled_head = head
+            warnings.warn(f"vllm-v1: request row {head}, preempted after {int(self.gen[head])} tokens, needs {need} "
+                          f"blocks to recompute, more than the {self.num_blocks - self.watermark_blocks} the watermark "
+                          f"({self.options.watermark:g}) leaves: it waits at the queue head for good, and every request "
+                          "behind it too (vLLM V0 would drop it; this emulation does not). Lower the watermark or "
+                          "raise M.", RuntimeWarning, stacklevel=3)
 
     def _peek(self, budget: Any) -> np.ndarray:
         """The queue heads the budget allows, in admission order (per-class lanes in class order)."""
@@ -511,6 +534,7 @@ class VllmEngine(Engine):
         s = np.clip(self._tok_cap - excl, 0, new)
         want = np.where(s > 0, _ceil_div(comp + s + la, bs), blk)
         need = np.maximum(want, blk)
+        prng_before = self._prng.bit_generator.state if opts.preempt_order == "random" else None
         vpos = self._victims(need, rid, comp)
         keep = np.ones(rid.size, bool)
         keep[vpos] = False
@@ -535,6 +559,8 @@ class VllmEngine(Engine):
             c_blk = _ceil_div(c_s + la, bs)
             if opts.reserve_full_prompt:
                 c_blk = np.maximum(c_blk, _ceil_div(c_ntok + la, bs))
+            if self.watermark_blocks and self.stalled_head < 0 and cand.size:
+                self._check_stall(int(cand[0]), int(c_ntok[0]))
             free = NB - int(need.sum()) - self.watermark_blocks
             ok &= np.cumsum(c_blk) <= free
             k = int(np.argmin(ok)) if not ok.all() else k
@@ -555,7 +581,12 @@ class VllmEngine(Engine):
         d = 0.0
         if self.timed:
             assert self.time_model is not None
-            d = float(self.time_model.duration(P, D, K, Bn))
+            try:
+                d = float(self.time_model.duration(P, D, K, Bn))
+            except BaseException:  # a callable raised: the step is not applied, and a retry draws the same victims
+                if prng_before is not None:
+                    self._prng.bit_generator.state = prng_before
+                raise
 
         # ---- commit ----
         wasted = 0
@@ -755,7 +786,9 @@ class VllmEngine(Engine):
           token minus arrival, over requests that have one.
         * ``inter_token_latency_p50/p99`` (``vllm:inter_token_latency_seconds``): gaps between a
           request's consecutive output tokens (preemption stalls included); exact in slots, 0.1%
-          bins in continuous time.
+          bins in continuous time. Kept as a histogram, so the percentile is the order statistic at
+          rank ``ceil(q n)`` (nearest rank), not numpy's interpolation between two gaps that the TTFT
+          percentiles use (55 gaps of 1 and one of 8: p99 8, where ``np.percentile`` gives 4.15).
         * ``num_requests_running_mean``, ``num_requests_waiting_mean`` (``vllm:num_requests_running``,
           ``vllm:num_requests_waiting``): means over steps.
         * ``kv_cache_usage_perc_mean/max`` (``vllm:kv_cache_usage_perc``): allocated blocks / blocks.
