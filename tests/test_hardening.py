@@ -1408,3 +1408,26 @@ def test_vllm_a_preempted_head_the_watermark_never_admits_is_warned_and_named():
             if env.step(10)[2]:
                 break
     assert env.engine.stalled_head == -1 and (env.request_log()["finish"] > 0).all()
+
+
+def test_vllm_a_one_token_last_chunk_of_a_recompute_is_a_prefill_not_a_decode():
+    """A recompute prefilled in chunks of 10 whose last chunk is one token was counted as a decode (its step's
+    P, D, K and prefill_tokens), as it looks like one: one token, all but one computed, tokens generated before.
+    The chunked and the unchunked recompute prefill the same 51 tokens."""
+    from flowgym.sim.vllm import VllmEngine
+
+    totals = []
+    for thr in (0, 10):
+        e = VllmEngine(60, Trace([0, 0], [10, 10], [22, 40]),
+                       options=dict(block_size=1, max_num_batched_tokens=None, long_prefill_token_threshold=thr))
+        e.reset(np.random.default_rng(0))
+        for _ in range(200):
+            e.arrive()
+            e.serve(2)
+        ss = e.step_series()
+        assert int(ss["recomputed_tokens"].sum()) == 30 and e.serving_metrics()["num_preemptions"] == 1
+        totals.append(e.serving_metrics()["prefill_tokens"])
+        if thr:
+            assert [(int(ss["prefill_tokens"][i]), int(ss["decode_requests"][i])) for i in range(22, 27)] == \
+                [(10, 0), (10, 0), (10, 0), (1, 0), (0, 1)]
+    assert totals == [51, 51]

@@ -549,10 +549,10 @@ def test_projected_demand_raises_no_numpy_warning():
 
 def test_memory_bytes_adds_the_per_request_and_running_arrays():
     """Five per-request int64/float64 arrays of the table's capacity (max_tokens, gen, first_token,
-    last_token, first_token_step) and four int64 arrays of the running set (2 running here) on top
-    of the paper engine's count."""
+    last_token, first_token_step), four int64 arrays and one bool array of the running set (2 running
+    here) on top of the paper engine's count."""
     eng = _two_running()
-    extra = 5 * 8 * eng.arrival.size + 4 * 8 * 2
+    extra = 5 * 8 * eng.arrival.size + 4 * 8 * 2 + 1 * 2
     assert eng.memory_bytes() == Engine.memory_bytes(eng) + extra
 
 

@@ -360,6 +360,9 @@ class VllmEngine(Engine):
         self._r_comp = np.zeros(0, _I64)
         self._r_blk = np.zeros(0, _I64)
         self._r_start = np.zeros(0, _I64)
+        # whether each running request has sampled a token since its last admission: its steps are decodes
+        # from then on (a recompute's last prefill chunk of one token is not, though it looks the same)
+        self._r_dec = np.zeros(0, bool)
         self.used_blocks = 0
         self.total_refused = 0
         self.recomputed_tokens = 0
@@ -523,9 +526,10 @@ class VllmEngine(Engine):
             rid = np.concatenate([self._r_id, adm0])
             comp = np.concatenate([self._r_comp, np.zeros(adm0.size, _I64)])
             blk = np.concatenate([self._r_blk, np.zeros(adm0.size, _I64)])
+            dec = np.concatenate([self._r_dec, np.zeros(adm0.size, bool)])
         else:
             adm0 = allowed[:0]
-            rid, comp, blk = self._r_id, self._r_comp, self._r_blk
+            rid, comp, blk, dec = self._r_id, self._r_comp, self._r_blk, self._r_dec
         ntok = prompt[rid] + gen[rid]
         new = ntok - comp
         if self._thr:
@@ -573,7 +577,8 @@ class VllmEngine(Engine):
         s2 = np.concatenate([s[keep], adm_s])
         blk2 = np.concatenate([need[keep], adm_blk])
         ntok2 = prompt[rid2] + gen[rid2]
-        is_dec = (s2 == 1) & (comp_before == ntok2 - 1) & (gen[rid2] > 0)
+        dec2 = np.concatenate([dec[keep], np.zeros(adm.size, bool)])
+        is_dec = dec2 & (s2 == 1) & (comp_before == ntok2 - 1)
         P = int(s2[~is_dec].sum())
         D = int(is_dec.sum())
         K = int(ntok2[is_dec].sum())
@@ -646,6 +651,7 @@ class VllmEngine(Engine):
             self.last_completed_tokens = 0
         live = ~done_mask
         self._r_id, self._r_comp, self._r_blk, self._r_start = rid2[live], comp2[live], blk2[live], starts[live]
+        self._r_dec = (dec2 | sampled)[live]
         self.used_blocks = int(self._r_blk.sum())
         self.n_active = int(self._r_id.size)
         self.held = self.used_blocks * bs
@@ -827,7 +833,8 @@ class VllmEngine(Engine):
 
     def memory_bytes(self) -> int:
         extra = sum(getattr(self, n).nbytes for n in ("max_tokens", "gen", "first_token", "last_token",
-                                                       "first_token_step", "_r_id", "_r_comp", "_r_blk", "_r_start"))
+                                                       "first_token_step", "_r_id", "_r_comp", "_r_blk", "_r_start",
+                                                       "_r_dec"))
         return super().memory_bytes() + extra
 
 
