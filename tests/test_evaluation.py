@@ -75,7 +75,14 @@ def test_summary_mean_and_confidence_interval():
     assert s["p95_latency"] == 2.0  # mean of 1, 2, 3
     assert s["p95_latency_ci"] == pytest.approx(4.303 * 1.0 / 3**0.5)
     tab = evaluate([FixedBudget(2)], SMALL, seeds=[0, 1, 2, 3], horizons=[150])
-    assert t_quantile_975(1) == 12.706 and t_quantile_975(1000) == 1.96
+    assert t_quantile_975(1) == 12.706 and t_quantile_975(30) == 2.042
+    # beyond the table, Student's t quantiles (scipy.stats.t.ppf(0.975, df)) to 1e-5: it was linear to 2.000 at
+    # 60 and 1.980 at 120, then 1.96 (CIs of 121-1,000 seeds about 1% too narrow)
+    for df, exact in ((31, 2.039513), (40, 2.021075), (121, 1.979764), (200, 1.971896), (1000, 1.962339)):
+        assert t_quantile_975(df) == pytest.approx(exact, abs=1e-5)
+    for bad in (2.5, True, "3"):
+        with pytest.raises(ValueError, match="degrees of freedom must be an integer"):
+            t_quantile_975(bad)
     assert "fixed b=2" in tab.format()
 
 
@@ -309,3 +316,23 @@ def test_bound_lines_leave_out_seeds_without_requests_as_the_table_does():
         lower_bounds(agents[0], env, [0], [0, 10])
     with pytest.raises(ValueError, match="record='stream'"):
         lower_bounds(agents[0], {**env, "record": "stream"}, [0], [2])
+
+
+def test_a_seed_that_drains_before_a_horizon_keeps_its_row_there():
+    """A finite workload that drains before horizon T: a run with horizon T is that run (the episode ends when it
+    drains), so its row at T is the whole run's. The row was dropped, leaving only the slower seeds at T (and the
+    table still said 8 seeds)."""
+    from flowgym.agents import make_agent
+
+    kw = dict(M=2000, workload={"kind": "iid", "rate": 2.0, "n_requests": 60, "lengths": {
+        "kind": "lognormal", "prompt_median": 20, "prompt_mean": 40, "output_median": 10, "output_mean": 20,
+        "max_prompt": 300, "max_output": 100}})
+    ends = evaluate([make_agent("fixed", b=4)], kw, seeds=list(range(8)), horizons=None)
+    T = sorted(r["T"] for r in ends.rows)[4]  # four seeds drain before T
+    tab = evaluate([make_agent("fixed", b=4)], kw, seeds=list(range(8)), horizons=[T])
+    assert sorted(r["seed"] for r in tab.rows) == list(range(8)) and tab.summary()[0]["n"] == 8
+    whole = {r["seed"]: r for r in ends.rows}
+    for r in tab.rows:
+        if whole[r["seed"]]["T"] <= T:
+            assert r["mean_time_in_system"] == whole[r["seed"]]["mean_time_in_system"]
+    assert tab.summary()[0]["mean_time_in_system"] == pytest.approx(np.mean([r["mean_time_in_system"] for r in tab.rows]))

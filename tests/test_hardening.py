@@ -1431,3 +1431,50 @@ def test_vllm_a_one_token_last_chunk_of_a_recompute_is_a_prefill_not_a_decode():
             assert [(int(ss["prefill_tokens"][i]), int(ss["decode_requests"][i])) for i in range(22, 27)] == \
                 [(10, 0), (10, 0), (10, 0), (1, 0), (0, 1)]
     assert totals == [51, 51]
+
+
+@pytest.mark.parametrize("record", ["full", "stream"])
+def test_metrics_mid_episode_are_those_of_the_slots_run(record):
+    """env.metrics() mid-episode counted the requests that joined at decision point t (arrive() had run for the
+    next slot) as arrived and waiting: not metrics_at(t), and in continuous time negative (the clock had jumped
+    to the next arrival)."""
+    from flowgym.envs.flow_control import FlowControlEnv
+    from flowgym.sim.metrics import metrics_at
+
+    env = FlowControlEnv(M=16492, horizon=1000, record=record)
+    env.reset(seed=0)
+    for _ in range(10):
+        env.step(12)
+    ref = FlowControlEnv(M=16492, horizon=1000)
+    ref.reset(seed=0)
+    for _ in range(10):
+        ref.step(12)
+    want = metrics_at(ref.request_log(), ref.series(), 16492, 10)
+    got = env.metrics()
+    for k in ("T", "arrived", "rejected", "unfinished", "completed", "mean_time_in_system"):
+        assert got[k] == want[k], k
+    env = FlowControlEnv(M=100, workload=Trace([0.0, 100.0], [2, 3], [1, 1], timed=True), horizon=None,
+                         time_model={"kind": "linear", "c0": 0.5}, record=record)
+    env.reset(seed=0)
+    m = env.metrics()  # nothing run yet, the first arrival at 0 s has joined decision point 0
+    assert m["arrived"] == 0 and np.isnan(m["mean_time_in_system"])
+    env.step(1)
+    m = env.metrics()  # the clock has jumped to 100 s for the second arrival: not in the first iteration
+    assert m["arrived"] == 1 and m["mean_time_in_system"] == 0.5 and m["elapsed"] == 0.5
+
+
+def test_vllm_generated_tokens_are_the_sampled_ones():
+    """generated_token_throughput counted a token per running request per step, as the paper's model decodes,
+    but a vllm-v1 step of prefill only samples none: a 5,000-token prompt prefilled over 3 steps then 3 tokens
+    was 5 tokens, not 3."""
+    from flowgym.envs.flow_control import FlowControlEnv
+
+    for engine, steps in (("paper", 3), ("vllm-v1", 5)):
+        env = FlowControlEnv(M=16000, horizon=None, workload=Trace([0], [5000], [3]), engine=engine)
+        env.reset(seed=0)
+        for _ in range(100):
+            if env.step(1)[2]:
+                break
+        m = env.metrics()
+        assert m["T"] == steps and m["generated_token_throughput"] * m["T"] == pytest.approx(3.0)
+    assert env.series()["generated"].tolist() == [0, 0, 1, 1, 1]

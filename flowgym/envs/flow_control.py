@@ -400,7 +400,7 @@ class FlowControlEnv(gym.Env[Any, Any]):
     | ``active`` | (1,) | [0, M] | active requests |
     | ``queued_prompt_tokens`` | (1,) | [0, queue_token_cap] | waiting prompt tokens / ``M`` |
     | ``generated_hist`` | (K,) | [0, M] | active requests by tokens generated, bins from ``hist_edges`` |
-    | ``arrival_rate`` | (1,) | [0, queue_cap] | moving average of arrivals per slot (``rate_window``) |
+    | ``arrival_rate`` | (1,) | [0, queue_cap] | moving average of arrivals per slot (``rate_window``; it starts at 0, so it reads low for the first few ``rate_window`` slots) |
     | ``last_duration`` | (1,) | [0, duration_cap] | continuous time only: seconds the last iteration took |
     | ``projected_usage`` | (H,) | [0, projection_cap] | known lengths only: the active set's demand / ``M`` at ``t + h``, ``h`` in ``projection_offsets``, with no admission or eviction |
     | ``class_queue`` | (m,) | [0, queue_cap] | known lengths and classes only: waiting requests per class |
@@ -511,7 +511,8 @@ class FlowControlEnv(gym.Env[Any, Any]):
     finished and rejected requests are folded into running sums and dropped (the
     requests left are renumbered, so ids in ``view()`` hold within a step only);
     ``metrics()`` has the same keys and the same counts and means (bit-identical in
-    slots, to float rounding in continuous time), ``p95_latency`` from a bounded
+    slots but for the KV-usage mean and spread, summed exactly there and so within
+    float rounding of full mode's; to float rounding in continuous time), ``p95_latency`` from a bounded
     sketch (exact for latencies below 65,536 slots, else within relative 0.1%),
     ``kv_usage`` as block means of ``kv_usage_block`` slots; ``series()`` holds the
     last 4,096 slots; ``request_log()`` raises ``ValueError`` naming the mode. The

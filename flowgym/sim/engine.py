@@ -50,7 +50,7 @@ from flowgym.sim.rules import (
     make_queue_order,
 )
 from flowgym.sim.latency import JailletLatency, LinearLatency, make_latency_model
-from flowgym.sim.metrics import compute_metrics
+from flowgym.sim.metrics import metrics_at
 from flowgym.sim.admission import ADMISSION_KINDS, ADMISSION_LENGTHS, AdmissionRule
 from flowgym.sim.rules import FIFO, EstimateEviction, EvictAll, LIFOEviction, ShortestEstimateFirst, ShortestOutputFirst
 from flowgym.sim.streaming import StreamTotals
@@ -956,7 +956,8 @@ class Engine:
         return total
 
     def metrics(self) -> dict[str, Any]:
-        """The metrics of ``docs/model.md`` over the slots run so far (:func:`~flowgym.sim.metrics.compute_metrics`).
+        """The metrics of ``docs/model.md`` over the slots run so far (:func:`~flowgym.sim.metrics.metrics_at` of
+        the ``t`` slots run: mid-episode, the requests that joined at decision point ``t`` are not counted yet).
 
         In ``record="full"`` mode computed from :meth:`request_log` and :meth:`series`. In
         ``record="stream"`` mode from running sums: every count and sum is the full mode's
@@ -966,14 +967,17 @@ class Engine:
         block means of ``kv_usage_block`` slots (at most 2,048 points).
         """
         if self._stream is None:
-            return compute_metrics(self.request_log(), self.series(), self.M)
+            return metrics_at(self.request_log(), self.series(), self.M, self.t)
         st = self._stream
         self._flush_records()
         T, na, base = self.t, self.n_arrived, self._clock_base
         fin = self.finish[:na]
         rej = self.rejected[:na]
         done = (fin >= 0) & (fin <= T)
-        waiting = ~(done | rej)  # arrived, not rejected, not finished
+        # requests that joined at decision point T (arrive() ran for the next slot): not in the T slots run
+        late = self.arrival[:na] >= T
+        n_late, n_late_rej = int(late.sum()), int((late & rej).sum())
+        waiting = ~(done | rej | late)  # arrived by T, not rejected, not finished
         ids = np.flatnonzero(done)
         lat_sum: int | float
         if self.timed:
@@ -990,7 +994,8 @@ class Engine:
         sketch = st.sketch.copy()
         sketch.add(lat)
         out_tokens = st.output_tokens + int(self.output[ids].sum())
-        n_ok = self.total_arrived - self.total_rejected
+        arrived, rejected = self.total_arrived - n_late, self.total_rejected - n_late_rej
+        n_ok = arrived - rejected
         mean_u, std_u, max_u = st.usage_moments(self.M)
         nan = float("nan")
         return {
@@ -1003,9 +1008,9 @@ class Engine:
             "token_throughput": float(out_tokens) / span if span else nan,
             "generated_token_throughput": float(self.generated_tokens) / span if span else nan,
             "completed": n_done,
-            "arrived": self.total_arrived,
-            "rejected": self.total_rejected,
-            "unfinished": self.total_arrived - self.total_rejected - n_done,
+            "arrived": arrived,
+            "rejected": rejected,
+            "unfinished": arrived - rejected - n_done,
             "evictions": self.total_evictions,
             "overflow_events": self.overflow_events,
             "wasted_tokens": self.wasted_tokens,

@@ -49,6 +49,8 @@ def compute_metrics(log: dict[str, np.ndarray], series: dict[str, np.ndarray], M
         policy cannot look fast by leaving long requests waiting. Its sum over
         requests is the sum of the default reward's ``N_t`` (Little's law).
     """
+    if isinstance(M, (bool, np.bool_)) or not isinstance(M, (int, np.integer)) or M < 1:
+        raise ValueError(f"M (the KV budget, tokens) must be a positive integer, got {M!r}")
     T = int(series["usage"].size)
     finish = log["finish"]
     done = (finish >= 0) & (finish <= T)
@@ -67,7 +69,9 @@ def compute_metrics(log: dict[str, np.ndarray], series: dict[str, np.ndarray], M
     ok = ~log["rejected"]
     end = np.where(done, fin_t, span)[ok]
     in_sys = float((end - arr_t[ok]).sum())
-    gen = float((series["active"] + series["completed"]).sum())  # tokens decoded, wasted ones included
+    # tokens decoded, wasted ones included: one per running request a slot (the paper's model), or as the
+    # engine counted them (vllm-v1 records ``generated``: a step of prefill only samples none)
+    gen = float(series["generated"].sum() if "generated" in series else (series["active"] + series["completed"]).sum())
     out: dict[str, Any] = {
         "T": T,
         "elapsed": span,
@@ -100,6 +104,8 @@ def metrics_at(log: dict[str, np.ndarray], series: dict[str, np.ndarray], M: int
     run on the same seed: requests arriving at or after ``T`` are left out and
     requests finishing after ``T`` count as unfinished.
     """
+    if isinstance(T, (bool, np.bool_)) or not isinstance(T, (int, np.integer)) or T < 0:
+        raise ValueError(f"T must be a whole number of slots >= 0, got {T!r}")
     if T > series["usage"].size:
         raise ValueError(f"T={T} is longer than the run ({series['usage'].size} slots)")
     arrived = log["arrival"] < T

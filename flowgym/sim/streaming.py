@@ -90,10 +90,15 @@ class QuantileSketch:
     def add(self, values: np.ndarray) -> None:
         """Count ``values`` (non-negative, finite)."""
         v = np.asarray(values)
+        if v.ndim > 1 or v.dtype.kind not in "iuf":  # text, objects, bools, a table: not a stream of numbers
+            raise ValueError(f"QuantileSketch.add: values must be a one-dimensional array of numbers, got "
+                             f"{v.dtype} of shape {v.shape}")
         if v.size == 0:
             return
         if v.dtype.kind == "f" and not np.isfinite(v).all() or (v < 0).any():
             raise ValueError("QuantileSketch.add: values must be finite and non-negative")
+        if self.integers and v.dtype.kind == "f" and (v != np.floor(v)).any():  # the exact counters would truncate
+            raise ValueError("QuantileSketch.add: this sketch counts integers (integers=True), got fractional values")
         self.count += int(v.size)
         if self.integers:
             small = v < self.exact_below

@@ -76,7 +76,7 @@ import numpy as np
 
 from flowgym.sim._checks import MAX_COUNT, is_real
 from flowgym.sim.engine import Engine, SlotStats
-from flowgym.sim.metrics import compute_metrics
+from flowgym.sim.metrics import metrics_at
 from flowgym.sim.rules import Lane
 
 __all__ = [
@@ -100,7 +100,8 @@ VLLM_MODE = "vllm-v1"
 PREEMPT_ORDERS = ("lifo", "least-progress", "least-computed", "random")
 _BIG = 1 << 62
 #: Per-step serving records of the ``vllm-v1`` mode (``VllmEngine.step_series()``).
-STEP_FIELDS = ("refused", "prefill_tokens", "decode_requests", "recomputed_tokens", "scheduled", "used_blocks")
+STEP_FIELDS = ("refused", "prefill_tokens", "decode_requests", "recomputed_tokens", "scheduled", "used_blocks",
+               "generated")
 
 
 def default_max_tokens(prompt_len: np.ndarray, output_len: np.ndarray, bound: int | None, M: int) -> np.ndarray:
@@ -658,7 +659,7 @@ class VllmEngine(Engine):
         self.total_refused += n_refused
         self.last_evicted = n_ev
         st = SlotStats(t, used * bs, n_adm, n_ev, wasted, n_done, self.n_queued, self.n_active)
-        self._steps.append((n_refused, P, D, int(comp[vpos].sum()) if n_ev else 0, Bn, used))
+        self._steps.append((n_refused, P, D, int(comp[vpos].sum()) if n_ev else 0, Bn, used, int(sid.size)))
         self._pending.append(st)
         self.t = t + 1
         if len(self._pending) == 256:
@@ -754,7 +755,9 @@ class VllmEngine(Engine):
         the cache, the token budget or ``max_num_seqs`` did not), ``prefill_tokens``, ``decode_requests``,
         ``recomputed_tokens`` (KV tokens preemption dropped: prefilled again with ``preemption="recompute"``;
         with ``"discard"`` the prompt's are prefilled again and the output's regenerated, also counted in
-        ``wasted_tokens``), ``scheduled`` requests, ``used_blocks``."""
+        ``wasted_tokens``), ``scheduled`` requests, ``used_blocks``, ``generated`` tokens (sampled: a step
+        of prefill only samples none, so the paper's ``active + completed`` would overcount them; the metrics'
+        ``generated_token_throughput`` reads this)."""
         a = np.asarray(self._steps, dtype=_I64).reshape(-1, len(STEP_FIELDS))
         return {name: a[:, i].copy() for i, name in enumerate(STEP_FIELDS)}
 
@@ -776,8 +779,9 @@ class VllmEngine(Engine):
         return log
 
     def metrics(self) -> dict[str, Any]:
-        """The paper's metrics (:func:`~flowgym.sim.metrics.compute_metrics`) plus :meth:`serving_metrics`."""
-        m = compute_metrics(self.request_log(), Engine.series(self), self.M)
+        """The paper's metrics over the steps run so far (:func:`~flowgym.sim.metrics.metrics_at`) plus
+        :meth:`serving_metrics`."""
+        m = metrics_at(self.request_log(), self.series(), self.M, self.t)
         m.update(self.serving_metrics())
         return m
 
