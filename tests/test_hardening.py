@@ -1478,3 +1478,33 @@ def test_vllm_generated_tokens_are_the_sampled_ones():
         m = env.metrics()
         assert m["T"] == steps and m["generated_token_throughput"] * m["T"] == pytest.approx(3.0)
     assert env.series()["generated"].tolist() == [0, 0, 1, 1, 1]
+
+
+def test_metrics_and_sketch_refuse_what_they_would_misread():
+    """metrics_at(T=-1) sliced the last slots (T reported 199), T=100.0 gave a raw slice TypeError, True was 1;
+    compute_metrics(M=0) divided by zero; QuantileSketch(integers=True) truncated 1.7 to 1, and text gave numpy's
+    raw error."""
+    from flowgym.envs.flow_control import FlowControlEnv
+    from flowgym.sim.metrics import compute_metrics, metrics_at
+    from flowgym.sim.streaming import QuantileSketch
+
+    env = FlowControlEnv(M=16492, horizon=200)
+    env.reset(seed=0)
+    for _ in range(200):
+        env.step(12)
+    log, s = env.request_log(), env.series()
+    assert metrics_at(log, s, 16492, np.int64(100))["T"] == 100
+    for bad in (-1, -150, 100.0, True):
+        with pytest.raises(ValueError, match=r"^T must be a whole number of slots >= 0, got "):
+            metrics_at(log, s, 16492, bad)
+    for bad in (0, -5, 1.5, True):
+        with pytest.raises(ValueError, match=r"^M \(the KV budget, tokens\) must be a positive integer"):
+            compute_metrics(log, s, bad)
+    sk = QuantileSketch(integers=True)
+    with pytest.raises(ValueError, match="counts integers"):
+        sk.add(np.array([1.7, 2.2]))
+    for bad in (["a"], [[1, 2], [3, 4]], np.array([1, "x"], dtype=object), np.array([True])):
+        with pytest.raises(ValueError, match="one-dimensional array of numbers"):
+            sk.add(bad)
+    sk.add(np.array([1.0, 3.0]))  # whole floats are integers
+    assert sk.count == 2 and sk.quantile(0.5) == 2.0
