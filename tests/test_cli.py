@@ -303,7 +303,9 @@ def test_a_horizon_past_a_trace_s_end_is_noted(tmp_path, capsys):
                                     'workload = {kind = "trace", path = "tr.csv"}\n[[agents]]\nname = "mc"\n')
     assert main(["compare", "--scenario", path, "--seeds", "1", "--no-plots", "--quiet",
                  "--out", str(tmp_path / "o")]) == 0
-    assert "every episode ended before T=1000" in capsys.readouterr().err
+    err = capsys.readouterr().err
+    assert "every episode ended before T=1000 (the workload ran out of requests): a row there is its whole run's" in err
+    assert "T=5" not in err
 
 
 def test_claims_file_typos_are_refused(tmp_path, capsys):

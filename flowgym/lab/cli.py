@@ -277,11 +277,13 @@ def _compare(args: argparse.Namespace) -> int:
     table.tuned = tuned
     print(table.format(wide=args.wide))
     if horizons is not None:
-        empty = [h for h in horizons if not any(r["horizon"] == h for r in table.rows)]
-        if empty:  # a finite workload (a trace) that ended before these horizons: say why their rows are NaN
-            print(f"note: every episode ended before T={', '.join(map(str, empty))} (the workload ran out of "
-                  "requests), so those rows are empty (nan); set finite = true in the scenario to run it to its end",
-                  file=sys.stderr)
+        for h in horizons:  # a finite workload (a trace) that ended before a horizon: its rows there are whole runs
+            at = [r for r in table.rows if r["horizon"] == h]
+            ended = sum(1 for r in at if r["T"] < h)
+            if ended:
+                who = "every episode" if ended == len(at) else f"{ended} of {len(at)} episodes"
+                print(f"note: {who} ended before T={h} (the workload ran out of requests): a row there is its "
+                      "whole run's; set finite = true in the scenario to run it to its end", file=sys.stderr)
     bound_rows = None
     if args.bound:  # the requests of one more episode per seed, of the line-up's first agent
         from flowgym.lab.evaluation import format_lower_bounds, lower_bounds
