@@ -516,7 +516,9 @@ def evaluate(
 
     Returns a :class:`ResultTable` with one row per (agent, seed, horizon).
     ``horizons=None`` runs every episode to the end of its finite workload
-    (rows then have ``horizon`` ``None``). Agents with the same label are an
+    (rows then have ``horizon`` ``None``); an episode of a finite workload that
+    drains before a horizon has there its whole run's row (what a run with that
+    horizon gives; its ``T`` says how long it ran). Agents with the same label are an
     error (their rows would mix). ``backend`` (``"serial"``, ``"process"``, ``"ray"`` or a
     :class:`flowgym.lab.parallel.Backend`) runs the (agent, seed) cells; the table is the
     same on every backend.
