@@ -409,15 +409,20 @@ class VllmEngine(Engine):
         too_long = _ceil_div(l + o - 1 + la, bs) > self.num_blocks
         if opts.admission != "blocks":  # count mode starts the heads with no block or watermark check
             return too_long
-        # admission by blocks must also fit below the watermark in an empty cache (vLLM V0's AllocStatus.NEVER):
-        # the blocks of the first chunk of prompt (of the whole prompt with reserve_full_prompt)
+        # admission by blocks must also fit below the watermark in an empty cache (vLLM V0's AllocStatus.NEVER)
+        return too_long | (self._empty_cache_blocks(l) > self.num_blocks - self.watermark_blocks)
+
+    def _empty_cache_blocks(self, ntok: Any) -> Any:
+        """Blocks that admitting a request of ``ntok`` tokens to compute (a prompt, or a recompute's ``l + j``)
+        takes in an empty cache: those of its first chunk, or of all ``ntok`` with ``reserve_full_prompt``."""
+        opts = self.options
         if opts.reserve_full_prompt:
-            first = l
+            first = ntok
         else:
-            first = np.minimum(l, self._thr) if self._thr else l
+            first = np.minimum(ntok, self._thr) if self._thr else ntok
             if opts.chunked_prefill:
                 first = np.minimum(first, self._tok_cap)
-        return too_long | (_ceil_div(first + la, bs) > self.num_blocks - self.watermark_blocks)
+        return _ceil_div(first + self.lookahead, self.block_size)
 
     # ------------------------------------------------------------------ queue
 
@@ -426,11 +431,7 @@ class VllmEngine(Engine):
         more blocks in an empty cache than the watermark leaves: :meth:`_on_sample`'s rejection test, which an
         arrival passed, applied to ``l + j``. vLLM V0 drops such a request (``AllocStatus.NEVER``); here it stays
         at the head, and admission stops behind it for good."""
-        opts, bs, la = self.options, self.block_size, self.lookahead
-        first = ntok if opts.reserve_full_prompt else (min(ntok, self._thr) if self._thr else ntok)
-        if not opts.reserve_full_prompt and opts.chunked_prefill:
-            first = min(first, self._tok_cap)
-        need = -(-(first + la) // bs)
+        need = int(self._empty_cache_blocks(ntok))
         if need > self.num_blocks - self.watermark_blocks:
             import warnings
 
