@@ -301,7 +301,7 @@ class MultiClassPoisson(Workload):
             self.rates = np.asarray([_rate(f"rates[{k}]", r) for k, r in enumerate(rl)])
         else:
             self.rates = np.full(m, _rate("rates", rates))
-        _check_chunk_load("rates", float(self.rates.sum()), CHUNK_SLOTS, "slot")
+        _check_chunk_load("rates", self.peak_rate(), CHUNK_SLOTS, "slot")
 
     @property
     def stationary(self) -> bool:
@@ -322,6 +322,10 @@ class MultiClassPoisson(Workload):
 
     def arrival_rate(self) -> float:
         return float(self.rates.sum())
+
+    def peak_rate(self) -> float:
+        """The highest arrival rate (per slot): the mean one, as every class's rate is constant."""
+        return self.arrival_rate()
 
     def class_work(self) -> np.ndarray:
         """``w_k`` of every class."""
@@ -624,7 +628,7 @@ class IIDPoisson(Workload):
         self.n_requests = None if n_requests is None else _positive_int("n_requests", n_requests)
         if self.n_requests is not None and self.n_requests > MAX_COUNT:
             raise ValueError(f"n_requests {n_requests!r} is too large (at most {MAX_COUNT})")
-        _check_chunk_load("rate", self.schedule.peak(), CHUNK_SECONDS if timed else CHUNK_SLOTS,
+        _check_chunk_load("rate", self.peak_rate(), CHUNK_SECONDS if timed else CHUNK_SLOTS,
                           "second" if timed else "slot")
         self.finite = self.n_requests is not None
         self.timed = bool(timed)
@@ -659,6 +663,10 @@ class IIDPoisson(Workload):
 
     def arrival_rate(self) -> float:
         return self.rate
+
+    def peak_rate(self) -> float:
+        """The highest arrival rate of the schedule (per slot, or per second when timed)."""
+        return self.schedule.peak()
 
     @property
     def stationary(self) -> bool:
@@ -717,7 +725,7 @@ class Mixture(Workload):
     def __init__(self, streams: Sequence[Workload | Mapping[str, Any]]) -> None:
         if isinstance(streams, (str, Mapping)) or not isinstance(streams, (Sequence, np.ndarray)) or len(streams) == 0:
             raise ValueError("streams must be a non-empty list of workloads (e.g. {'kind': 'iid', ...})")
-        made: list[Workload] = []
+        made: list[MultiClassPoisson | IIDPoisson] = []
         for k, spec in enumerate(streams):
             try:
                 w = make_workload(spec)
@@ -733,7 +741,7 @@ class Mixture(Workload):
             raise ValueError("streams must all be in slots or all timed (arrivals in seconds), not a mix of both")
         self.streams = made
         self.timed = made[0].timed
-        peak = sum(w.schedule.peak() if isinstance(w, IIDPoisson) else float(w.rates.sum()) for w in made)
+        peak = sum(w.peak_rate() for w in made)  # each stream is one of the two endless Poisson kinds (checked)
         _check_chunk_load("streams (their rates together)", peak, CHUNK_SECONDS if self.timed else CHUNK_SLOTS,
                           "second" if self.timed else "slot")
         self.chunk_span = made[0].chunk_span
