@@ -1446,3 +1446,46 @@ def test_the_smoothing_experiment_averages_the_unrounded_budget():
     _, _, v1 = sm._job(("H4-short-phases", "tau=1", 0, {}))
     _, _, v0 = sm._job(("H4-short-phases", "ars9", 0, {}))
     assert v1 == v0 != v  # tau 1 plays the environment's budgets exactly; tau 4 other ones
+
+
+def test_the_estimator_experiment_computes_each_estimate_of_the_work():
+    """benchmarks/learned_experiments/estimator.py: on one length pair ``(l, o)`` the corrected and the direct
+    estimates of ``E[w]`` are ``l o + o (o + 1) / 2`` exactly and the package's is ``l o + o^2 / 2`` (its known
+    bias); on a mix, the direct one is the decayed mean of the completed requests' own ``w``; the package's
+    estimator is back after a job."""
+    import gymnasium as gym
+
+    from flowgym.sim.estimators import LoadTracker
+
+    ex = _experiment("estimator")
+    one = {"kind": "poisson", "classes": [[10, 20]], "rates": 0.5}
+    mix = {"kind": "poisson", "classes": [[10, 20], [30, 90]], "rates": [0.3, 0.1]}
+    try:
+        LoadTracker._observe = ex._observe
+        got = {}
+        for kind in ex.ESTIMATES:
+            LoadTracker._work_now = ex._work(kind)
+            for name, wl in (("one", one), ("mix", mix)):
+                env = gym.make("FlowControl-v0", workload=wl, horizon=600, observation="load-v2", max_budget=64)
+                env.reset(seed=3)
+                tracker, eng = env.unwrapped.tracker, env.unwrapped.engine
+                for _ in range(600):
+                    env.step(8)
+                got[kind, name] = tracker.work
+        # the direct estimate by hand on the mix: every completion's w, decayed per decision point
+        log, d = env.unwrapped.request_log(), tracker._d
+        done = log["finish"] >= 0
+        w = log["prompt_len"] * log["output_len"] + log["output_len"] * (log["output_len"] + 1) / 2
+        age = eng.t - log["finish"][done]
+        by_hand = float(np.sum(w[done] * (1 - d) ** age) / np.sum((1 - d) ** age))
+    finally:
+        LoadTracker._observe, LoadTracker._work_now = ex._OBSERVE, ex._WORK_NOW
+    assert got["corrected", "one"] == pytest.approx(10 * 20 + 20 * 21 / 2)
+    assert got["direct", "one"] == pytest.approx(10 * 20 + 20 * 21 / 2)
+    assert got["moments", "one"] == pytest.approx(10 * 20 + 20 * 20 / 2)
+    assert got["direct", "mix"] == pytest.approx(by_hand, rel=1e-9)
+    assert got["moments", "mix"] < got["corrected", "mix"]
+    assert LoadTracker._work_now is ex._WORK_NOW and LoadTracker._observe is ex._OBSERVE
+    _, rule, v = ex._job(("H4-short-phases", "direct", "safe k=1", 7000, {}))
+    assert rule == "safe k=1 [direct]" and math.isfinite(v) and v > 0
+    assert LoadTracker._work_now is ex._WORK_NOW and LoadTracker._observe is ex._OBSERVE
