@@ -130,13 +130,15 @@ class ScheduledBudget(Agent):
     name = "schedule"
 
     def __init__(self, times: Sequence[float], budgets: Sequence[int], period: float | None = None) -> None:
-        if not isinstance(times, (Sequence, np.ndarray)) or isinstance(times, str) or any(
-                isinstance(x, (bool, np.bool_)) or not isinstance(x, (int, float, np.integer, np.floating)) for x in times):
+        if (not isinstance(times, (Sequence, np.ndarray)) or isinstance(times, str)
+                or (isinstance(times, np.ndarray) and times.ndim != 1) or any(
+                isinstance(x, (bool, np.bool_)) or not isinstance(x, (int, float, np.integer, np.floating)) for x in times)):
             raise ValueError(f"times must be a list of numbers (slots or seconds), got {times!r}")
         if not all(-1e15 <= x <= 1e15 for x in times):  # before float(): no float(10**400); nan and inf fail it
             raise ValueError(f"times must start at 0 and increase strictly, each finite and at most 1e15, got {times!r}")
         ts = [float(x) for x in times]
-        if isinstance(budgets, str) or not isinstance(budgets, (Sequence, np.ndarray)):
+        if (isinstance(budgets, str) or not isinstance(budgets, (Sequence, np.ndarray))
+                or (isinstance(budgets, np.ndarray) and budgets.ndim != 1)):
             raise ValueError(f"budgets must be a list of non-negative integers, got {budgets!r}")
         bs = list(budgets)
         if not ts or len(ts) != len(bs):

@@ -85,8 +85,9 @@ class Agent:
         return self.config.max_budget if own is None else min(int(own), self.config.max_budget)
 
     def label(self) -> str:
-        """Name with parameters, for tables: two agents that differ in a parameter differ in label (a comparison
-        refuses two rows of one label)."""
+        """Name with parameters, for tables. Numbers are written to 6 significant digits (``:g``), so two agents
+        whose parameters differ beyond that share a label; a comparison refuses two rows of one label (give each
+        its own with ``label=``)."""
         return self.name + self._max_budget_label()
 
     def _max_budget_label(self) -> str:

@@ -139,10 +139,7 @@ class GuaranteedNoEvict(Agent):
     name = "trt-no-evict"
 
     def __init__(self, max_num_requests: int | None = None, max_budget: int | None = None) -> None:
-        if max_num_requests is not None and (isinstance(max_num_requests, bool) or not isinstance(max_num_requests, int)
-                                             or max_num_requests < 1):
-            raise ValueError(f"max_num_requests must be a positive integer or None, got {max_num_requests!r}")
-        self.max_num_requests = max_num_requests
+        self.max_num_requests = None if max_num_requests is None else int_param("max_num_requests", max_num_requests, 1)
         self.max_budget = None if max_budget is None else int_param("max_budget", max_budget, 1)
         self.requires = {"max_budget": DEFAULT_REQUEST if self.max_budget is None else self.max_budget}
 

@@ -132,7 +132,7 @@ def test_random_budget_cap_equal_to_b_is_allowed_and_always_b():
         (lambda: FixedBudget(-1), r"b must be an integer from 0 to 1e\+09, got -1"),
         (lambda: RateSwitch(low=-1), r"low must be an integer from 0 to 1e\+09, got -1"),
         (lambda: RateSwitch(high=-1), r"high must be an integer from 0 to 1e\+09, got -1"),
-        (lambda: RateSwitch(threshold=-0.5), r"threshold \(arrivals per slot\) must be a non-negative number"),
+        (lambda: RateSwitch(threshold=-0.5), r"threshold \(arrivals per slot, or per second in continuous time\) must be a non-negative"),
         (lambda: RandomBudget(low=-1, high=3), r"low must be an integer from 0 to 1e\+09, got -1"),
         (lambda: RandomBudget(low=4, high=3), "need 0 <= low <= high, got low=4, high=3"),
         (lambda: AlphaProtectionGreedy(alpha=1.0), r"alpha must be in \[0, 1\), got 1.0"),

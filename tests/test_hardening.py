@@ -732,7 +732,7 @@ def test_agent_variants_get_distinct_labels_and_a_label_key():
     ("safe-budget", {"k": 10**400}, r"k must be a positive finite number \(at most 1e\+12\)"),
     ("safe-budget", {"k": 1e308}, r"k must be a positive finite number \(at most 1e\+12\)"),
     ("two-anchor", {"k_rate": 1e308}, r"k_rate must be a positive finite number"),
-    ("rate-switch", {"threshold": 10**400}, r"threshold \(arrivals per slot\) must be a non-negative number"),
+    ("rate-switch", {"threshold": 10**400}, r"threshold \(arrivals per slot, or per second in continuous time\) must be a non-negative"),
     ("sglang-reserve", {"min_new_token_ratio_factor": 1.5}, r"min_new_token_ratio_factor must be a positive number \(at most 1\)"),
     ("rate-switch", {"high": -1}, r"^agent 'rate-switch': high must be an integer"),
 ])
@@ -758,6 +758,67 @@ def test_check_hostable_names_the_agent_when_its_environment_cannot_be_built():
           "per_class_budget": True, "output_length_known": True}
     with pytest.raises(ValueError, match=r"^agent 'safe-budget k=2' cannot run on this scenario: action='multiplier'"):
         check_hostable(make_agent("safe-budget"), kw)
+
+
+
+def test_an_agents_option_given_as_a_list_by_the_scenario_is_the_same_option(tmp_path):
+    """A scenario file writes ``multipliers`` as a list, the agent asks for a tuple (and a learned model for a
+    list): the same values are no conflict; other values still are, named."""
+    from flowgym.agents import make_agent
+    from flowgym.lab.evaluation import env_for
+
+    kw = {"M": 2000, "workload": {"kind": "poisson", "classes": [[10, 20]], "rates": 0.3}, "action": "multiplier",
+          "multipliers": [2.0]}
+    assert tuple(env_for(make_agent("safe-budget", k=2.0), kw, 10).config.multipliers) == (2.0,)
+    with pytest.raises(ValueError, match=r"needs multipliers=\(1.5,\) but the scenario sets multipliers=\[2.0\]"):
+        env_for(make_agent("safe-budget", k=1.5), kw, 10)
+    learned = make_agent("learned")
+    mult = tuple(learned.env_options()["multipliers"])
+    two = {**kw, "action": "log-multiplier", "multipliers": mult, "multiplier_of": "max-head", "observation": "load-v2"}
+    assert tuple(env_for(learned, two, 10).config.multipliers) == mult
+    path = tmp_path / "ms.toml"
+    path.write_text(_TINY.format(desc="x").replace('name = "mc"', 'name = "safe-budget"\nparams = {k = 2.0}')
+                    .replace("horizon = 60", 'horizon = 60\naction = "multiplier"\nmultipliers = [2.0]'))
+    from flowgym.lab.cli import main
+
+    assert main(["compare", "--scenario", str(path), "--seeds", "1", "--horizons", "30", "--no-plots", "--quiet",
+                 "--out", str(tmp_path / "out")]) == 0
+
+
+def test_evaluate_refuses_an_agent_whose_first_action_the_scenario_cannot_take_before_any_run():
+    """Per-class budgets for two classes on a three-class workload: refused naming the agent before the first
+    episode (as ``flowgym compare`` does), not inside an episode after the other agents ran."""
+    from flowgym.agents import FlowControl, MemoryCheck
+    from flowgym.lab.evaluation import evaluate
+
+    kw = {"M": 1500, "workload": {"kind": "poisson", "classes": [[10, 20], [10, 40], [10, 60]], "rates": 0.3},
+          "output_length_known": True}
+    ran = []
+
+    class Counting(MemoryCheck):
+        def reset(self, config, seed=None):
+            ran.append(seed)
+            super().reset(config, seed=seed)
+
+    with pytest.raises(ValueError, match=r"^agent 'flow-control b=\(4, 4\)' cannot run on this scenario"):
+        evaluate([Counting(), FlowControl(b=[4, 4])], kw, seeds=[0, 1], horizons=[300])
+    assert ran == [0]  # the check's one step, no episode
+
+
+def test_agent_constructors_name_a_zero_dimensional_or_huge_parameter():
+    from flowgym.agents import ScheduledBudget
+    from flowgym.agents.production import GuaranteedNoEvict
+
+    with pytest.raises(ValueError, match="^times must be a list"):
+        ScheduledBudget(times=np.array(0), budgets=[1])
+    with pytest.raises(ValueError, match="^budgets must be a list"):
+        ScheduledBudget(times=[0], budgets=np.array(3))
+    assert ScheduledBudget(times=np.array([0, 5]), budgets=np.array([3, 4])).label() == "schedule 0:3,5:4"
+    with pytest.raises(ValueError, match="^max_num_requests must be an integer from 1 to 1e"):
+        GuaranteedNoEvict(max_num_requests=10**100)
+    with pytest.raises(ValueError, match="^max_num_requests must be an integer"):
+        GuaranteedNoEvict(max_num_requests=0)
+    assert GuaranteedNoEvict(max_num_requests=np.int64(4)).label() == "trt-no-evict n=4"
 
 
 # --------------------------------------------------------------------------- the lab layer (CLI, files, outputs)

@@ -265,7 +265,7 @@ def test_sglang_reads_at_most_max_budget_heads_and_returns_0_on_an_empty_queue()
 # --------------------------------------------------------------------------- TensorRT-LLM
 
 
-@pytest.mark.parametrize("bad", [0, -2, 1.0, True, "3"])
+@pytest.mark.parametrize("bad", [0, -2, 1.5, True, "3", 10**100, float("nan")])
 def test_trt_max_num_requests_must_be_a_positive_integer_or_none(bad):
     with pytest.raises(ValueError, match="max_num_requests"):
         GuaranteedNoEvict(max_num_requests=bad)

@@ -19,7 +19,7 @@ import math
 import sys
 import threading
 import time
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -176,13 +176,22 @@ def env_for(agent: Any, env_kwargs: dict[str, Any], horizon: int | None) -> Flow
     for key, value in agent.env_options().items():
         if key == "max_budget":
             kw["max_budget"] = max(int(kw.get("max_budget", FlowControlConfig.max_budget)), int(value))
-        elif key in kw and kw[key] != value:
+        elif key in kw and _plain(kw[key]) != _plain(value):  # a scenario file's list is the agent's tuple
             raise ValueError(
                 f"agent {agent.label()!r} needs {key}={value!r} but the scenario sets {key}={kw[key]!r}"
             )
         else:
             kw[key] = value
     return capped_env(kw)
+
+
+def _plain(value: Any) -> Any:
+    """``value`` with every list and tuple in it a tuple (and every mapping's values so), for comparing options."""
+    if isinstance(value, (list, tuple)):
+        return tuple(_plain(v) for v in value)
+    if isinstance(value, Mapping):
+        return {k: _plain(v) for k, v in value.items()}
+    return value
 
 
 def check_hostable(agent: Any, env_kwargs: dict[str, Any]) -> None:
@@ -541,7 +550,7 @@ def evaluate(
         hs = sorted({int(h) for h in horizons})
     seeds = _check_seeds(seeds)
     for agent, _ in items:  # bad input (an agent the scenario cannot host) fails here, before any run
-        env_for(build_agent(agent) if isinstance(agent, AgentSpec) else agent, env_kwargs, hs[-1])
+        check_hostable(build_agent(agent) if isinstance(agent, AgentSpec) else agent, env_kwargs)
     work = episode_work(env_kwargs, hs[-1])
     bar = progress if isinstance(progress, Progress) else Progress(len(items) * len(seeds) * work, bool(progress))
     cells = [EpisodeCell(agent, label, env_kwargs, int(seed), hs, keep_kv_usage and k == 0)
