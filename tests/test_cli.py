@@ -351,3 +351,34 @@ def test_run_refuses_a_seed_for_a_trace(tmp_path, capsys):
     assert main(["run", "--trace", str(p), "--budget", "2", "--json"]) == 0
     got = json.loads(capsys.readouterr().out)
     assert got["seed"] == 0 and got["not_arrived"] == 0 and got["completed"] == 2
+
+
+def test_train_names_its_default_folder_after_a_scenario_file_on_every_algorithm(tmp_path, monkeypatch):
+    """``flowgym train --scenario my.toml`` writes ``runs/ppo-my`` (the README's example), as ``--algo ars`` writes
+    ``runs/ars-my``, whatever the file's ``name``; a built-in scenario's folder is its name."""
+    import flowgym.agents.learned as learned_mod
+    import flowgym.lab.ars as ars_mod
+    import flowgym.lab.train as train_mod
+
+    class Stop(Exception):
+        pass
+
+    outs = []
+
+    def capture(cfg):
+        outs.append(cfg.out)
+        raise Stop
+
+    monkeypatch.setattr(train_mod, "train", capture)
+    monkeypatch.setattr(ars_mod, "train_ars", capture)
+    monkeypatch.setattr(learned_mod, "require_sb3", lambda *a, **k: None)
+    monkeypatch.chdir(tmp_path)
+    from flowgym.lab import _toml
+    from flowgym.lab.scenarios import get_scenario
+
+    (tmp_path / "my.toml").write_text(_toml.dumps(get_scenario("adaptive-mix").to_dict()))  # name "adaptive-mix"
+    for argv in (["--scenario", "my.toml"], ["--scenario", "my.toml", "--algo", "ars"],
+                 ["--scenario", "adaptive-switch"]):
+        with pytest.raises(Stop):
+            main(["train", *argv, "--quiet", "--no-plots"])
+    assert outs == ["runs/ppo-my", "runs/ars-my", "runs/ppo-adaptive-switch"]

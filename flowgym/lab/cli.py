@@ -577,6 +577,15 @@ def _int_list(flag: str, minimum: int, example: str) -> Any:
 _net_arch = _int_list("--net-arch", 1, "64,64")
 
 
+def _run_dir(algo: str, scenario: Any) -> str:
+    """``flowgym train``'s default folder for a model of one scenario: ``runs/<algo>-<name>``, the name a built-in
+    scenario's or a scenario file's without its folder and extension (``my.toml`` -> ``runs/ppo-my``), on every
+    algorithm."""
+    import os
+
+    return f"runs/{algo}-{os.path.splitext(os.path.basename(str(scenario)))[0]}"
+
+
 def _trained_on(cfg: Any) -> str:
     """What a training configuration trains on, for the first line of ``flowgym train``."""
     if cfg.distribution is None:
@@ -636,7 +645,7 @@ def _train_ars(args: argparse.Namespace) -> int:
         kw["distribution"] = args.distribution
     if "out" not in kw:
         kw["out"] = "runs/ars-generalist" if kw.get("distribution", "random-mix") is not None else \
-            f"runs/ars-{os.path.splitext(os.path.basename(str(kw.get('scenario', 'adaptive-mix'))))[0]}"
+            _run_dir("ars", kw.get("scenario", "adaptive-mix"))
     cfg = ARSConfig(**kw)
     cfg.validate()
     _writable_dir("--out", cfg.out)
@@ -678,9 +687,7 @@ def _train(args: argparse.Namespace) -> int:
     if dist == "none" or (dist is None and args.scenario is not None):  # train on the scenario itself
         kw.setdefault("scenario", "adaptive-mix")
         if kw.get("out") is None:
-            from flowgym.lab.scenarios import get_scenario
-
-            kw["out"] = f"runs/{args.algo}-{get_scenario(kw['scenario'], rate=args.rate).name}"
+            kw["out"] = _run_dir(args.algo, kw["scenario"])
         cfg = TrainConfig(**kw)
     else:  # the generalist: a distribution of workloads, reported zero-shot on the scenario
         if dist is not None:
@@ -1007,7 +1014,8 @@ def build_parser() -> argparse.ArgumentParser:
                    help=f"(ars) evaluate every N updates on the fixed draws; the best is kept (default {a.eval_every})")
     t.add_argument("--norm-draws", type=int, default=None,
                    help=f"(ars) draws that set the observation normalisation (default {a.norm_draws})")
-    t.add_argument("--out", default=None, help="output directory (default runs/<algo>-<scenario>)")
+    t.add_argument("--out", default=None, help="output directory (default runs/<algo>-<scenario>: the scenario's name, or its file's without the "
+                   "extension; runs/ars-generalist for the generalist)")
     t.add_argument("--no-plots", action="store_true", help="skip curves.png")
     t.add_argument("--quiet", action="store_true", help="no progress bar")
     t.set_defaults(func=_train)
