@@ -99,8 +99,8 @@ class RateSwitch(Agent):
     changes; this is the simplest one a person can tune, a reference for learned
     budgets. It reads only the observation's ``arrival_rate`` (the moving average
     of arrivals per slot, time constant ``rate_window``; per second in continuous time, and so
-    is ``threshold``), so it needs the ``dict`` observation. On a shifting request mix (``adaptive-mix``: many short chat turns,
-    then fewer long generations) a high rate means short requests (a large budget
+    is ``threshold``), so it needs the ``dict`` observation. On a shifting request mix
+    (``adaptive-mix``: many short chat turns, then fewer long generations) a high rate means short requests (a large budget
     keeps up with them) and a low one long requests (a small budget keeps their
     admissions from overflowing the cache).
     """
@@ -111,8 +111,8 @@ class RateSwitch(Agent):
         high, low = int_param("high", high), int_param("low", low)
         if (isinstance(threshold, (bool, np.bool_)) or not isinstance(threshold, (int, float, np.integer, np.floating))
                 or not 0 <= threshold <= 1e12):  # the range before float(): no float(10**400); nan fails it
-            raise ValueError(f"threshold (arrivals per slot, or per second in continuous time) must be a non-negative number (at most 1e12), "
-                             f"got {threshold!r}")
+            raise ValueError(f"threshold (arrivals per slot, or per second in continuous time) must be a non-negative "
+                             f"number (at most 1e12), got {threshold!r}")
         thr = float(threshold)
         self.high, self.low, self.threshold = int(high), int(low), thr
         self.requires = {"eviction": "lifo", "observation": "dict", "max_budget": max(1, self.high, self.low)}

@@ -578,9 +578,9 @@ _net_arch = _int_list("--net-arch", 1, "64,64")
 
 
 def _run_dir(algo: str, scenario: Any) -> str:
-    """``flowgym train``'s default folder for a model of one scenario: ``runs/<algo>-<name>``, the name a built-in
-    scenario's or a scenario file's without its folder and extension (``my.toml`` -> ``runs/ppo-my``), on every
-    algorithm."""
+    """``flowgym train``'s default folder for a model of one scenario, on every algorithm: ``runs/<algo>-<name>``,
+    with a built-in scenario's name or a scenario file's name without its folder and extension (``my.toml`` ->
+    ``runs/ppo-my``)."""
     import os
 
     return f"runs/{algo}-{os.path.splitext(os.path.basename(str(scenario)))[0]}"
@@ -1014,8 +1014,8 @@ def build_parser() -> argparse.ArgumentParser:
                    help=f"(ars) evaluate every N updates on the fixed draws; the best is kept (default {a.eval_every})")
     t.add_argument("--norm-draws", type=int, default=None,
                    help=f"(ars) draws that set the observation normalisation (default {a.norm_draws})")
-    t.add_argument("--out", default=None, help="output directory (default runs/<algo>-<scenario>: the scenario's name, or its file's without the "
-                   "extension; runs/ars-generalist for the generalist)")
+    t.add_argument("--out", default=None, help="output directory (default runs/<algo>-<scenario>: the scenario's "
+                   "name, or its file's without the extension; runs/ars-generalist for the generalist)")
     t.add_argument("--no-plots", action="store_true", help="skip curves.png")
     t.add_argument("--quiet", action="store_true", help="no progress bar")
     t.set_defaults(func=_train)
