@@ -165,3 +165,39 @@ def test_table_cells_round_mean_and_ci_alike():
     assert _cell(0.98213, 0.00012) == "0.982 ± 0.000"
     assert _cell(7.0, float("nan")) == "7"
     assert _cell(float("nan"), float("nan")) == "nan"
+
+
+def test_bands_stop_at_zero_and_agents_without_a_value_are_named(tmp_path, figures):
+    """A wide interval on a count does not draw a band below 0; an agent whose metric has no value (no request
+    finished) is named in the panel; a band is drawn where its interval is known even if one horizon's is not; a
+    single horizon stays in view when no agent has a value."""
+    from flowgym.lab.plots import plot_metrics_bars, plot_metrics_vs_horizon
+    from flowgym.sim.metrics import METRIC_NAMES
+
+    def row(agent, T, seed, v):
+        return {**{m: v for m in METRIC_NAMES}, "agent": agent, "horizon": T, "seed": seed}
+
+    rows = []
+    for T in (100, 200, 300):
+        rows += [row("wide", T, 0, 1.0), row("wide", T, 1, 90.0)]  # mean 45.5, CI far beyond it
+        rows += [row("none", T, s, float("nan")) for s in (0, 1)]
+        rows += [row("gap", T, 0, 10.0), row("gap", T, 1, 20.0 if T != 200 else float("nan"))]
+    plot_metrics_vs_horizon(ResultTable(rows, ["wide", "none", "gap"], [100, 200, 300], [0, 1]),
+                            str(tmp_path / "m.png"))
+    ax = figures[0].axes[3]  # evictions, symlog
+    bands = [c for c in ax.collections if hasattr(c, "get_paths")]
+    lows = [min(p.vertices[:, 1].min() for p in b.get_paths()) for b in bands]
+    assert len(bands) == 2 and min(lows) >= 0.0  # "wide" and "gap" (its known horizons), none below 0
+    assert any("no value: none" in t.get_text() for t in ax.texts)
+    one = [r for r in rows if r["horizon"] == 100 and r["agent"] == "none"]
+    plot_metrics_vs_horizon(ResultTable(one, ["none"], [100], [0, 1]), str(tmp_path / "s.png"))
+    lo, hi = figures[1].axes[0].get_xlim()
+    assert lo < 100 < hi and any("no value: none" in t.get_text() for t in figures[1].axes[0].texts)
+    ends = [{**r, "horizon": None} for r in rows if r["horizon"] == 100]  # runs to the end of a workload
+    plot_metrics_bars(ResultTable(ends, ["wide", "none", "gap"], [None], [0, 1]), str(tmp_path / "b.png"))
+    bar_ax = figures[2].axes[0]
+    assert any("no value: none" in t.get_text() for t in bar_ax.texts)
+    segments = [np.asarray(seg).reshape(-1, 2) for c in bar_ax.collections
+                for seg in getattr(c, "get_segments", lambda: [])()]
+    whisker_lows = [seg[:, 1].min() for seg in segments if seg.size]
+    assert whisker_lows and min(whisker_lows) >= 0.0

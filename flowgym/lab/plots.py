@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import Any
 
 import numpy as np
@@ -55,32 +56,58 @@ def _title(fig: Any, title: str) -> None:
         fig.suptitle("\n".join(textwrap.wrap(title, 110)), fontsize=9)
 
 
+def _ci_whiskers(y: np.ndarray, ci: np.ndarray) -> np.ndarray:
+    """Error bars ``[below, above]`` for means ``y`` with 95% half-widths ``ci``: none where either is unknown, and
+    never below 0 (every metric drawn is a count, a time or a rate)."""
+    ok = np.isfinite(y) & np.isfinite(ci)
+    up = np.where(ok, ci, 0.0)
+    return np.vstack([np.where(ok, np.minimum(ci, np.maximum(y, 0.0)), 0.0), up])
+
+
+def _note_empty(ax: Any, agents: Sequence[str]) -> None:
+    """Say in the panel which agents have no value there (no request finished: the metric is undefined), rather than
+    leave them out without a word."""
+    if agents:
+        ax.text(0.01, 0.99, "no value: " + ", ".join(agents), transform=ax.transAxes, va="top", ha="left", fontsize=7,
+                color="0.3")
+
+
 def plot_metrics_vs_horizon(table: ResultTable, path: str, title: str = "") -> None:
     """Six metrics against the horizon (time in system first), one line per agent, 95% CI bands.
 
-    With a single horizon each agent is a point with a 95% CI error bar.
+    With a single horizon each agent is a point with a 95% CI error bar. Bands and bars stop at 0 (no metric
+    drawn can be negative); an agent with no value in a panel (no request finished) is named there.
     """
     plt = _plt()
     summ = table.summary()
     fig, axes = plt.subplots(2, 3, figsize=(16, 8))
     single = len(table.horizons) == 1
     for ax, (metric, text, kind) in zip(axes.flat, PANELS):
+        empty = []
         for i, agent in enumerate(table.agents):
             rows = [r for r in summ if r["agent"] == agent]
             x = np.array([r["horizon"] for r in rows], dtype=np.float64)
-            y = np.array([r[metric] for r in rows])
-            ci = np.array([r[metric + "_ci"] for r in rows])
+            y = np.array([r[metric] for r in rows], dtype=np.float64)
+            ci = np.array([r[metric + "_ci"] for r in rows], dtype=np.float64)
             st = _style(i)
+            if not np.isfinite(y).any():
+                empty.append(agent)
             if single:
                 # agents side by side around the one horizon, so their error bars do not overlap
                 xs = x + (i - (len(table.agents) - 1) / 2) * 0.04 * max(abs(x[0]), 1.0)
-                ax.errorbar(xs, y, yerr=np.where(np.isfinite(ci), ci, 0), fmt=st["marker"], color=st["color"],
+                ax.errorbar(xs, y, yerr=_ci_whiskers(y, ci), fmt=st["marker"], color=st["color"],
                             capsize=3, ms=6, label=agent)
             else:
                 ax.plot(x, y, marker=st["marker"], ls=st["ls"], color=st["color"], ms=5, mfc="none", label=agent,
                         markevery=1)
-                if np.isfinite(ci).all():
-                    ax.fill_between(x, y - ci, y + ci, alpha=0.12, color=st["color"])
+                ok = np.isfinite(y) & np.isfinite(ci)
+                if ok.any():  # the band where the interval is known; a metric below 0 does not exist
+                    lo, hi = np.where(ok, np.maximum(y - ci, 0.0), 0.0), np.where(ok, y + ci, 0.0)
+                    ax.fill_between(x, lo, hi, where=ok, alpha=0.12, color=st["color"])
+        if single:  # the one horizon stays in view even when no agent has a value
+            h, half = table.horizons[0], 0.04 * (len(table.agents) + 1) / 2 * max(abs(table.horizons[0]), 1.0)
+            ax.set_xlim(h - half, h + half)
+        _note_empty(ax, empty)
         # in continuous time a horizon counts engine iterations and latencies are in seconds
         ax.set_xlabel("horizon T (slots)" if table.time_unit == "slot" else "horizon T (iterations)")
         ax.set_ylabel(_label(kind, text, table.time_unit), fontsize=8)
@@ -107,7 +134,9 @@ def plot_metrics_bars(table: ResultTable, path: str, title: str = "", unit: str 
     for ax, (metric, text, kind) in zip(axes.flat, PANELS):
         y = [next(r[metric] for r in summ if r["agent"] == a) for a in table.agents]
         ci = [next(r[metric + "_ci"] for r in summ if r["agent"] == a) for a in table.agents]
-        ax.bar(x, y, yerr=[c if np.isfinite(c) else 0 for c in ci], color=[f"C{i % 10}" for i in x], capsize=3)
+        ax.bar(x, y, yerr=_ci_whiskers(np.array(y, dtype=np.float64), np.array(ci, dtype=np.float64)),
+               color=[f"C{i % 10}" for i in x], capsize=3)
+        _note_empty(ax, [a for a, v in zip(table.agents, y) if not np.isfinite(v)])
         ax.set_xticks(x, table.agents, rotation=30, ha="right", fontsize=7)
         ax.set_ylabel(_label(kind, text, unit), fontsize=8)
         if kind == "count":
