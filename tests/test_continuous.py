@@ -324,6 +324,12 @@ def test_user_length_csv(tmp_path):
     bad.write_text("prompt_words,response_words\n10,20\n10,x\n")
     with pytest.raises(flowgym.TraceError, match="row 3"):
         lengths_from_csv(bad, prompt_len="prompt_words", output_len="response_words")
+    (tmp_path / "renamed.csv").write_text("prompt,response_words\n10,20\n")  # the prompt column named by its role
+    with pytest.raises(flowgym.TraceError, match=r"no column 'prompt_words' \(for prompt_len\)"):
+        lengths_from_csv(tmp_path / "renamed.csv", prompt_len="prompt_words", output_len="response_words")
+    (tmp_path / "empty.csv").write_text("prompt_words,response_words\n")
+    with pytest.raises(flowgym.TraceError, match="empty.csv' has no rows after the header"):
+        lengths_from_csv(tmp_path / "empty.csv", prompt_len="prompt_words", output_len="response_words")
 
 
 def test_timed_trace_csv_and_spec_round_trip(tmp_path):

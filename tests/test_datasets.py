@@ -57,3 +57,29 @@ def test_rate_multiplier_divides_the_gaps():
 def test_an_unknown_agent_parameter_lists_the_agents_parameters():
     with pytest.raises(ValueError, match=r"agent 'flow-control' has no parameter 'z'; its parameters: b, "):
         make_agent("flow-control", z=1)
+
+
+@pytest.mark.parametrize("rows, match", [
+    ("2023-11-16 10:00:00,-5,10\n", r"row 2: ContextTokens must be an integer from 1 to 2\*\*31 - 1, got '-5'"),
+    ("2023-11-16 10:00:00,10,1\n2023-11-16 10:00:01,100,0\n", r"row 3: GeneratedTokens must be an integer"),
+    ("2023-11-16 10:00:00,1x0,10\n", r"row 2: ContextTokens .* got '1x0'"),
+    ("2023-11-16 10:00:00,1e3,10\n", r"row 2: ContextTokens .* got '1e3'"),
+    ("2023-11-16 10:00:00,10,99999999999\n", r"row 2: GeneratedTokens .* got '99999999999'"),
+    ("2023-11-16 10:00:00,10\n", r"row 2: expected TIMESTAMP, ContextTokens, GeneratedTokens"),
+    ("2023-11-16 10:00:00,10,5\n\n", r"row 3: expected TIMESTAMP"),
+    ("yesterday,10,5\n", r"row 2: TIMESTAMP 'yesterday' is not a date and time"),
+    ("", r"no requests after the header"),
+])
+def test_build_azure_npz_names_the_row_and_column_of_a_bad_value(tmp_path, rows, match):
+    csv = tmp_path / "trace.csv"
+    csv.write_text("TIMESTAMP,ContextTokens,GeneratedTokens\n" + rows)
+    with pytest.raises(ValueError, match=match):
+        build_azure_npz(str(csv), str(tmp_path / "t.npz"))
+    assert not (tmp_path / "t.npz").exists()
+
+
+def test_build_azure_npz_names_an_empty_file(tmp_path):
+    csv = tmp_path / "empty.csv"
+    csv.write_text("")
+    with pytest.raises(ValueError, match="unexpected header"):
+        build_azure_npz(str(csv), str(tmp_path / "t.npz"))

@@ -47,18 +47,29 @@ def build_azure_npz(csv_path: str, npz_path: str) -> int:
     """Convert an Azure trace CSV (TIMESTAMP, ContextTokens, GeneratedTokens) to the package's npz form.
 
     Timestamps become float64 seconds since the first request; lengths int32.
-    Returns the row count.
+    Returns the row count. A row that is short, has a timestamp numpy cannot read or a length that is not an
+    integer from 1 to ``2**31 - 1`` raises ``ValueError`` naming the file, the row (the header is row 1) and the
+    column; so does a file with no rows.
     """
     ts, ctx, gen = [], [], []
     with open(csv_path, newline="") as fh:
         rd = csv.reader(fh)
-        header = next(rd)
+        header = next(rd, [])
         if [h.strip() for h in header[:3]] != ["TIMESTAMP", "ContextTokens", "GeneratedTokens"]:
             raise ValueError(f"{csv_path}: unexpected header {header}")
-        for row in rd:
-            ts.append(row[0].strip().replace(" ", "T"))
-            ctx.append(int(row[1]))
-            gen.append(int(row[2]))
+        for i, row in enumerate(rd, start=2):
+            if len(row) < 3:
+                raise ValueError(f"{csv_path}, row {i}: expected TIMESTAMP, ContextTokens, GeneratedTokens, got {row}")
+            stamp = row[0].strip().replace(" ", "T")
+            try:
+                np.datetime64(stamp, "ns")
+            except ValueError:
+                raise ValueError(f"{csv_path}, row {i}: TIMESTAMP {row[0]!r} is not a date and time") from None
+            ts.append(stamp)
+            ctx.append(_length(csv_path, i, "ContextTokens", row[1]))
+            gen.append(_length(csv_path, i, "GeneratedTokens", row[2]))
+    if not ts:
+        raise ValueError(f"{csv_path}: no requests after the header")
     t = np.array(ts, dtype="datetime64[ns]")
     sec = (t - t.min()).astype(np.int64) / 1e9
     order = np.argsort(sec, kind="stable")
@@ -69,6 +80,14 @@ def build_azure_npz(csv_path: str, npz_path: str) -> int:
         output_len=np.asarray(gen, dtype=np.int32)[order],
     )
     return len(ts)
+
+
+def _length(path: str, row: int, column: str, text: str) -> int:
+    """``text`` as a token count from 1 to ``2**31 - 1`` (stored as int32), else ``ValueError`` naming where."""
+    t = text.strip()
+    if not (t.isascii() and t.isdigit() and len(t) <= 12 and 1 <= int(t) <= 2**31 - 1):  # no sign, point, exponent
+        raise ValueError(f"{path}, row {row}: {column} must be an integer from 1 to 2**31 - 1, got {text!r}")
+    return int(t)
 
 
 def _load(kind: str) -> dict[str, np.ndarray]:

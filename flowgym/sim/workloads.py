@@ -1316,8 +1316,13 @@ def lengths_from_csv(path: str | os.PathLike[str], *, prompt_len: str = "prompt_
                      output_len: str = "output_len") -> EmpiricalLengths:
     """An empirical length distribution from your own CSV (e.g. LMSYS-Chat-1M word counts).
 
-    Errors name the column and the row (the header is row 1).
+    Errors name the column and the row (the header is row 1); a file with no rows is refused, naming it.
     """
-    tr = Trace.from_csv(path, arrival=prompt_len, prompt_len=prompt_len, output_len=output_len)
+    try:  # read as a trace whose arrival column is the prompt column (its order does not matter here)
+        tr = Trace.from_csv(path, arrival=prompt_len, prompt_len=prompt_len, output_len=output_len)
+    except TraceError as e:  # the prompt column is also read as "arrival": name it by its role here
+        raise TraceError(str(e).replace("(for arrival)", "(for prompt_len)")) from None
+    if not len(tr):
+        raise TraceError(f"length CSV {os.fspath(path)!r} has no rows after the header")
     pairs, counts = np.unique(np.stack([tr.prompt_len, tr.output_len], axis=1), axis=0, return_counts=True)
     return EmpiricalLengths(pairs.tolist(), counts.tolist())
