@@ -1489,3 +1489,8 @@ def test_the_estimator_experiment_computes_each_estimate_of_the_work():
     _, rule, v = ex._job(("H4-short-phases", "direct", "safe k=1", 7000, {}))
     assert rule == "safe k=1 [direct]" and math.isfinite(v) and v > 0
     assert LoadTracker._work_now is ex._WORK_NOW and LoadTracker._observe is ex._OBSERVE
+    from flowgym.agents.learned import DEFAULT_MODEL
+
+    _, rule, w = ex._job(("H4-short-phases", "moments", f"model {DEFAULT_MODEL}", 7000, {}))
+    _, _, w9 = ex._job(("H4-short-phases", "moments", "ars9", 7000, {}))
+    assert rule == f"model {DEFAULT_MODEL} [moments]" and w == w9  # a model directory plays as the shipped one

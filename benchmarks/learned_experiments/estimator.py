@@ -108,14 +108,23 @@ RULES: dict[str, Any] = {
 }
 
 
+def _agent(rule: str, rs: dict[str, Any]) -> Any:
+    """The agent of ``rule``: the tuned rate-switch, a rule of :data:`RULES`, or ``model DIR`` (a learned model)."""
+    if rule == "rate-switch (tuned)":
+        return make_agent("rate-switch", **rs)
+    if rule.startswith("model "):
+        return make_agent("learned", path=rule[len("model "):])
+    return RULES[rule]()
+
+
 def _job(task: tuple[str, str, str, int, dict[str, Any]]) -> tuple[str, str, float]:
     name, kind, rule, seed, rs = task
     kw, H = scenario(name)
     LoadTracker._observe = _observe
     LoadTracker._work_now = _work(kind)
     try:
-        agent = make_agent("rate-switch", **rs) if rule == "rate-switch (tuned)" else RULES[rule]()
-        return name, f"{rule} [{kind}]" if rule in RULES else rule, \
+        agent = _agent(rule, rs)
+        return name, rule if rule == "rate-switch (tuned)" else f"{rule} [{kind}]", \
             run_episode(agent, kw, seed, H).metrics(H)["mean_time_in_system"]
     finally:
         LoadTracker._observe, LoadTracker._work_now = _OBSERVE, _WORK_NOW
@@ -126,6 +135,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     ap.add_argument("--rate-switch", required=True, help="bench_learned.py's JSON (the tuned rate-switch parameters)")
     ap.add_argument("--estimates", nargs="+", choices=ESTIMATES, default=list(ESTIMATES))
     ap.add_argument("--rules", nargs="+", choices=list(RULES), default=list(RULES))
+    ap.add_argument("--models", nargs="+", default=[], metavar="DIR",
+                    help="model directories to play too, under each estimate (e.g. one searched on an estimate)")
     ap.add_argument("--scenarios", nargs="+", default=None, help="default: every report scenario")
     ap.add_argument("--workers", type=int, default=2)
     args = ap.parse_args(argv)
@@ -135,10 +146,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     if unknown:
         ap.error(f"no tuned rate-switch for {unknown} in {args.rate_switch}")
     tasks = [(n, "moments", "rate-switch (tuned)", s, rs[n]) for n in names for s in seeds_of(n)]
-    tasks += [(n, kind, r, s, rs[n]) for kind in args.estimates for r in args.rules for n in names for s in seeds_of(n)]
+    rules = [*args.rules, *(f"model {d}" for d in args.models)]
+    tasks += [(n, kind, r, s, rs[n]) for kind in args.estimates for r in rules for n in names for s in seeds_of(n)]
     with mp.get_context("spawn").Pool(args.workers) as pool:
         out = pool.map(_job, tasks, chunksize=1)
-    labels = [f"{r} [{kind}]" for r in args.rules for kind in args.estimates]
+    labels = [f"{r} [{kind}]" for r in rules for kind in args.estimates]
     print_ratio_table(out, names, ["rate-switch (tuned)", *labels], geo=labels)
     best = {}
     for kind in args.estimates:
