@@ -25,6 +25,7 @@ import time
 
 import gymnasium as gym
 import numpy as np
+from _args import at_least
 
 import flowgym  # noqa: F401  (registers FlowControl-v0)
 from flowgym.sim.workloads import CHUNK_SLOTS
@@ -35,9 +36,9 @@ BENCH = {"horizon": 1000, "workload": {"kind": "poisson", "classes": PAPER, "rat
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--num-envs", type=int, default=256)
-    ap.add_argument("--steps", type=int, default=4000, help="timed steps per repeat (after one warm-up episode)")
-    ap.add_argument("--repeats", type=int, default=3)
+    ap.add_argument("--num-envs", type=at_least(1), default=256)
+    ap.add_argument("--steps", type=at_least(1), default=4000, help="timed steps per repeat (after one warm-up episode)")
+    ap.add_argument("--repeats", type=at_least(1), default=3)
     args = ap.parse_args()
     N = args.num_envs
 

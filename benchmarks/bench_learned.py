@@ -328,11 +328,16 @@ def main(argv: Sequence[str] | None = None) -> int:
                     help="a second model directory (or 'shipped') run against the same tuned references: "
                     "its ratio is the '/ other model' column")
     args = ap.parse_args(argv)
+    sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))  # this script's folder (imported as a module too)
+    from _args import model_dir
+
     ho = held_out()
     names = args.scenarios.split(",") if args.scenarios is not None else [*ADAPTIVE_SCENARIOS, *ho]
     for opt, n in (("--seeds", args.seeds), ("--tune-seeds", args.tune_seeds)):
         if n < 1:
             ap.error(f"{opt} must be at least 1, got {n}")
+    model_dir(ap, "--model", args.model)  # a bad directory fails here, not after the first scenario's tuning
+    model_dir(ap, "--other-model", args.other_model)
     if "" in names:  # --scenarios "" or "a,,b": a name left empty, not "run them all"
         ap.error(f"--scenarios: an empty name in {args.scenarios!r}; give comma-separated names or files")
     for name in names:  # every name checked before hours of tuning start, with its own message

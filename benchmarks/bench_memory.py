@@ -22,6 +22,8 @@ import math
 import subprocess
 import sys
 
+from _args import at_least
+
 RUN = r"""
 import sys, time
 import numpy as np
@@ -38,7 +40,7 @@ def rss_mb():
 record, slots, budget = sys.argv[1], int(sys.argv[2]), int(sys.argv[3])
 env = FlowControlEnv(horizon=slots, record=record)
 env.reset(seed=0)
-mark = min(100_000, slots)
+mark = 100_000
 t0 = time.perf_counter()
 for i in range(slots):
     env.step(budget)
@@ -58,15 +60,17 @@ COUNTS = ("T", "completed", "arrived", "rejected", "unfinished", "evictions", "o
 
 
 def run(record: str, slots: int, budget: int) -> dict:
-    out = subprocess.run([sys.executable, "-c", RUN, record, str(slots), str(budget)], capture_output=True,
-                         text=True, check=True)
+    out = subprocess.run([sys.executable, "-c", RUN, record, str(slots), str(budget)], capture_output=True, text=True)
+    if out.returncode:
+        raise SystemExit(f"the record={record!r} run failed:\n{out.stderr.strip()}")
     return json.loads(out.stdout.strip().splitlines()[-1])
 
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--slots", type=int, default=1_000_000)
-    ap.add_argument("--budget", type=int, default=12)
+    ap.add_argument("--slots", type=at_least(200_000), default=1_000_000,
+                    help="slots per run (at least 200,000: the growth is measured from slot 100,000)")
+    ap.add_argument("--budget", type=at_least(0), default=12)
     args = ap.parse_args()
     res = {rec: run(rec, args.slots, args.budget) for rec in ("stream", "full")}
     print(f"FlowControl-v0 default load (rho = 0.86), B_t = {args.budget}, {args.slots:,} slots")

@@ -18,6 +18,8 @@ import argparse
 import importlib.util
 import time
 
+from _args import at_least
+
 from flowgym.lab.evaluation import evaluate
 from flowgym.lab.parallel import make_backend
 from flowgym.lab.scenarios import AgentSpec, get_scenario
@@ -37,8 +39,8 @@ def run(backend: str, workers: int, seeds: int) -> tuple[float, float, object]:
     t0 = time.perf_counter()
     with make_backend(backend, workers=None if backend == "serial" else workers) as be:
         t1 = time.perf_counter()
-        if backend != "serial":  # start the workers before timing the grid
-            evaluate(agents[:1], env, seed_list[:workers], [100], backend=be, keep_kv_usage=False)
+        # start the workers (and, on every backend, load the compiled kernels) before timing the grid
+        evaluate(agents[:1], env, seed_list[:workers], [100], backend=be, keep_kv_usage=False)
         t2 = time.perf_counter()
         table = evaluate(agents, env, seed_list, [HORIZON], backend=be, keep_kv_usage=False)
         t3 = time.perf_counter()
@@ -62,8 +64,8 @@ def run(backend: str, workers: int, seeds: int) -> tuple[float, float, object]:
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--workers", type=int, default=2)
-    ap.add_argument("--seeds", type=int, default=12)
+    ap.add_argument("--workers", type=at_least(1), default=2)
+    ap.add_argument("--seeds", type=at_least(1), default=12)
     ap.add_argument("--no-ray", action="store_true")
     args = ap.parse_args()
     n = len(B_VALUES) * args.seeds

@@ -41,6 +41,7 @@ from typing import Any
 
 import gymnasium as gym
 import numpy as np
+from _args import at_least
 
 import flowgym  # noqa: F401  (registers FlowControl-v0)
 from flowgym.sim import kernels
@@ -152,19 +153,24 @@ def ppo_sps(num_envs: int, n_steps: int, batch_size: int, n_epochs: int, total: 
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--steps", type=int, default=30_000, help="single-env steps per repeat")
-    ap.add_argument("--vec-steps", type=int, default=2_000, help="vector env calls per repeat")
-    ap.add_argument("--repeats", type=int, default=5, help="rounds; each runs every measurement once, in turn")
-    ap.add_argument("--ppo-envs", type=int, default=64)
-    ap.add_argument("--ppo-n-steps", type=int, default=128)
-    ap.add_argument("--ppo-batch", type=int, default=1024)
-    ap.add_argument("--ppo-epochs", type=int, default=4)
-    ap.add_argument("--ppo-steps", type=int, default=65_536, help="timed PPO environment steps")
-    ap.add_argument("--torch-threads", type=int, default=1)
-    ap.add_argument("--quick", action="store_true", help="a few seconds, for a smoke run (noisy figures)")
+    ap.add_argument("--steps", type=at_least(1), default=None, help="single-env steps per repeat (default 30,000)")
+    ap.add_argument("--vec-steps", type=at_least(1), default=None, help="vector env calls per repeat (default 2,000)")
+    ap.add_argument("--repeats", type=at_least(1), default=None,
+                    help="rounds; each runs every measurement once, in turn (default 5)")
+    ap.add_argument("--ppo-envs", type=at_least(1), default=64)
+    ap.add_argument("--ppo-n-steps", type=at_least(2), default=128)
+    ap.add_argument("--ppo-batch", type=at_least(2), default=1024)
+    ap.add_argument("--ppo-epochs", type=at_least(1), default=4)
+    ap.add_argument("--ppo-steps", type=at_least(1), default=None, help="timed PPO environment steps (default 65,536)")
+    ap.add_argument("--torch-threads", type=at_least(1), default=1)
+    ap.add_argument("--quick", action="store_true",
+                    help="a few seconds, for a smoke run (noisy figures): the four sizes above default to 3,000, 200, "
+                    "1 and 8,192 instead (a size given explicitly is kept)")
     args = ap.parse_args()
-    if args.quick:
-        args.steps, args.vec_steps, args.repeats, args.ppo_steps = 3000, 200, 1, 8192
+    sizes = (3000, 200, 1, 8192) if args.quick else (30_000, 2_000, 5, 65_536)
+    for name, default in zip(("steps", "vec_steps", "repeats", "ppo_steps"), sizes):
+        if getattr(args, name) is None:
+            setattr(args, name, default)
     versions = f"python {platform.python_version()}, numpy {np.__version__}, gymnasium {gym.__version__}"
     if kernels.AVAILABLE:
         from importlib.metadata import version

@@ -40,6 +40,7 @@ import time
 from typing import Any
 
 import numpy as np
+from _args import at_least, positive_float, writable_file
 
 from flowgym.lab.hindsight import run_agent_on_trace, solve_hindsight
 from flowgym.lab.reproduce import APPB_M
@@ -110,16 +111,23 @@ def solve(inst: dict[str, Any], objective: str, T: int | None, time_limit: float
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--part", choices=["offline", "online", "appendix-b"], default="offline")
-    ap.add_argument("--instances", type=int, default=10)
-    ap.add_argument("--n", default="8:12", help="request count range lo:hi (Jaillet et al.: 40:60)")
-    ap.add_argument("--load", type=float, default=0.8, help="online: load rho of the Poisson arrivals")
-    ap.add_argument("--rate", type=float, default=3.5, help="appendix-b: arrivals per class per slot")
-    ap.add_argument("--span", type=int, default=6, help="appendix-b: slots with arrivals (and T of the throughput objective)")
-    ap.add_argument("--time-limit", type=float, default=20.0, help="seconds per integer program")
-    ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--instances", type=at_least(1), default=10)
+    ap.add_argument("--n", default="8:12", help="request count range lo:hi, lo < hi (Jaillet et al.: 40:60)")
+    ap.add_argument("--load", type=positive_float, default=0.8, help="online: load rho of the Poisson arrivals")
+    ap.add_argument("--rate", type=positive_float, default=3.5, help="appendix-b: arrivals per class per slot")
+    ap.add_argument("--span", type=at_least(1), default=6,
+                    help="appendix-b: slots with arrivals (and T of the throughput objective)")
+    ap.add_argument("--time-limit", type=positive_float, default=20.0, help="seconds per integer program")
+    ap.add_argument("--seed", type=at_least(0), default=0)
     ap.add_argument("--json", default=None, help="write every instance's numbers here")
     args = ap.parse_args()
-    n_lo, n_hi = (int(x) for x in args.n.split(":"))
+    try:
+        n_lo, n_hi = (int(x) for x in args.n.split(":"))
+    except ValueError:
+        ap.error(f"argument --n: must be lo:hi, two integers, got {args.n!r}")
+    if not 1 <= n_lo < n_hi:
+        ap.error(f"argument --n: must be lo:hi with 1 <= lo < hi, got {args.n!r}")
+    writable_file(ap, "--json", args.json)  # before hours of solving, not after
     rng = np.random.default_rng(args.seed)
     appb = args.part == "appendix-b"
     t_start = time.perf_counter()

@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
 from collections.abc import Sequence
 
@@ -67,8 +68,13 @@ def main(argv: Sequence[str] | None = None) -> int:
                     help="also play each recurrent model (an LSTM, or an --algo ars model with --memory) with its "
                     "state zeroed before every decision (the row '<model> (state zeroed)'): what its memory is worth")
     args = ap.parse_args(argv)
+    sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))  # this script's folder (imported as a module too)
+    from _args import model_dir
+
     if args.draws < 2:
         ap.error("--draws must be at least 2")
+    for m in args.models:  # every model checked before the first one's draws run
+        model_dir(ap, "models", m)
     try:
         over = json.loads(args.distribution)
         if not isinstance(over, dict):

@@ -10,6 +10,7 @@ difference (same seeds) with its standard error for 2, 8 and 16 episodes as a sh
 
 from __future__ import annotations
 
+import argparse
 import itertools
 
 import numpy as np
@@ -27,6 +28,7 @@ POLICIES = {
 
 
 def main() -> None:
+    argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter).parse_args()
     for name, policies in POLICIES.items():
         kw = get_scenario(name).env_kwargs()
         vals = {}
