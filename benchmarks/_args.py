@@ -46,10 +46,11 @@ def scenario(ap: argparse.ArgumentParser, name: str, rate: float | None = None) 
         ap.error(f"argument --scenario: {e}")
 
 
-def model_dir(ap: argparse.ArgumentParser, flag: str, path: str | None) -> None:
-    """An argparse error naming ``flag`` unless ``path`` is ``None``, ``"shipped"`` or a model directory written by
-    ``flowgym train`` (checked before any work, not after minutes of it)."""
-    if path is None or path == "shipped":
+def model_dir(ap: argparse.ArgumentParser, flag: str, path: str | None, shipped: bool = True) -> None:
+    """An argparse error naming ``flag`` unless ``path`` is ``None``, a model directory written by ``flowgym train``
+    or, with ``shipped``, ``"shipped"`` (the default model, where the script takes that name): checked before any
+    work, not after minutes of it."""
+    if path is None or (shipped and path == "shipped"):
         return
     from flowgym.agents import LearnedBudget
 

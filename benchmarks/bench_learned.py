@@ -336,7 +336,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     for opt, n in (("--seeds", args.seeds), ("--tune-seeds", args.tune_seeds)):
         if n < 1:
             ap.error(f"{opt} must be at least 1, got {n}")
-    model_dir(ap, "--model", args.model)  # a bad directory fails here, not after the first scenario's tuning
+    model_dir(ap, "--model", args.model, shipped=False)  # a bad directory fails here, not after the first tuning
     model_dir(ap, "--other-model", args.other_model)
     if "" in names:  # --scenarios "" or "a,,b": a name left empty, not "run them all"
         ap.error(f"--scenarios: an empty name in {args.scenarios!r}; give comma-separated names or files")

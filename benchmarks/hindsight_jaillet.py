@@ -112,7 +112,7 @@ def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--part", choices=["offline", "online", "appendix-b"], default="offline")
     ap.add_argument("--instances", type=at_least(1), default=10)
-    ap.add_argument("--n", default="8:12", help="request count range lo:hi, lo < hi (Jaillet et al.: 40:60)")
+    ap.add_argument("--n", default="8:12", help="request count range lo:hi, both included (Jaillet et al.: 40:60)")
     ap.add_argument("--load", type=positive_float, default=0.8, help="online: load rho of the Poisson arrivals")
     ap.add_argument("--rate", type=positive_float, default=3.5, help="appendix-b: arrivals per class per slot")
     ap.add_argument("--span", type=at_least(1), default=6,
@@ -125,8 +125,8 @@ def main() -> int:
         n_lo, n_hi = (int(x) for x in args.n.split(":"))
     except ValueError:
         ap.error(f"argument --n: must be lo:hi, two integers, got {args.n!r}")
-    if not 1 <= n_lo < n_hi:
-        ap.error(f"argument --n: must be lo:hi with 1 <= lo < hi, got {args.n!r}")
+    if not 1 <= n_lo <= n_hi:
+        ap.error(f"argument --n: must be lo:hi with 1 <= lo <= hi, got {args.n!r}")
     writable_file(ap, "--json", args.json)  # before hours of solving, not after
     rng = np.random.default_rng(args.seed)
     appb = args.part == "appendix-b"

@@ -25,9 +25,10 @@ def _run(script: str, *argv: str) -> subprocess.CompletedProcess:
     ("bench_memory.py", ["--slots", "3000"], "argument --slots: must be an integer of at least 200000"),
     ("bench_parallel.py", ["--seeds", "0"], "argument --seeds: must be an integer of at least 1"),
     ("bench_realdata.py", ["--scenario", "nope"], "argument --scenario: unknown scenario 'nope'"),
-    ("hindsight_jaillet.py", ["--n", "5:3"], r"argument --n: must be lo:hi with 1 <= lo < hi, got '5:3'"),
+    ("hindsight_jaillet.py", ["--n", "5:3"], r"argument --n: must be lo:hi with 1 <= lo <= hi, got '5:3'"),
     ("hindsight_jaillet.py", ["--json", "/nonexistent-folder/x.json"], "argument --json: cannot write"),
     ("bench_learned.py", ["--model", "/nonexistent-model"], "argument --model: learned agent: path"),
+    ("bench_learned.py", ["--model", "shipped"], "argument --model: learned agent: path 'shipped'"),  # no alias here
     ("select_generalist.py", ["shipped", "/nonexistent-model"], "argument models: learned agent: path"),
     ("selection_noise.py", ["--bogus"], "unrecognized arguments: --bogus"),
 ])

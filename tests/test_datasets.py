@@ -68,6 +68,8 @@ def test_an_unknown_agent_parameter_lists_the_agents_parameters():
     ("2023-11-16 10:00:00,10\n", r"row 2: expected TIMESTAMP, ContextTokens, GeneratedTokens"),
     ("2023-11-16 10:00:00,10,5\n\n", r"row 3: expected TIMESTAMP"),
     ("yesterday,10,5\n", r"row 2: TIMESTAMP 'yesterday' is not a date and time"),
+    ("2023-11-16 10:00:00,10,5\n,10,5\n", r"row 3: TIMESTAMP '' is not a date and time"),
+    ("NaT,3,4\n", r"row 2: TIMESTAMP 'NaT' is not a date and time"),
     ("", r"no requests after the header"),
 ])
 def test_build_azure_npz_names_the_row_and_column_of_a_bad_value(tmp_path, rows, match):

@@ -185,17 +185,24 @@ def test_bands_stop_at_zero_and_agents_without_a_value_are_named(tmp_path, figur
     plot_metrics_vs_horizon(ResultTable(rows, ["wide", "none", "gap"], [100, 200, 300], [0, 1]),
                             str(tmp_path / "m.png"))
     ax = figures[0].axes[3]  # evictions, symlog
-    bands = [c for c in ax.collections if hasattr(c, "get_paths")]
+    bands = [c for c in ax.collections if type(c).__name__ in ("PolyCollection", "FillBetweenPolyCollection")]
     lows = [min(p.vertices[:, 1].min() for p in b.get_paths()) for b in bands]
-    assert len(bands) == 2 and min(lows) >= 0.0  # "wide" and "gap" (its known horizons), none below 0
+    assert len(bands) == 2 and min(lows) >= 0.0  # "wide" and "gap", none below 0
+    wide = bands[0].get_paths()[0].vertices
+    assert np.ptp(wide[:, 1]) > 0 and np.ptp(wide[:, 0]) == 200  # a band of some area over 100..300
+    assert len(ax.containers) == 1  # "gap": its known horizons 100 and 300 sit between unknown ones: error bars
+    xs = ax.containers[0].lines[2][0].get_segments()
+    assert sorted(float(s[0][0]) for s in xs) == [100.0, 300.0] and min(float(s[:, 1].min()) for s in xs) >= 0.0
     assert any("no value: none" in t.get_text() for t in ax.texts)
     one = [r for r in rows if r["horizon"] == 100 and r["agent"] == "none"]
     plot_metrics_vs_horizon(ResultTable(one, ["none"], [100], [0, 1]), str(tmp_path / "s.png"))
     lo, hi = figures[1].axes[0].get_xlim()
     assert lo < 100 < hi and any("no value: none" in t.get_text() for t in figures[1].axes[0].texts)
+    plot_metrics_vs_horizon(ResultTable([{**r, "horizon": None} for r in one], ["none"], [None], [0, 1]),
+                            str(tmp_path / "end.png"))  # a run-to-the-end table still draws (no horizon to show)
     ends = [{**r, "horizon": None} for r in rows if r["horizon"] == 100]  # runs to the end of a workload
     plot_metrics_bars(ResultTable(ends, ["wide", "none", "gap"], [None], [0, 1]), str(tmp_path / "b.png"))
-    bar_ax = figures[2].axes[0]
+    bar_ax = figures[3].axes[0]
     assert any("no value: none" in t.get_text() for t in bar_ax.texts)
     segments = [np.asarray(seg).reshape(-1, 2) for c in bar_ax.collections
                 for seg in getattr(c, "get_segments", lambda: [])()]

@@ -44,6 +44,7 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from anchors import scenario, seeds_of, tuned_rate_switch  # noqa: E402
 from bench_learned import held_out  # noqa: E402
 from fractional import print_ratio_table  # noqa: E402
+from _args import at_least, model_dir  # noqa: E402  (benchmarks/, on the path since anchors)
 
 from flowgym.agents import make_agent  # noqa: E402
 from flowgym.lab.evaluation import run_episode  # noqa: E402
@@ -138,8 +139,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     ap.add_argument("--models", nargs="+", default=[], metavar="DIR",
                     help="model directories to play too, under each estimate (e.g. one searched on an estimate)")
     ap.add_argument("--scenarios", nargs="+", default=None, help="default: every report scenario")
-    ap.add_argument("--workers", type=int, default=2)
+    ap.add_argument("--workers", type=at_least(1), default=2)
     args = ap.parse_args(argv)
+    for d in args.models:  # checked before the grid runs, not after it
+        model_dir(ap, "--models", d, shipped=False)
     rs = tuned_rate_switch(args.rate_switch)
     names = args.scenarios or [*ADAPTIVE_SCENARIOS, *held_out()]
     unknown = sorted(set(names) - set(rs))

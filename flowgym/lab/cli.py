@@ -1015,7 +1015,7 @@ def build_parser() -> argparse.ArgumentParser:
     t.add_argument("--norm-draws", type=int, default=None,
                    help=f"(ars) draws that set the observation normalisation (default {a.norm_draws})")
     t.add_argument("--out", default=None, help="output directory (default runs/<algo>-<scenario>: the scenario's "
-                   "name, or its file's without the extension; runs/ars-generalist for the generalist)")
+                   "name, or its file's without the extension; runs/<algo>-generalist for a generalist)")
     t.add_argument("--no-plots", action="store_true", help="skip curves.png")
     t.add_argument("--quiet", action="store_true", help="no progress bar")
     t.set_defaults(func=_train)

@@ -104,7 +104,12 @@ def plot_metrics_vs_horizon(table: ResultTable, path: str, title: str = "") -> N
                 if ok.any():  # the band where the interval is known; a metric below 0 does not exist
                     lo, hi = np.where(ok, np.maximum(y - ci, 0.0), 0.0), np.where(ok, y + ci, 0.0)
                     ax.fill_between(x, lo, hi, where=ok, alpha=0.12, color=st["color"])
-        if single:  # the one horizon stays in view even when no agent has a value
+                    # a known interval between two unknown ones has no band to span: an error bar there
+                    alone = ok & ~(np.r_[False, ok[:-1]] | np.r_[ok[1:], False])
+                    if alone.any():
+                        ax.errorbar(x[alone], y[alone], yerr=_ci_whiskers(y[alone], ci[alone]), fmt="none",
+                                    color=st["color"], alpha=0.5, capsize=3)
+        if single and table.horizons[0] is not None:  # the one horizon stays in view when no agent has a value
             h, half = table.horizons[0], 0.04 * (len(table.agents) + 1) / 2 * max(abs(table.horizons[0]), 1.0)
             ax.set_xlim(h - half, h + half)
         _note_empty(ax, empty)

@@ -62,9 +62,11 @@ def build_azure_npz(csv_path: str, npz_path: str) -> int:
                 raise ValueError(f"{csv_path}, row {i}: expected TIMESTAMP, ContextTokens, GeneratedTokens, got {row}")
             stamp = row[0].strip().replace(" ", "T")
             try:
-                np.datetime64(stamp, "ns")
+                bad = np.isnat(np.datetime64(stamp, "ns"))  # "" and "NaT" read as not-a-time
             except ValueError:
-                raise ValueError(f"{csv_path}, row {i}: TIMESTAMP {row[0]!r} is not a date and time") from None
+                bad = True
+            if bad:
+                raise ValueError(f"{csv_path}, row {i}: TIMESTAMP {row[0]!r} is not a date and time")
             ts.append(stamp)
             ctx.append(_length(csv_path, i, "ContextTokens", row[1]))
             gen.append(_length(csv_path, i, "GeneratedTokens", row[2]))
