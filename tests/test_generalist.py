@@ -1494,3 +1494,8 @@ def test_the_estimator_experiment_computes_each_estimate_of_the_work():
     _, rule, w = ex._job(("H4-short-phases", "moments", f"model {DEFAULT_MODEL}", 7000, {}))
     _, _, w9 = ex._job(("H4-short-phases", "moments", "ars9", 7000, {}))
     assert rule == f"model {DEFAULT_MODEL} [moments]" and w == w9  # a model directory plays as the shipped one
+    m, kind, seed, t = ex._draw_job(("shipped", "direct", 30000))  # a draw of the training distribution
+    assert (m, kind, seed) == ("shipped", "direct", 30000) and math.isfinite(t) and t > 0
+    assert LoadTracker._work_now is ex._WORK_NOW and LoadTracker._observe is ex._OBSERVE
+    with pytest.raises(ValueError, match="estimate must be one of"):
+        ex.patch("exact")

@@ -23,19 +23,24 @@ whose multipliers were searched on ``moments``.
 
 The estimate is replaced by patching :class:`~flowgym.sim.estimators.LoadTracker` in this process only (the
 completed requests are read from the engine's public ``finish``, ``prompt`` and ``output`` arrays): an
-experiment, not an option of the package. Results: ``docs/training.md``, "An unbiased E[w]".
+experiment, not an option of the package. ``--models DIR`` plays model directories too (e.g. one searched on an
+estimate: ``estimator_patch/sitecustomize.py`` makes ``flowgym train`` do that), and ``--draws N`` compares them
+with the shipped model on new draws of the training distribution (``select_generalist.py``'s seeds and
+statistics) instead of the screen. Results: ``docs/training.md``, "An unbiased E[w]".
 
     python benchmarks/learned_experiments/estimator.py --rate-switch runs/bench_rs.json   # about 4 min on 2 cores
+    python benchmarks/learned_experiments/estimator.py --draws 192 --models runs/arsEW --estimates direct  # 40 s
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import math
 import multiprocessing as mp
 import os
 import sys
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from typing import Any
 
 import numpy as np
@@ -44,7 +49,9 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from anchors import scenario, seeds_of, tuned_rate_switch  # noqa: E402
 from bench_learned import held_out  # noqa: E402
 from fractional import print_ratio_table  # noqa: E402
-from _args import at_least, model_dir  # noqa: E402  (benchmarks/, on the path since anchors)
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))  # benchmarks/
+from _args import at_least, model_dir  # noqa: E402
+from select_generalist import FIRST_SEED, LIGHT, geometric_ratio_ci, time_in_system  # noqa: E402
 
 from flowgym.agents import make_agent  # noqa: E402
 from flowgym.lab.evaluation import run_episode  # noqa: E402
@@ -118,31 +125,85 @@ def _agent(rule: str, rs: dict[str, Any]) -> Any:
     return RULES[rule]()
 
 
+def patch(kind: str) -> None:
+    """Make every :class:`LoadTracker` of this process use the estimate ``kind`` (``moments``: the package's, undone)."""
+    if kind not in ESTIMATES:
+        raise ValueError(f"estimate must be one of {ESTIMATES}, got {kind!r}")
+    LoadTracker._observe = _OBSERVE if kind == "moments" else _observe
+    LoadTracker._work_now = _WORK_NOW if kind == "moments" else _work(kind)
+
+
+@contextlib.contextmanager
+def patched(kind: str) -> Iterator[None]:
+    """:func:`patch` for the block, then the package's estimate again."""
+    patch(kind)
+    try:
+        yield
+    finally:
+        patch("moments")
+
+
 def _job(task: tuple[str, str, str, int, dict[str, Any]]) -> tuple[str, str, float]:
     name, kind, rule, seed, rs = task
     kw, H = scenario(name)
-    LoadTracker._observe = _observe
-    LoadTracker._work_now = _work(kind)
-    try:
+    with patched(kind):
         agent = _agent(rule, rs)
         return name, rule if rule == "rate-switch (tuned)" else f"{rule} [{kind}]", \
             run_episode(agent, kw, seed, H).metrics(H)["mean_time_in_system"]
-    finally:
-        LoadTracker._observe, LoadTracker._work_now = _OBSERVE, _WORK_NOW
+
+
+def _draw_job(task: tuple[str, str, int]) -> tuple[str, str, int, float]:
+    """``(model, estimate, seed, time in system)`` on the training distribution's draw of ``seed``
+    (``select_generalist.py``'s protocol)."""
+    model, kind, seed = task
+    with patched(kind):
+        return model, kind, seed, float(time_in_system(model, [seed])[0])
+
+
+def draws(models: Sequence[str], estimates: Sequence[str], n: int, workers: int) -> list[str]:
+    """The shipped model (on ``moments``) and each of ``models`` under each of ``estimates`` on ``n`` new draws of the
+    training distribution (seeds 30000..), as paired ratios of geometric means to the shipped model, with 95%
+    bootstrap intervals, also over the light draws (the shipped model's time in system below 50) and the heavy
+    ones."""
+    seeds = list(range(FIRST_SEED, FIRST_SEED + n))
+    tasks = [("shipped", "moments", s) for s in seeds] + [(m, k, s) for m in models for k in estimates for s in seeds]
+    with mp.get_context("spawn").Pool(workers) as pool:
+        out = pool.map(_draw_job, tasks, chunksize=1)
+    v = {(m, k, s): t for m, k, s, t in out}
+    ref = np.array([v["shipped", "moments", s] for s in seeds])
+    light = ref < LIGHT
+    lines = [f"{n} draws (seeds {seeds[0]}-{seeds[-1]}); / the shipped model on moments, 95% paired bootstrap"]
+    for m in models:
+        for k in estimates:
+            d = np.log([v[m, k, s] for s in seeds]) - np.log(ref)
+            parts = [("all", d), (f"light {int(light.sum())}", d[light]), (f"heavy {int((~light).sum())}", d[~light])]
+            lines.append(f"{m} [{k}]: " + "; ".join("{} {:.4f} [{:.4f}, {:.4f}]".format(lab, *geometric_ratio_ci(x))
+                                                       for lab, x in parts if len(x)))
+    return lines
 
 
 def main(argv: Sequence[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--rate-switch", required=True, help="bench_learned.py's JSON (the tuned rate-switch parameters)")
+    ap.add_argument("--rate-switch", help="bench_learned.py's JSON (the tuned rate-switch parameters)")
     ap.add_argument("--estimates", nargs="+", choices=ESTIMATES, default=list(ESTIMATES))
     ap.add_argument("--rules", nargs="+", choices=list(RULES), default=list(RULES))
     ap.add_argument("--models", nargs="+", default=[], metavar="DIR",
                     help="model directories to play too, under each estimate (e.g. one searched on an estimate)")
     ap.add_argument("--scenarios", nargs="+", default=None, help="default: every report scenario")
     ap.add_argument("--workers", type=at_least(1), default=2)
+    ap.add_argument("--draws", type=at_least(2), default=None,
+                    help="instead of the screen: the shipped model and each of --models under each of --estimates on "
+                    "this many new draws of the training distribution (select_generalist.py's seeds and statistics)")
     args = ap.parse_args(argv)
     for d in args.models:  # checked before the grid runs, not after it
         model_dir(ap, "--models", d, shipped=False)
+    if args.draws is not None:
+        if not args.models:
+            ap.error("--draws compares --models with the shipped model: give at least one")
+        print("\n".join(draws(args.models, args.estimates, args.draws, args.workers)))
+        return 0
+    if args.rate_switch is None:
+        ap.error("the screen needs --rate-switch (bench_learned.py's JSON)")
     rs = tuned_rate_switch(args.rate_switch)
     names = args.scenarios or [*ADAPTIVE_SCENARIOS, *held_out()]
     unknown = sorted(set(names) - set(rs))
