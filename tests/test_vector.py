@@ -433,6 +433,9 @@ def test_sb3_adapter_api_and_errors():
     _, _, _, infos = venv.step(np.array([3, 4]))
     assert infos[0]["t"] == 0 and infos[1]["admitted"] <= 4 and "kv_usage" in infos[0]
     assert venv.get_attr("config")[0].horizon == 10
+    single = gym.make("FlowControl-v0", horizon=10)  # each environment's spaces and metadata, as DummyVecEnv gives
+    for name in ("observation_space", "action_space", "metadata"):
+        assert venv.get_attr(name) == [getattr(single.unwrapped, name)] * 2, name
     assert venv.env_is_wrapped(gym.Wrapper) == [False, False]
     with pytest.raises(AttributeError, match="render"):
         venv.env_method("render")
@@ -544,3 +547,26 @@ def test_copies_step_as_the_original(name, how):
             assert_same(x, y, f"t={t} {key}")
     for i in range(3):
         assert_same(env.request_log(i), twin.request_log(i), f"log[{i}]")
+
+
+def test_batched_get_attr_and_call_answer_as_the_sync_fallback_does():
+    """Code written for ``SyncVectorEnv`` (the fallback ``make_vec`` picks for some configurations) reads each
+    environment's spaces, metadata, configuration and request logs from the batched env the same way; what has no
+    batched counterpart is refused, naming the sync mode."""
+    kw = {"horizon": 20, "M": 2000}
+    fast = gym.make_vec("FlowControl-v0", num_envs=2, **kw)
+    slow = gym.make_vec("FlowControl-v0", num_envs=2, vectorization_mode="sync", **kw)
+    assert type(fast).__name__ == "FlowControlVectorEnv"
+    for env in (fast, slow):
+        env.reset(seed=3)
+        for _ in range(12):
+            env.step(np.array([4, 6]))
+    for name in ("observation_space", "action_space", "metadata"):
+        assert fast.get_attr(name) == slow.get_attr(name), name
+    assert [c.horizon for c in fast.get_attr("config")] == [c.horizon for c in slow.get_attr("config")] == [20, 20]
+    for a, b in zip(fast.call("request_log"), slow.call("request_log")):
+        assert a.keys() == b.keys() and all(np.array_equal(a[k], b[k]) for k in a)
+    with pytest.raises(AttributeError, match="vectorization_mode='sync'"):
+        fast.call("render")
+    with pytest.raises(AttributeError, match="cannot set 'M'"):
+        fast.set_attr("M", 5)

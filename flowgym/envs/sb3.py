@@ -164,8 +164,17 @@ class FlowControlSB3VecEnv(VecEnv):
         self.venv.close()
 
     def get_attr(self, attr_name: str, indices: VecEnvIndices = None) -> list[Any]:
-        """The vector environment's attribute ``attr_name``, once per index (all environments share it)."""
-        value = getattr(self.venv, attr_name)
+        """Each environment's attribute ``attr_name``, once per index, as ``DummyVecEnv`` gives it: the single
+        environment's ``observation_space``, ``action_space`` and ``metadata`` (not the batched ones); any other
+        attribute the vector environment's (all environments share one configuration)."""
+        if attr_name in ("observation_space", "action_space"):
+            value = getattr(self.venv, "single_" + attr_name)
+        elif attr_name == "metadata":
+            from flowgym.envs.flow_control import FlowControlEnv
+
+            value = FlowControlEnv.metadata
+        else:
+            value = getattr(self.venv, attr_name)
         return [value for _ in self._get_indices(indices)]
 
     def set_attr(self, attr_name: str, value: Any, indices: VecEnvIndices = None) -> None:

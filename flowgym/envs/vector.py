@@ -433,6 +433,35 @@ class FlowControlVectorEnv(VectorEnv):
         """Per-request arrays of environment ``i``'s current episode (as ``FlowControlEnv.request_log``)."""
         return self.engine.request_log(_env_index(i, self.num_envs))
 
+    def get_attr(self, name: str) -> tuple[Any, ...]:
+        """Each environment's attribute ``name``, as ``SyncVectorEnv.get_attr`` gives it (so code written for the
+        sync fallback runs here too): the single environment's ``observation_space``, ``action_space`` and
+        ``metadata``; any other attribute of this object (``config``, ...), which all environments share."""
+        if name in ("observation_space", "action_space"):
+            value = getattr(self, "single_" + name)
+        elif name == "metadata":
+            value = FlowControlEnv.metadata
+        else:
+            value = getattr(self, name)
+        return (value,) * self.num_envs
+
+    def call(self, name: str, *args: Any, **kwargs: Any) -> tuple[Any, ...]:
+        """``SyncVectorEnv.call`` where it has a meaning here: ``call("request_log")`` is each environment's
+        request log; an attribute that is no method, :meth:`get_attr`'s values. Other methods of the single
+        environment have no counterpart in the batched engine: ``AttributeError`` names the way to get them."""
+        if name == "request_log" and not args and not kwargs:
+            return tuple(self.request_log(i) for i in range(self.num_envs))
+        if name != "request_log" and not callable(getattr(FlowControlEnv, name, None)):
+            return self.get_attr(name)
+        raise AttributeError(f"the batched FlowControl-v0 vector env cannot call {name!r} with these arguments on "
+                             "each environment; gym.make_vec(..., vectorization_mode='sync') keeps single "
+                             "environments that can")
+
+    def set_attr(self, name: str, values: Any) -> None:
+        """Not supported: the environments share one configuration in one engine."""
+        raise AttributeError(f"the batched FlowControl-v0 vector env cannot set {name!r}: its environments share "
+                             "one configuration (build a new one, or use vectorization_mode='sync')")
+
     def close_extras(self, **kwargs: Any) -> None:
         """Nothing to release."""
 
