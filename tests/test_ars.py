@@ -950,3 +950,21 @@ def test_train_cli_passes_the_memory_to_ars(seen):
     with pytest.raises(SystemExit):
         main(["train", "--quiet", "--memory", "4"])
     assert seen["cfg"].memory == 4
+
+
+def test_the_final_table_reports_at_compares_horizons_and_tuning_horizon(tiny_model, tmp_path, monkeypatch):
+    """``final_evaluation`` (the table ``flowgym train`` ends with) reports at the horizons ``flowgym compare`` reports
+    at and tunes at its default tuning horizon (the scenario's ``tune_horizon``), not at ``env.horizon`` only."""
+    import flowgym.lab.evaluation as evaluation
+    from flowgym.lab.train import final_evaluation
+
+    seen = []
+    real = evaluation.tune
+    monkeypatch.setattr(evaluation, "tune", lambda spec, kw, seeds, h, **k: seen.append(h) or real(spec, kw, seeds, h, **k))
+    (tmp_path / "s.toml").write_text(
+        'name = "s"\ndescription = "x"\nhorizons = [60, 120]\ntune_horizon = 40\n[env]\nM = 3000\nhorizon = 120\n'
+        '[env.workload]\nkind = "poisson"\nclasses = [[10, 20]]\nrates = 0.5\n'
+        '[[agents]]\nname = "flow-control"\nparams = {b = 4}\ntune = {param = "b", grid = [2, 4]}\n')
+    table = final_evaluation(tiny_model[0], scenario=str(tmp_path / "s.toml"), seeds=[900], tune_seeds=[1000],
+                             write=False)
+    assert table.horizons == [60, 120] and seen == [40]

@@ -382,3 +382,39 @@ def test_train_names_its_default_folder_after_a_scenario_file_on_every_algorithm
         with pytest.raises(Stop):
             main(["train", *argv, "--quiet", "--no-plots"])
     assert outs == ["runs/ppo-my", "runs/ars-my", "runs/ppo-adaptive-switch"]
+
+
+def test_run_scenario_runs_a_finite_workload_to_its_end_without_a_horizon(tmp_path, capsys):
+    """``finite = true`` and no ``env.horizon``: ``flowgym run --scenario`` runs to the end (under the safety cap),
+    as ``compare`` does; it stopped at the environment's default horizon of 1,000 slots."""
+    rows = "\n".join(f"{5 * i},20,40" for i in range(300))  # arrivals until slot 1495
+    (tmp_path / "tr.csv").write_text("arrival,prompt_len,output_len\n" + rows + "\n")
+    (tmp_path / "tr.toml").write_text(f'name = "tr"\ndescription = "x"\nfinite = true\n[env]\nM = 4000\n'
+                                      f'[env.workload]\nkind = "trace"\npath = "{tmp_path / "tr.csv"}"\n'
+                                      '[[agents]]\nname = "mc"\n')
+    assert main(["run", "--scenario", str(tmp_path / "tr.toml"), "--budget", "4", "--json"]) == 0
+    out = json.loads(capsys.readouterr().out)
+    assert out["completed"] == 300 and out["unfinished"] == 0 and out["T"] > 1495
+
+
+def test_compare_notes_a_trace_that_no_seed_changes_and_horizons_past_the_episode(tmp_path, capsys):
+    """A trace replayed with several seeds is one run, and tuned on the very requests it reports: both said on
+    stderr; horizons beyond ``env.horizon`` (which they win over) are noted too; the built-in Azure scenario, whose
+    tuning has its own window, with one seed, gets no note."""
+    rows = "\n".join(f"{5 * i},20,40" for i in range(60))
+    (tmp_path / "tr.csv").write_text("arrival,prompt_len,output_len\n" + rows + "\n")
+    (tmp_path / "tr.toml").write_text(
+        f'name = "tr"\ndescription = "x"\nfinite = true\n[env]\nM = 4000\n[env.workload]\nkind = "trace"\n'
+        f'path = "{tmp_path / "tr.csv"}"\n[[agents]]\nname = "flow-control"\nparams = {{b = 4}}\n'
+        'tune = {param = "b", grid = [2, 4]}\n')
+    out = ["--no-plots", "--quiet", "--out", str(tmp_path / "o")]
+    assert main(["compare", "--scenario", str(tmp_path / "tr.toml"), "--seeds", "2", *out]) == 0
+    err = capsys.readouterr().err
+    assert "tr replays a trace, which no seed changes: its 2 seeds are one run" in err
+    assert "tuned on the very requests reported here" in err
+    (tmp_path / "h.toml").write_text('name = "h"\ndescription = "x"\nhorizons = [50, 80]\n[env]\nM = 2000\n'
+                                     'horizon = 60\n[[agents]]\nname = "mc"\n')
+    assert main(["compare", "--scenario", str(tmp_path / "h.toml"), "--seeds", "1", *out]) == 0
+    assert "go beyond the scenario's env.horizon 60" in capsys.readouterr().err
+    assert main(["compare", "--scenario", "azure-conv", "--seeds", "1", "--agents", "mc", *out]) == 0
+    assert "note:" not in capsys.readouterr().err

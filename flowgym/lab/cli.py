@@ -54,6 +54,8 @@ def _run(args: argparse.Namespace) -> int:
         kwargs: dict[str, Any] = sc.env_kwargs()
         if args.horizon_given:
             kwargs["horizon"] = args.horizon
+        elif sc.finite and kwargs.get("horizon") is None:  # run to the end (under the safety cap), as compare does
+            kwargs["horizon"] = None
     else:
         kwargs = {"horizon": args.horizon, "M": 16492}
         if args.rate is not None:
@@ -231,6 +233,10 @@ def _compare(args: argparse.Namespace) -> int:
         horizons = sorted(set(args.horizons or sc.report_horizons()))
         tune_h = (args.tune_horizon if args.tune_horizon is not None
                   else sc.tune_horizon or min(horizons[-1], 2000))
+        h_env = env_kwargs.get("horizon")
+        if isinstance(h_env, int) and horizons[-1] > h_env:
+            print(f"note: the horizons go beyond the scenario's env.horizon {h_env} (the episode of flowgym run and "
+                  f"of training): these episodes run to T={horizons[-1]}", file=sys.stderr)
     tune_kwargs = sc.tune_env_kwargs()
     seeds = parse_seeds(args.seeds)
     tune_seeds = parse_seeds("2" if args.tune_seeds is None else args.tune_seeds, first=1000) if tuning else []
@@ -238,6 +244,14 @@ def _compare(args: argparse.Namespace) -> int:
         print(f"error: reporting seeds and tuning seeds overlap ({sorted(set(seeds) & set(tune_seeds))[:5]}); "
               "report on seeds the tuning did not see", file=sys.stderr)
         return 2
+    from flowgym.sim.workloads import Trace
+
+    same = tuning and tune_kwargs.get("workload") == env_kwargs.get("workload")
+    if isinstance(probe.workload, Trace) and (len(seeds) > 1 or same):  # the seeds draw nothing; tuning saw the report
+        print(f"note: {sc.name} replays a trace, which no seed changes"
+              + (f": its {len(seeds)} seeds are one run (the +/- are 0)" if len(seeds) > 1 else "")
+              + ("; the tuned agents were tuned on the very requests reported here (a tune_env with another part "
+                 "of the trace holds the report out)" if same else ""), file=sys.stderr)
     from flowgym.lab.parallel import check_backend
 
     check_backend(args.backend, workers=args.workers, address=args.address)
@@ -708,12 +722,18 @@ def _train(args: argparse.Namespace) -> int:
     import os
 
     on = _trained_on(cfg)
-    print(f"training {cfg.algo} on {on} for {cfg.total_timesteps} decisions of {cfg.action_repeat} slots "
+    unit = "slots"  # an engine iteration in continuous time
+    if cfg.distribution is None:
+        from flowgym.lab.scenarios import get_scenario
+
+        if get_scenario(cfg.scenario, rate=cfg.rate).env_kwargs().get("time_model", "slot") != "slot":
+            unit = "iterations"
+    print(f"training {cfg.algo} on {on} for {cfg.total_timesteps} decisions of {cfg.action_repeat} {unit} "
           f"({cfg.n_envs} {cfg.vec_env} envs, "
           f"seed {cfg.seed}); load average {os.getloadavg()[0]:.2f}; writing {cfg.out}/")
     res = train(cfg)
-    print(f"trained {res.timesteps} decisions ({res.timesteps * cfg.action_repeat} slots) in {res.wall_seconds:.0f} s "
-          f"({res.steps_per_second:.0f} decisions/s, {res.steps_per_second * cfg.action_repeat:.0f} slots/s, "
+    print(f"trained {res.timesteps} decisions ({res.timesteps * cfg.action_repeat} {unit}) in {res.wall_seconds:.0f} s "
+          f"({res.steps_per_second:.0f} decisions/s, {res.steps_per_second * cfg.action_repeat:.0f} {unit}/s, "
           f"load average {os.getloadavg()[0]:.2f}); model.zip is the {res.selected} policy")
     _print_table(res.table)
     print(f"wrote {cfg.out}/ (policy.pt, normalization.npz, flowgym_agent.json, model.zip, vecnormalize.pkl, curves.csv"

@@ -1058,7 +1058,10 @@ def final_evaluation(model_dir: str, *, scenario: str | None = None, rate: float
                      trust: bool = False) -> Any:
     """The learned agent of ``model_dir`` against the scenario's agents, tuned on ``tune_seeds``.
 
-    The scenario defaults to the one the model was trained on. Tunable baselines
+    The scenario defaults to the one the model was trained on. It is reported at the horizons
+    ``flowgym compare`` reports it at (:meth:`~flowgym.lab.scenarios.Scenario.report_horizons`), with the
+    baselines tuned at compare's default tuning horizon (the scenario's ``tune_horizon``, else the longest
+    horizon up to 2,000; a finite workload runs to its end). Tunable baselines
     (flow control's ``b``, alpha-greedy's ``alpha``) are grid-searched on
     ``tune_seeds`` (minimising mean time in system; the scenario's tuning
     environment) before the report on ``seeds``. Everything runs through
@@ -1077,8 +1080,8 @@ def final_evaluation(model_dir: str, *, scenario: str | None = None, rate: float
     else:  # the scenario it was trained on, as the model directory stores it (older models: by name)
         sc = get_scenario(agent.meta.get("scenario_data") or agent.meta["scenario"], rate=agent.meta.get("rate"))
     env_kwargs = sc.env_kwargs()
-    horizons = None if sc.finite else [int(env_kwargs.get("horizon") or 1000)]
-    tune_h = None if sc.finite else horizons[0]  # type: ignore[index]
+    horizons = sc.report_horizons()  # as flowgym compare reports it (None: run to the end of a finite workload)
+    tune_h = None if horizons is None else (sc.tune_horizon or min(horizons[-1], 2000))  # compare's default too
     specs: list[Any] = []
     tuned: dict[str, Any] = {}
     if baselines:
