@@ -395,6 +395,12 @@ def test_run_scenario_runs_a_finite_workload_to_its_end_without_a_horizon(tmp_pa
     assert main(["run", "--scenario", str(tmp_path / "tr.toml"), "--budget", "4", "--json"]) == 0
     out = json.loads(capsys.readouterr().out)
     assert out["completed"] == 300 and out["unfinished"] == 0 and out["T"] > 1495
+    # its env.horizon, when set, is a cap: a run it stops did not drain, and says so; an endless workload never does
+    (tmp_path / "cap.toml").write_text((tmp_path / "tr.toml").read_text().replace("M = 4000", "M = 4000\nhorizon = 50"))
+    assert main(["run", "--scenario", str(tmp_path / "cap.toml"), "--budget", "4"]) == 0
+    assert "! did not drain: stopped at the cap (50 slots)" in capsys.readouterr().out
+    assert main(["run", "--scenario", "paper-synthetic-known", "--budget", "12"]) == 0
+    assert "did not drain" not in capsys.readouterr().out
 
 
 def test_compare_notes_a_trace_that_no_seed_changes_and_horizons_past_the_episode(tmp_path, capsys):

@@ -252,7 +252,7 @@ def test_a_finite_run_with_no_horizon_stops_at_the_safety_cap(monkeypatch, tmp_p
     trace.write_text("arrival,prompt_len,output_len\n0,10,20\n1,10,4\n")
     assert main(["run", "--trace", str(trace), "--budget", "0"]) == 0
     out = capsys.readouterr().out
-    assert "! did not drain: stopped at the iteration cap (3,000 iterations) with 2 requests unfinished" in out
+    assert "! did not drain: stopped at the cap (3,000 slots) with 2 requests unfinished" in out
     assert main(["run", "--trace", str(trace), "--budget", "1"]) == 0
     assert "did not drain" not in capsys.readouterr().out
     with pytest.raises(ValueError, match="horizon=None needs a finite workload"):

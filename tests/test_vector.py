@@ -436,6 +436,10 @@ def test_sb3_adapter_api_and_errors():
     single = gym.make("FlowControl-v0", horizon=10)  # each environment's spaces and metadata, as DummyVecEnv gives
     for name in ("observation_space", "action_space", "metadata"):
         assert venv.get_attr(name) == [getattr(single.unwrapped, name)] * 2, name
+    logs = venv.get_attr("request_log")  # DummyVecEnv's bound methods: each environment's log, no argument
+    assert [log()["arrival"].size for log in logs] == [venv.venv.request_log(i)["arrival"].size for i in (0, 1)]
+    with pytest.raises(AttributeError, match="no per-environment 'unwrapped'"):
+        venv.get_attr("unwrapped")
     assert venv.env_is_wrapped(gym.Wrapper) == [False, False]
     with pytest.raises(AttributeError, match="render"):
         venv.env_method("render")
@@ -566,7 +570,12 @@ def test_batched_get_attr_and_call_answer_as_the_sync_fallback_does():
     assert [c.horizon for c in fast.get_attr("config")] == [c.horizon for c in slow.get_attr("config")] == [20, 20]
     for a, b in zip(fast.call("request_log"), slow.call("request_log")):
         assert a.keys() == b.keys() and all(np.array_equal(a[k], b[k]) for k in a)
-    with pytest.raises(AttributeError, match="vectorization_mode='sync'"):
-        fast.call("render")
+    for a, b in zip(fast.get_attr("request_log"), slow.get_attr("request_log")):  # sync calls a method: the logs
+        assert all(np.array_equal(a[k], b[k]) for k in a)
+    for name in ("render", "unwrapped", "engine", "load", "workload"):  # per environment in sync mode only
+        with pytest.raises(AttributeError, match="vectorization_mode='sync'"):
+            fast.call(name)
+        with pytest.raises(AttributeError, match="vectorization_mode='sync'"):
+            fast.get_attr(name)
     with pytest.raises(AttributeError, match="cannot set 'M'"):
         fast.set_attr("M", 5)

@@ -27,6 +27,7 @@ environments (tested).
 
 from __future__ import annotations
 
+import functools
 import time
 from collections.abc import Iterable, Sequence
 from typing import Any
@@ -165,8 +166,16 @@ class FlowControlSB3VecEnv(VecEnv):
 
     def get_attr(self, attr_name: str, indices: VecEnvIndices = None) -> list[Any]:
         """Each environment's attribute ``attr_name``, once per index, as ``DummyVecEnv`` gives it: the single
-        environment's ``observation_space``, ``action_space`` and ``metadata`` (not the batched ones); any other
-        attribute the vector environment's (all environments share one configuration)."""
+        environment's ``observation_space``, ``action_space`` and ``metadata`` (not the batched ones), each
+        environment's ``request_log`` (a method of no argument); ``unwrapped``, ``engine``, ``np_random`` and
+        ``spec`` are refused (there are no single environments); any other attribute the vector environment's
+        (all environments share one configuration)."""
+        idx = self._get_indices(indices)
+        if attr_name == "request_log":  # DummyVecEnv gives each environment's bound method (no argument)
+            return [functools.partial(self.venv.request_log, i) for i in idx]
+        if attr_name in ("unwrapped", "engine", "np_random", "spec"):
+            raise AttributeError(f"FlowControlSB3VecEnv has no per-environment {attr_name!r}: its environments share "
+                                 "one batched engine (a DummyVecEnv of gym.make('FlowControl-v0') has single ones)")
         if attr_name in ("observation_space", "action_space"):
             value = getattr(self.venv, "single_" + attr_name)
         elif attr_name == "metadata":
@@ -175,7 +184,7 @@ class FlowControlSB3VecEnv(VecEnv):
             value = FlowControlEnv.metadata
         else:
             value = getattr(self.venv, attr_name)
-        return [value for _ in self._get_indices(indices)]
+        return [value for _ in idx]
 
     def set_attr(self, attr_name: str, value: Any, indices: VecEnvIndices = None) -> None:
         """Not supported: the environments share one configuration."""

@@ -434,28 +434,33 @@ class FlowControlVectorEnv(VectorEnv):
         return self.engine.request_log(_env_index(i, self.num_envs))
 
     def get_attr(self, name: str) -> tuple[Any, ...]:
-        """Each environment's attribute ``name``, as ``SyncVectorEnv.get_attr`` gives it (so code written for the
-        sync fallback runs here too): the single environment's ``observation_space``, ``action_space`` and
-        ``metadata``; any other attribute of this object (``config``, ...), which all environments share."""
+        """Each environment's ``name``, as ``SyncVectorEnv.get_attr`` gives it (so code written for the sync
+        fallback runs here too), for what the environments have apart from the shared engine: the single
+        environment's ``observation_space``, ``action_space`` and ``metadata``, the shared ``config`` and
+        ``render_mode``, and ``request_log`` (called, as ``SyncVectorEnv`` calls a method: each log).
+        Anything else (``unwrapped``, ``engine``, ``workload``, ...) exists per environment only in single
+        environments: ``AttributeError`` names ``vectorization_mode='sync'``."""
+        if name == "request_log":
+            return self.call(name)
         if name in ("observation_space", "action_space"):
             value = getattr(self, "single_" + name)
         elif name == "metadata":
             value = FlowControlEnv.metadata
-        else:
+        elif name in ("config", "render_mode"):
             value = getattr(self, name)
+        else:
+            raise AttributeError(_NO_PER_ENV.format(what=f"no per-environment {name!r}"))
         return (value,) * self.num_envs
 
     def call(self, name: str, *args: Any, **kwargs: Any) -> tuple[Any, ...]:
         """``SyncVectorEnv.call`` where it has a meaning here: ``call("request_log")`` is each environment's
-        request log; an attribute that is no method, :meth:`get_attr`'s values. Other methods of the single
-        environment have no counterpart in the batched engine: ``AttributeError`` names the way to get them."""
-        if name == "request_log" and not args and not kwargs:
+        request log, and an attribute :meth:`get_attr` knows gives its values. Anything else is refused, naming
+        ``vectorization_mode='sync'``."""
+        if name == "request_log":
+            if args or kwargs:
+                raise AttributeError(_NO_PER_ENV.format(what="request_log takes no arguments per environment"))
             return tuple(self.request_log(i) for i in range(self.num_envs))
-        if name != "request_log" and not callable(getattr(FlowControlEnv, name, None)):
-            return self.get_attr(name)
-        raise AttributeError(f"the batched FlowControl-v0 vector env cannot call {name!r} with these arguments on "
-                             "each environment; gym.make_vec(..., vectorization_mode='sync') keeps single "
-                             "environments that can")
+        return self.get_attr(name)
 
     def set_attr(self, name: str, values: Any) -> None:
         """Not supported: the environments share one configuration in one engine."""
@@ -464,6 +469,11 @@ class FlowControlVectorEnv(VectorEnv):
 
     def close_extras(self, **kwargs: Any) -> None:
         """Nothing to release."""
+
+
+#: What the batched env says of a per-environment attribute or method it does not have.
+_NO_PER_ENV = ("the batched FlowControl-v0 vector env has {what} (its environments share one engine); "
+               "gym.make_vec(..., vectorization_mode='sync') keeps single environments that have it")
 
 
 def _env_index(i: Any, n: int) -> int:

@@ -116,8 +116,10 @@ def _run(args: argparse.Namespace) -> int:
         v = m[name]
         print(f"  {name:28s} {v:12.4f}" if isinstance(v, float) else f"  {name:28s} {v:12d}")
     never = result.get("not_arrived", 0)
-    if not te and (m["unfinished"] > 0 or never) and not args.horizon_given and kwargs.get("horizon") is None:
-        print(f"! did not drain: stopped at the iteration cap ({m['T']:,} iterations) with {m['unfinished']:,} "
+    unit = "slots" if env.config.time_model == "slot" else "iterations"
+    if total is not None and not te and (m["unfinished"] > 0 or never) and not args.horizon_given:
+        # a finite workload stopped by its cap (the scenario's env.horizon, or the safety cap): not a drained run
+        print(f"! did not drain: stopped at the cap ({m['T']:,} {unit}) with {m['unfinished']:,} "
               "requests unfinished, counted in time in system up to the cap"
               + (f", and {never:,} not yet arrived, not counted" if never else ""))
     return 0
@@ -722,12 +724,12 @@ def _train(args: argparse.Namespace) -> int:
     import os
 
     on = _trained_on(cfg)
-    unit = "slots"  # an engine iteration in continuous time
+    unit = "steps"  # a distribution's draws may mix slots and continuous-time iterations
     if cfg.distribution is None:
         from flowgym.lab.scenarios import get_scenario
 
-        if get_scenario(cfg.scenario, rate=cfg.rate).env_kwargs().get("time_model", "slot") != "slot":
-            unit = "iterations"
+        timed = get_scenario(cfg.scenario, rate=cfg.rate).env_kwargs().get("time_model", "slot") != "slot"
+        unit = "iterations" if timed else "slots"
     print(f"training {cfg.algo} on {on} for {cfg.total_timesteps} decisions of {cfg.action_repeat} {unit} "
           f"({cfg.n_envs} {cfg.vec_env} envs, "
           f"seed {cfg.seed}); load average {os.getloadavg()[0]:.2f}; writing {cfg.out}/")

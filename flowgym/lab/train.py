@@ -1081,6 +1081,7 @@ def final_evaluation(model_dir: str, *, scenario: str | None = None, rate: float
         sc = get_scenario(agent.meta.get("scenario_data") or agent.meta["scenario"], rate=agent.meta.get("rate"))
     env_kwargs = sc.env_kwargs()
     horizons = sc.report_horizons()  # as flowgym compare reports it (None: run to the end of a finite workload)
+    horizons = None if horizons is None else sorted(set(horizons))
     tune_h = None if horizons is None else (sc.tune_horizon or min(horizons[-1], 2000))  # compare's default too
     specs: list[Any] = []
     tuned: dict[str, Any] = {}
