@@ -70,6 +70,7 @@ def test_an_unknown_agent_parameter_lists_the_agents_parameters():
     ("yesterday,10,5\n", r"row 2: TIMESTAMP 'yesterday' is not a date and time"),
     ("2023-11-16 10:00:00,10,5\n,10,5\n", r"row 3: TIMESTAMP '' is not a date and time"),
     ("NaT,3,4\n", r"row 2: TIMESTAMP 'NaT' is not a date and time"),
+    ("2300-01-01 00:00:00,3,4\n", r"row 2: TIMESTAMP '2300-01-01 00:00:00' is outside the years 1678-2261"),
     ("", r"no requests after the header"),
 ])
 def test_build_azure_npz_names_the_row_and_column_of_a_bad_value(tmp_path, rows, match):

@@ -62,11 +62,15 @@ def build_azure_npz(csv_path: str, npz_path: str) -> int:
                 raise ValueError(f"{csv_path}, row {i}: expected TIMESTAMP, ContextTokens, GeneratedTokens, got {row}")
             stamp = row[0].strip().replace(" ", "T")
             try:
-                bad = np.isnat(np.datetime64(stamp, "ns"))  # "" and "NaT" read as not-a-time
-            except ValueError:
+                when = np.datetime64(stamp)  # its own unit: a date beyond what nanoseconds hold must not wrap
+                bad = np.isnat(when)  # "" and "NaT" read as not-a-time
+            except (ValueError, OverflowError):
                 bad = True
             if bad:
                 raise ValueError(f"{csv_path}, row {i}: TIMESTAMP {row[0]!r} is not a date and time")
+            if not _NS_FIRST <= when < _NS_END:
+                raise ValueError(f"{csv_path}, row {i}: TIMESTAMP {row[0]!r} is outside the years 1678-2261 that "
+                                 "nanosecond times hold")
             ts.append(stamp)
             ctx.append(_length(csv_path, i, "ContextTokens", row[1]))
             gen.append(_length(csv_path, i, "GeneratedTokens", row[2]))
@@ -82,6 +86,10 @@ def build_azure_npz(csv_path: str, npz_path: str) -> int:
         output_len=np.asarray(gen, dtype=np.int32)[order],
     )
     return len(ts)
+
+
+#: The span of ``datetime64[ns]`` (whole days inside it): a time outside would wrap around silently.
+_NS_FIRST, _NS_END = np.datetime64("1678-01-01"), np.datetime64("2262-01-01")
 
 
 def _length(path: str, row: int, column: str, text: str) -> int:
