@@ -100,9 +100,9 @@ class RateSwitch(Agent):
     budgets. It reads only the observation's ``arrival_rate`` (the moving average
     of arrivals per slot, time constant ``rate_window``; per second in continuous time, and so
     is ``threshold``), so it needs the ``dict`` observation. On a shifting request mix
-    (``adaptive-mix``: many short chat turns, then fewer long generations) a high rate means short requests (a large budget
-    keeps up with them) and a low one long requests (a small budget keeps their
-    admissions from overflowing the cache).
+    (``adaptive-mix``: many short chat turns, then fewer long generations) a high rate
+    means short requests (a large budget keeps up with them) and a low one long requests
+    (a small budget keeps their admissions from overflowing the cache).
     """
 
     name = "rate-switch"

@@ -176,12 +176,8 @@ class FlowControlSB3VecEnv(VecEnv):
         if attr_name in ("unwrapped", "engine", "np_random", "spec"):
             raise AttributeError(f"FlowControlSB3VecEnv has no per-environment {attr_name!r}: its environments share "
                                  "one batched engine (a DummyVecEnv of gym.make('FlowControl-v0') has single ones)")
-        if attr_name in ("observation_space", "action_space"):
-            value = getattr(self.venv, "single_" + attr_name)
-        elif attr_name == "metadata":
-            from flowgym.envs.flow_control import FlowControlEnv
-
-            value = FlowControlEnv.metadata
+        if attr_name in ("observation_space", "action_space", "metadata"):  # the batched env maps them to one env's
+            value = self.venv.get_attr(attr_name)[0]
         else:
             value = getattr(self.venv, attr_name)
         return [value for _ in idx]
