@@ -306,3 +306,82 @@ def test_no_evict_controller_never_evicts_and_sglang_runs(engine):
     assert res["greedy-lifo"]["evictions"] > 0
     # reserving against a discounted remainder admits more than reserving the whole cap
     assert res["sglang-reserve"]["mean_kv_usage"] > res["trt-no-evict"]["mean_kv_usage"]
+
+
+SERVING_KEYS = ("time_to_first_token_mean", "time_to_first_token_p50", "time_to_first_token_p99",
+                "refused_admissions", "recomputed_tokens", "prefill_tokens", "generation_tokens",
+                "num_requests_running_mean", "num_requests_waiting_mean")
+
+
+@pytest.mark.parametrize("timed", [False, True])
+def test_serving_metrics_at_a_horizon_are_a_shorter_runs(timed):
+    """serving_metrics_at(log, series, T) of a long run equals the engine's serving_metrics() of a T-step run on
+    the same arrivals, at every T (TTFT counts first tokens by the end of step T), in slots and seconds."""
+    from flowgym.sim.vllm import SERVING_TABLE_METRICS, serving_metrics_at
+
+    assert SERVING_TABLE_METRICS == SERVING_KEYS
+    r = np.random.default_rng(5)
+    n = 120
+    lp, op = r.integers(1, 200, n), r.integers(1, 80, n)
+    if timed:
+        tr, kw = Trace(np.sort(r.uniform(0, 3.0, n)), lp, op, timed=True), {"time_model": LINEAR}
+    else:
+        tr, kw = Trace(np.sort(r.integers(0, 60, n)), lp, op), {}
+    opts = {"block_size": 16, "max_num_seqs": 40, "max_num_batched_tokens": 256}
+    b = r.integers(0, 8, 300)
+    log, ser = _run(VllmEngine(2000, tr, options=opts, **kw), lambda t: b[t], 300)
+    whole = VllmEngine(2000, tr, options=opts, **kw)
+    _run(whole, lambda t: b[t], 300)
+    full = whole.serving_metrics()
+    assert full["recomputed_tokens"] > 0 and full["refused_admissions"] > 0  # the case exercises both
+    for T in (0, 1, 17, 80, 151, 300):
+        eng = VllmEngine(2000, tr, options=opts, **kw)
+        _run(eng, lambda t: b[t], T)
+        want, got = eng.serving_metrics(), serving_metrics_at(log, ser, T)
+        for k in SERVING_KEYS:
+            assert got[k] == pytest.approx(want[k], nan_ok=True), (T, k)
+    with pytest.raises(ValueError, match=r"T must be a whole number of steps in \[0, 300\], got 301"):
+        serving_metrics_at(log, ser, 301)
+    p_log, p_ser = _run(Engine(2000, tr, **kw), lambda t: b[t], 50)
+    with pytest.raises(ValueError, match="engine='paper' records no per-token times"):
+        serving_metrics_at(p_log, p_ser, 10)
+
+
+def test_compare_tables_carry_the_serving_metrics_of_a_vllm_run(tmp_path):
+    """evaluate() on engine vllm-v1: every row, the summary and the CSV have the serving metrics at each
+    horizon, the terminal table a TTFT column; the paper engine's table has none. tune() takes a serving metric
+    on vllm-v1 and refuses it, naming the engine, on the paper's."""
+    import csv
+
+    from flowgym.lab.evaluation import SERVING_METRICS, TABLE_METRICS, build_agent, evaluate, run_episode, tune
+    from flowgym.lab.scenarios import AgentSpec
+
+    env = {"M": 4000, "workload": {"kind": "poisson", "classes": [[10, 20], [10, 40]], "rates": 2.0}}
+    vk = {**env, "engine": "vllm-v1", "engine_options": {"max_num_seqs": 64}}
+    agents = [AgentSpec("flow-control", {"b": 4}), AgentSpec("greedy-lifo", {})]
+    t = evaluate(agents, vk, [0, 1], [100, 250])
+    assert t.metric_names == TABLE_METRICS + SERVING_METRICS
+    assert all(all(k in r for k in SERVING_KEYS) for r in t.rows)
+    ep = run_episode(build_agent(agents[0]), vk, 1, 250)
+    row = next(r for r in t.rows if r["agent"] == "flow-control b=4" and r["seed"] == 1 and r["horizon"] == 100)
+    assert row["time_to_first_token_p50"] == ep.metrics(100)["time_to_first_token_p50"]
+    assert row["refused_admissions"] == int(ep.series["refused"][:100].sum())
+    s = [x for x in t.summary() if x["horizon"] == 250]
+    assert all(np.isfinite(x["time_to_first_token_p50"]) and "time_to_first_token_p50_ci" in x for x in s)
+    text = t.format()
+    assert "TTFT p50" in text.splitlines()[1] and "TTFT p99" not in text
+    assert "TTFT p99" in t.format(wide=True) and "refused" in t.format(wide=True)
+    t.to_csv(str(tmp_path / "v.csv"))
+    with open(tmp_path / "v.csv") as fh:
+        head = next(csv.reader(fh))
+    assert "time_to_first_token_p99" in head and "refused_admissions_ci" in head
+    paper = evaluate(agents[:1], env, [0], [100])
+    assert paper.metric_names == TABLE_METRICS and "TTFT" not in paper.format()
+    assert not any("time_to_first_token_p50" in r for r in paper.rows)
+    spec = AgentSpec("flow-control", {}, tune=("b", [2, 8]))
+    best, rows = tune(spec, vk, [0], 200, metric="time_to_first_token_p99")
+    assert best in (2, 8) and all(np.isfinite(r["time_to_first_token_p99"]) for r in rows)
+    with pytest.raises(ValueError, match="serving metric of engine 'vllm-v1'.*runs engine 'paper'"):
+        tune(spec, env, [0], 200, metric="time_to_first_token_p99")
+    with pytest.raises(ValueError, match="metric must be one of"):
+        tune(spec, vk, [0], 200, metric="ttft")

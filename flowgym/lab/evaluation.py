@@ -29,6 +29,7 @@ from flowgym.agents import make_agent
 from flowgym.envs.flow_control import MAX_COUNT, FlowControlConfig, FlowControlEnv
 from flowgym.sim import _json
 from flowgym.sim.metrics import METRIC_NAMES, metrics_at
+from flowgym.sim.vllm import SERVING_TABLE_METRICS, serving_metrics_at
 from flowgym.lab.scenarios import AgentSpec
 
 __all__ = [
@@ -50,8 +51,11 @@ __all__ = [
     "bound_unsupported",
 ]
 
-#: Metrics summarised per agent and horizon (all of the spec's scalar metrics).
+#: Metrics summarised per agent and horizon (all of the spec's scalar metrics); rows of a ``vllm-v1`` run
+#: also carry :data:`SERVING_METRICS`, summarised and written to the CSV too.
 TABLE_METRICS = METRIC_NAMES
+#: The serving metrics (:data:`flowgym.sim.vllm.SERVING_TABLE_METRICS`) on the rows of a ``vllm-v1`` run.
+SERVING_METRICS = SERVING_TABLE_METRICS
 #: Columns of the wide terminal table (``--wide``).
 DISPLAY_METRICS = (
     "mean_time_in_system",
@@ -69,6 +73,10 @@ DISPLAY_METRICS = (
 
 #: Columns of the terminal table by default (fits 120 columns): the first six, time in system first.
 COMPACT_METRICS = DISPLAY_METRICS[:6]
+#: Columns the terminal table adds for a ``vllm-v1`` run: time to first token by default, and with ``--wide``
+#: its p99 and the admissions the engine refused.
+SERVING_COMPACT = ("time_to_first_token_p50",)
+SERVING_DISPLAY = ("time_to_first_token_p50", "time_to_first_token_p99", "refused_admissions")
 
 
 def _cell(v: float, ci: float) -> str:
@@ -130,8 +138,13 @@ class Episode:
     not_arrived: int = 0
 
     def metrics(self, T: int | None = None) -> dict[str, Any]:
-        """Metrics of the first ``T`` slots (all by default)."""
-        return metrics_at(self.log, self.series, self.config.M, self.series["usage"].size if T is None else T)
+        """Metrics of the first ``T`` slots (all by default); a ``vllm-v1`` run's add its
+        :data:`~flowgym.sim.vllm.SERVING_TABLE_METRICS` (time to first token, refused admissions, ...)."""
+        T = int(self.series["usage"].size) if T is None else T
+        m = metrics_at(self.log, self.series, self.config.M, T)
+        if "first_token" in self.log:
+            m.update(serving_metrics_at(self.log, self.series, T))
+        return m
 
 
 #: The fewest iterations a run to the end of a finite workload stops at when neither the caller nor the scenario
@@ -341,18 +354,27 @@ class ResultTable:
     #: object: its name and class), so the JSON says which variant a row is.
     agent_specs: dict[str, Any] = field(default_factory=dict)
 
+    @property
+    def metric_names(self) -> tuple[str, ...]:
+        """The metrics of the rows: :data:`TABLE_METRICS`, and :data:`SERVING_METRICS` if every row has them
+        (a ``vllm-v1`` run)."""
+        serving = bool(self.rows) and all(all(m in r for m in SERVING_METRICS) for r in self.rows)
+        return TABLE_METRICS + SERVING_METRICS if serving else TABLE_METRICS
+
     def summary(self) -> list[dict[str, Any]]:
-        """Mean and 95% CI half-width (``<metric>_ci``) of each metric, per agent and horizon.
+        """Mean and 95% CI half-width (``<metric>_ci``) of each metric (:attr:`metric_names`), per agent and
+        horizon.
 
         ``n`` is the number of seeds; a metric's mean and interval are over the seeds where it has a value
         (a latency is NaN on a seed where no request finished), so they can rest on fewer than ``n``.
         """
         out = []
+        names = self.metric_names
         for agent in self.agents:
             for T in self.horizons:
                 rs = [r for r in self.rows if r["agent"] == agent and r["horizon"] == T]
                 row: dict[str, Any] = {"agent": agent, "horizon": T, "n": len(rs)}
-                for m in TABLE_METRICS:
+                for m in names:
                     v = np.asarray([r[m] for r in rs], dtype=np.float64)
                     v = v[np.isfinite(v)]
                     row[m] = float(v.mean()) if v.size else float("nan")
@@ -364,7 +386,8 @@ class ResultTable:
         """A text table of the summary at ``horizon`` (the longest by default).
 
         ``metrics`` (default :data:`COMPACT_METRICS`, which fits 120 columns; ``wide=True``:
-        every one of :data:`DISPLAY_METRICS`). Each cell is the mean over seeds and the 95% CI
+        every one of :data:`DISPLAY_METRICS`; a ``vllm-v1`` run adds :data:`SERVING_COMPACT` or
+        :data:`SERVING_DISPLAY`). Each cell is the mean over seeds and the 95% CI
         half-width, both to the decimal place of the CI's first significant digit (at most 3
         decimals). The header names each column's unit; latencies marked ``*`` are over
         completed requests only (survivors), which rewards leaving long requests waiting: time
@@ -372,6 +395,8 @@ class ResultTable:
         """
         if metrics is None:
             metrics = DISPLAY_METRICS if wide else COMPACT_METRICS
+            if self.metric_names != TABLE_METRICS:  # a vllm-v1 run: its time to first token too
+                metrics = metrics + (SERVING_DISPLAY if wide else SERVING_COMPACT)
         T = self.horizons[-1] if horizon is None else horizon
         rows = [r for r in self.summary() if r["horizon"] == T]
         u = self.time_unit
@@ -381,7 +406,9 @@ class ResultTable:
                  "overflow_events": ("overflows", "count"), "wasted_tokens": ("wasted", "tokens"),
                  "mean_kv_usage": ("mean U/M", "share"), "std_kv_usage": ("std U/M", "share"),
                  "max_kv_usage": ("max U/M", "share"), "completed": ("completed", "count"),
-                 "unfinished": ("unfinished", "count")}
+                 "unfinished": ("unfinished", "count"), "time_to_first_token_p50": ("TTFT p50", u),
+                 "time_to_first_token_p99": ("TTFT p99", u), "time_to_first_token_mean": ("TTFT mean", u),
+                 "refused_admissions": ("refused", "count")}
         cells = [[_cell(r[m], r[m + "_ci"]) for m in metrics] for r in rows]
         widths = [max([len(names.get(m, (m, ""))[0]), len(names.get(m, (m, ""))[1]) + 2]
                       + [len(c[i]) for c in cells]) for i, m in enumerate(metrics)]
@@ -413,8 +440,10 @@ class ResultTable:
 
     def to_csv(self, path: str) -> None:
         """Per-seed rows and summary rows (``seed`` = ``mean``) in one CSV; ``T`` (the slots run) and ``elapsed``
-        (the clock at the horizon: seconds in continuous time) on the per-seed rows, ``n`` (seeds) on the summary's."""
-        cols = (["agent", "horizon", "seed"] + list(TABLE_METRICS) + [m + "_ci" for m in TABLE_METRICS]
+        (the clock at the horizon: seconds in continuous time) on the per-seed rows, ``n`` (seeds) on the summary's;
+        the serving metrics too for a ``vllm-v1`` run (:attr:`metric_names`)."""
+        names = self.metric_names
+        cols = (["agent", "horizon", "seed"] + list(names) + [m + "_ci" for m in names]
                 + ["T", "elapsed", "n"])
         with open(path, "w", newline="") as fh:
             wr = csv.DictWriter(fh, fieldnames=cols, extrasaction="ignore")
@@ -704,15 +733,18 @@ def tune(
     """
     if spec.tune is None:
         raise ValueError(f"agent {spec.name!r} has nothing to tune")
-    if metric not in METRIC_NAMES:
-        raise ValueError(f"metric must be one of {METRIC_NAMES}, got {metric!r}")
+    if metric not in METRIC_NAMES and metric not in SERVING_METRICS:
+        raise ValueError(f"metric must be one of {METRIC_NAMES + SERVING_METRICS}, got {metric!r}")
     if metric in ("arrived", "rejected"):  # the workload's, whatever the policy: nothing to choose by
         raise ValueError(f"metric {metric!r} does not depend on the agent: tune by another")
     seeds = _check_seeds(seeds)
     sign = -1.0 if metric in HIGHER_IS_BETTER else 1.0
     param, grid = spec.tune
     for value in grid:  # every value must build and fit the scenario (a bad grid fails before any run)
-        env_for(build_agent(spec, **{param: value}), env_kwargs, horizon)
+        engine = env_for(build_agent(spec, **{param: value}), env_kwargs, horizon).config.engine
+        if metric in SERVING_METRICS and engine != "vllm-v1":
+            raise ValueError(f"metric {metric!r} is a serving metric of engine 'vllm-v1'; {spec.name} "
+                             f"{param}={value!r} runs engine {engine!r}: tune by one of {METRIC_NAMES}")
     from flowgym.lab.parallel import using
 
     cells = [TuneCell(spec, param, value, env_kwargs, int(seed), horizon, metric) for value in grid for seed in seeds]

@@ -89,6 +89,8 @@ __all__ = [
     "STEP_FIELDS",
     "default_max_tokens",
     "make_engine",
+    "SERVING_TABLE_METRICS",
+    "serving_metrics_at",
 ]
 
 _I64 = np.int64
@@ -808,14 +810,8 @@ class VllmEngine(Engine):
         """
         n = self.n_arrived
         nan = float("nan")
-        if self.timed:
-            ft = self.first_token[:n]
-            has = ~np.isnan(ft)
-            ttft = ft[has] - self.arrival_time[:n][has]
-        else:
-            fs = self.first_token_step[:n]
-            has = fs >= 0
-            ttft = (fs[has] - self.arrival[:n][has]).astype(np.float64)
+        ttft = _ttft(self.first_token_step[:n], self.arrival[:n],
+                     self.first_token[:n] if self.timed else None, self.arrival_time[:n] if self.timed else None)
         base = Engine.series(self)
         st = self.step_series()
         T = int(base["usage"].size)
@@ -841,6 +837,61 @@ class VllmEngine(Engine):
                                                        "first_token_step", "_r_id", "_r_comp", "_r_blk", "_r_start",
                                                        "_r_dec"))
         return super().memory_bytes() + extra
+
+
+def _ttft(first_step: np.ndarray, arrival: np.ndarray, first_time: np.ndarray | None,
+          arrival_time: np.ndarray | None, T: int | None = None) -> np.ndarray:
+    """Time to first token of the requests that have one (by the end of step ``T``, if given): steps in
+    unit slots, seconds when ``first_time``/``arrival_time`` are given."""
+    has = first_step >= 0 if T is None else (first_step >= 0) & (first_step <= T)
+    if first_time is not None and arrival_time is not None:
+        return (first_time[has] - arrival_time[has]).astype(np.float64)
+    return (first_step[has] - arrival[has]).astype(np.float64)
+
+
+#: The serving metrics :func:`serving_metrics_at` derives for any horizon of a ``vllm-v1`` run (the per-seed
+#: rows and tables of ``flowgym compare``); the inter-token latencies need every token's time and come from
+#: :meth:`VllmEngine.serving_metrics` (the whole run) only; ``num_preemptions`` is the table's ``evictions``.
+SERVING_TABLE_METRICS = (
+    "time_to_first_token_mean",
+    "time_to_first_token_p50",
+    "time_to_first_token_p99",
+    "refused_admissions",
+    "recomputed_tokens",
+    "prefill_tokens",
+    "generation_tokens",
+    "num_requests_running_mean",
+    "num_requests_waiting_mean",
+)
+
+
+def serving_metrics_at(log: Mapping[str, np.ndarray], series: Mapping[str, np.ndarray], T: int) -> dict[str, Any]:
+    """The :data:`SERVING_TABLE_METRICS` of the first ``T`` steps of a ``vllm-v1`` run, from its
+    :meth:`VllmEngine.request_log` and :meth:`VllmEngine.series` (as :func:`~flowgym.sim.metrics.metrics_at`
+    does for the paper's metrics): the same values as :meth:`VllmEngine.serving_metrics` of a ``T``-step run
+    on the same seed. TTFT counts the requests whose first output token came by the end of step ``T``.
+    ``ValueError`` if the log is not a ``vllm-v1`` run's (no ``first_token``) or ``T`` is out of range."""
+    if "first_token" not in log or "refused" not in series:
+        raise ValueError("serving metrics need a vllm-v1 run's request log and series (first_token, refused); "
+                         "this run has none: engine='paper' records no per-token times")
+    size = int(series["usage"].size)
+    if isinstance(T, (bool, np.bool_)) or not isinstance(T, (int, np.integer)) or not 0 <= T <= size:
+        raise ValueError(f"T must be a whole number of steps in [0, {size}], got {T!r}")
+    T = int(T)
+    ttft = _ttft(np.asarray(log["first_token"]), np.asarray(log["arrival"]), log.get("first_token_time"),
+                 log.get("arrival_time"), T)
+    nan = float("nan")
+    return {
+        "time_to_first_token_mean": float(ttft.mean()) if ttft.size else nan,
+        "time_to_first_token_p50": float(np.percentile(ttft, 50)) if ttft.size else nan,
+        "time_to_first_token_p99": float(np.percentile(ttft, 99)) if ttft.size else nan,
+        "refused_admissions": int(series["refused"][:T].sum()),
+        "recomputed_tokens": int(series["recomputed_tokens"][:T].sum()),
+        "prefill_tokens": int(series["prefill_tokens"][:T].sum()),
+        "generation_tokens": int(series["generated"][:T].sum()),
+        "num_requests_running_mean": float(series["active"][:T].mean()) if T else nan,
+        "num_requests_waiting_mean": float(series["queue_len"][:T].mean()) if T else nan,
+    }
 
 
 def make_engine(mode: str, M: int, workload: Any, *, engine_options: Mapping[str, Any] | None = None,
