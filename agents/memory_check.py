@@ -120,7 +120,8 @@ class AMin(MemoryCheck):
     """A_min (Chen et al. 2025), as Dong & Cao describe it; the exact rule implemented here.
 
     Every request's output length is estimated by a lower bound, initially the
-    shortest possible value (``estimate_floor``, default 1). Admission: the
+    shortest possible value (the environment's ``estimate_floor``: by default the
+    workload's shortest possible output, e.g. 20 for the paper's classes). Admission: the
     queue is ordered by ascending estimate (``queue_order="estimate"``) and the
     memory check of :class:`MemoryCheck` admits the longest prefix whose
     projected usage, with estimated lengths, stays within ``M`` (an active

@@ -28,7 +28,7 @@ if __name__ == "__main__":
     w = theory.work(10, 20), theory.work(10, 40), theory.work(10, 60)
     print("w_k =", w, " rho(lambda=3.5) =", round(theory.load(16492, 3.5, PAPER), 3))
     b_star = theory.max_global_budget(16492, sum(w) / 3)
-    print("largest budget with b E[w] <= M (Theorem 2):", b_star)
+    print("largest budget with b E[w] <= M (the edge of Theorem 2's memory condition):", b_star)
     print(f"{'B_t':>4} {'avg lat':>8} {'p95 lat':>8} {'req/slot':>9} {'evictions':>9} {'mean U/M':>8}")
     for b in (11, b_star, 16, 64):
         m = run(b)

@@ -384,7 +384,7 @@ def test_mcsf_admits_shortest_output_first():
 
 
 def test_amin_admits_on_estimates_and_raises_them_on_eviction():
-    # M = 100. t=0: four requests (l=10, o=40).
+    # M = 100. t=0: four requests (l=10, o=40); estimate_floor=1 (not the trace's shortest output, 40).
     # A_min: every estimate is 1, a candidate holds 11 tokens for 1 slot:
     #   11, 22, 33, 44 <= 100 -> admits all 4.
     # MC with known lengths: each peaks at 10 + 40 = 50 -> admits 2 (2 * 50 = 100).
@@ -392,7 +392,7 @@ def test_amin_admits_on_estimates_and_raises_them_on_eviction():
     agent = AMin()
     opts = agent.env_options()
     assert opts["queue_order"] == "estimate" and opts["eviction"] == "estimate"
-    env, obs = start(agent, M=100, horizon=None, workload=wl)
+    env, obs = start(agent, M=100, horizon=None, workload=wl, estimate_floor=1)
     view = env.view()
     np.testing.assert_array_equal(view.queue().estimate, [1, 1, 1, 1])
     assert agent.act(obs, view) == 4 == brute_mc(100, *assumed_lengths(agent, view))
@@ -492,9 +492,11 @@ def test_amin_admits_the_brute_force_prefix_on_estimates(scn, seed):
         assert env.action_space.contains(action)
         assert action == brute_mc(view.M, *assumed_lengths(agent, view))
         q = view.queue()
-        # estimates are lower bounds: evicted requests know o > j; fresh ones start at 1
-        assert (q.estimate[q.evictions == 0] == 1).all()
-        assert (q.estimate >= 1).all()
+        # estimates are lower bounds: evicted requests know o > j; fresh ones start at the shortest possible
+        # output, the smallest class output here (the environment's default estimate_floor)
+        floor = min(o for _, o in scn["workload"]["classes"])
+        assert (q.estimate[q.evictions == 0] == floor).all()
+        assert (q.estimate >= floor).all()
         obs, _, te, tr, info = env.step(action)
         done = te or tr
     log = env.request_log()
@@ -779,3 +781,21 @@ def test_rate_switch_follows_the_phases_of_adaptive_mix():
     acts = np.asarray(acts)
     # the moving average (time constant 32 slots) crosses the threshold within ~100 slots of a switch
     assert (acts[100:1000] == 40).all() and (acts[1100:2000] == 4).all()
+
+
+def test_amin_starts_from_the_shortest_possible_output():
+    """Dong & Cao's A_min "treats the decoding length of each request as the shortest possible value": by default
+    the estimates start at the workload's shortest output (the mirror of MC's longest), so on the trace above
+    (every o = 40) A_min admits what fits with 40 tokens each: the peak 10 + 40 = 50 twice in M = 100."""
+    wl = trace([(0, 10, 40)] * 4)
+    agent = AMin()
+    env, obs = start(agent, M=100, horizon=None, workload=wl)
+    view = env.view()
+    np.testing.assert_array_equal(view.queue().estimate, [40, 40, 40, 40])
+    assert agent.act(obs, view) == 2 == brute_mc(100, *assumed_lengths(agent, view))
+    paper = {"M": 16492, "workload": {"kind": "poisson", "classes": [[10, 20], [10, 40], [10, 60]], "rates": 5.0}}
+    env, _ = start(agent, **paper)
+    env.step(0)
+    assert env.engine.estimate_floor == 20 and set(env.view().queue().estimate.tolist()) == {20}
+    env, _ = start(agent, **paper, estimate_floor=3)  # an explicit floor wins
+    assert env.engine.estimate_floor == 3

@@ -1174,7 +1174,7 @@ def test_theory_helpers_and_latency_refuse_bad_numbers_by_name():
     from flowgym.sim.theory import load, reflected_walk_mean
     from flowgym.sim.workloads import MultiClassPoisson
 
-    with pytest.raises(ValueError, match="latency coefficient c .* must be positive"):
+    with pytest.raises(ValueError, match=r"latency coefficient c .* must be at least 0.001 .* got 0"):
         JailletLatency(a=0, b=0, c=0, p=0)
     for rate, budget, msg in ((3, 4.0, "budget must be a non-negative integer"), (0, 0.5, "budget must be a non-neg"),
                               (-2, 1, "rate .* must be a non-negative finite number"),
@@ -1569,3 +1569,42 @@ def test_metrics_and_sketch_refuse_what_they_would_misread():
             sk.add(bad)
     sk.add(np.array([1.0, 3.0]))  # whole floats are integers
     assert sk.count == 2 and sk.quantile(0.5) == 2.0
+
+
+def test_continuous_time_refuses_what_the_clock_cannot_count():
+    """A float64 clock at 2**53 s adds nothing for a 1 s iteration (latencies read 0), a duration of 5e-324 s
+    stalls it, a rate of 1e-12 requests/s makes an idle server draw chunks for days, and a callable's "0.1" or
+    True is not a duration: each is refused, naming the field, the row or the value."""
+    w = {"kind": "trace", "timed": True, "arrival": [0.0, 1e15], "prompt_len": [10, 10], "output_len": [20, 20]}
+    with pytest.raises(ValueError, match=r"column 'arrival', index 1: .* too large for an arrival in seconds "
+                                         r"\(at most 4294967296: beyond it the clock"):
+        gym.make("FlowControl-v0", M=1000, time_model="llama2-70b-tp2-a100", workload=w, horizon=10)
+    # Unix timestamps still fit, and an iteration still moves the clock there
+    env = gym.make("FlowControl-v0", M=1000, time_model="llama2-70b-tp2-a100", horizon=100,
+                   workload={**w, "arrival": [1.7e9, 1.7e9 + 1.0]})
+    env.reset(seed=0)
+    done = False
+    while not done:
+        _, _, te, tr, _ = env.step(4)
+        done = te or tr
+    log = env.unwrapped.request_log()
+    assert ((log["finish_time"] - log["arrival_time"]) > 1.0).all()
+    with pytest.raises(ValueError, match=r"c0 must be at least 1e-06 seconds .* got 5e-324"):
+        gym.make("FlowControl-v0", M=1000, time_model={"kind": "linear", "c0": 5e-324}, workload=w, horizon=10)
+    with pytest.raises(ValueError, match=r"c \(milliseconds per iteration\) must be at least 0.001 .* got 1e-09"):
+        gym.make("FlowControl-v0", M=1000, time_model={"kind": "jaillet", "c": 1e-9}, workload=w, horizon=10)
+    for rate, low in ((1e-12, "1e-12"), ({"kind": "steps", "times": [0, 10], "rates": [1.0, 1e-9]}, "1e-09")):
+        with pytest.raises(ValueError, match=rf"rate: {low} requests per second is too low for continuous time"):
+            gym.make("FlowControl-v0", M=1000, time_model={"kind": "linear", "c0": 0.01},
+                     workload={"kind": "iid", "timed": True, "rate": rate, "lengths": {"kind": "lmsys-like"}})
+    tw = {**w, "arrival": [0.0, 1.0]}
+    for ret, msg in (("0.1", "need a number of seconds"), (True, "need a number of seconds"),
+                     (1e-300, "need a duration of 1e-06 to 3600 seconds")):
+        env = gym.make("FlowControl-v0", M=1000, time_model=lambda P, D, K, B, r=ret: r, workload=tw, horizon=10)
+        env.reset(seed=0)
+        with pytest.raises(ValueError, match=msg):
+            env.step(1)
+    env = gym.make("FlowControl-v0", M=1000, time_model=lambda P, D, K, B: np.array(0.05), workload=tw, horizon=10)
+    env.reset(seed=0)
+    env.step(1)  # a 0-d array is its number
+    assert env.unwrapped.engine.now == pytest.approx(0.05)

@@ -754,3 +754,25 @@ def test_mixture_bad_streams_name_the_stream(streams, match):
 ])
 def test_stationary_is_a_constant_rate_poisson_process(spec, want):
     assert make_workload(spec).stationary is want
+
+
+def test_min_output_tokens_is_the_shortest_possible_output():
+    """``min_output_tokens()`` (A_min's initial estimate): the smallest output each workload kind can produce."""
+    from flowgym.sim.workloads import make_workload
+
+    assert make_workload({"kind": "poisson", "classes": [[10, 40], [10, 20], [5, 60]], "rates": 1.0}
+                         ).min_output_tokens() == 20
+    emp = {"kind": "empirical", "pairs": [[3, 7], [4, 2], [9, 9]], "weights": [0.5, 0.0, 0.5]}
+    assert make_workload({"kind": "iid", "rate": 1.0, "lengths": emp}).min_output_tokens() == 7  # weight 0: not
+    ln = {"kind": "lognormal", "prompt_median": 50, "output_median": 80, "prompt_sigma": 0.5, "output_sigma": 0.8}
+    assert make_workload({"kind": "iid", "rate": 1.0, "lengths": ln}).min_output_tokens() == 1
+    assert make_workload({"kind": "iid", "rate": 1.0, "lengths": {**ln, "output_sigma": 0.0}}
+                         ).min_output_tokens() == 80
+    assert make_workload({"kind": "iid", "rate": 1.0, "lengths": {"kind": "lmsys-like"}}).min_output_tokens() == 1
+    mix = {"kind": "mix", "streams": [{"kind": "iid", "rate": 1.0, "lengths": emp},
+                                       {"kind": "iid", "rate": 1.0, "lengths": {**ln, "output_sigma": 0.0}}]}
+    assert make_workload(mix).min_output_tokens() == 7
+    assert Trace([0, 1, 2], [5, 5, 5], [9, 4, 30]).min_output_tokens() == 4
+    assert Trace([], [], []).min_output_tokens() is None
+    conv = make_workload({"kind": "azure", "trace": "conv"})
+    assert conv.min_output_tokens() == int(conv.output_len.min()) >= 1

@@ -117,8 +117,10 @@ class FlowControlConfig:
     #: Queue order: ``"fifo"`` (default), ``"sjf"`` (shortest known output first; needs
     #: known lengths) or ``"estimate"`` (smallest output estimate first).
     queue_order: str = "fifo"
-    #: Initial output estimate of every request (``estimate`` order and eviction).
-    estimate_floor: int = 1
+    #: Initial output estimate of every request (``estimate`` order and eviction, A_min): ``None`` (default)
+    #: takes the workload's shortest possible output (``Workload.min_output_tokens()``, 1 when it states none):
+    #: the paper's A_min "treats the decoding length of each request as the shortest possible value".
+    estimate_floor: int | None = None
     #: ``"dict"`` (a ``Dict`` of ``Box``es), ``"flat"`` (one ``Box``, for ``MlpPolicy``),
     #: ``"load"`` (one ``Box`` of the 17 scale-free load features of
     #: :mod:`flowgym.sim.estimators`: the same meaning at any ``M``, rate or length scale) or
@@ -257,8 +259,9 @@ class FlowControlConfig:
                 raise ValueError(f"{name} must be one of {sorted(table)}, got {v!r}")
         if self.queue_order == "sjf" and not self.output_length_known:
             raise ValueError("queue_order='sjf' reads output lengths: it needs output_length_known=True")
-        pos_int("estimate_floor", self.estimate_floor)
-        at_most("estimate_floor", self.estimate_floor, MAX_COUNT, "2**53, tokens the simulator counts exactly")
+        if self.estimate_floor is not None:
+            pos_int("estimate_floor", self.estimate_floor)
+            at_most("estimate_floor", self.estimate_floor, MAX_COUNT, "2**53, tokens the simulator counts exactly")
         if self.observation not in ("dict", "flat", *LOAD_OBSERVATIONS):
             raise ValueError(f"observation must be {one_of(('dict', 'flat', *LOAD_OBSERVATIONS))}, "
                              f"got {self.observation!r}")
@@ -552,7 +555,10 @@ class FlowControlEnv(gym.Env[Any, Any]):
     ``queue_order`` (``fifo``; ``sjf``, shortest known output first;
     ``estimate``, smallest output estimate first) decides who is admitted
     first; ``eviction`` (``lifo``; ``all``; ``estimate``) who leaves on
-    overflow. See :mod:`flowgym.sim.rules`.
+    overflow. See :mod:`flowgym.sim.rules`. Every request's output estimate starts at
+    ``estimate_floor``, by default the workload's shortest possible output (20 for the paper's
+    classes, a trace's shortest output, 1 for a log-normal length law), and an evicted request's
+    rises to the tokens it had generated plus one (A_min).
 
     ## Arguments
 
@@ -609,7 +615,8 @@ class FlowControlEnv(gym.Env[Any, Any]):
             engine_options=dict(cfg.engine_options) or None,
             eviction=cfg.eviction,
             queue_order=cfg.queue_order,
-            estimate_floor=cfg.estimate_floor,
+            estimate_floor=(cfg.estimate_floor if cfg.estimate_floor is not None
+                            else int(min(max(self.workload.min_output_tokens() or 1, 1), MAX_COUNT))),
             time_model=None if cfg.time_model == "slot" else cfg.time_model,
             per_class=cfg.per_class_budget,
             track_class_queue=cfg.output_length_known and m > 0 and not cfg.per_class_budget,

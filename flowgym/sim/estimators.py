@@ -1,9 +1,9 @@
 """Online load estimates a real server can make: the safe budget ``M / E[w]`` and scale-free features.
 
-Proposition 1 of the paper says the system is stable while ``lambda E[w] < M``,
+Propositions 1 and 2 of the paper say no policy keeps the system stable when ``lambda E[w] > M``,
 with ``w_i = l_i o_i + o_i (o_i + 1) / 2`` the KV token-slots a request holds over
-its life. So ``M / E[w]`` is the rate of starts the cache sustains: the
-*safe budget*. The best fixed budgets of the paper's scenarios sit at 1-2x of
+its life. So ``M / E[w]`` is the most starts per slot the cache can sustain (a ceiling, not a
+guarantee: Theorems 1 and 2 need a margin below it): the *safe budget*. The best fixed budgets of the paper's scenarios sit at 1-2x of
 it, and when the request mix changes the safe budget moves with it (37 starts
 per slot in ``adaptive-mix``'s chat phase, 2.5 in its long phase). A learned
 policy that chooses a *multiplier* ``k`` on the safe budget only has to learn a

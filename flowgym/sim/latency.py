@@ -22,7 +22,7 @@ import math
 from collections.abc import Callable, Mapping
 from typing import Any
 
-from flowgym.sim._checks import non_negative
+from flowgym.sim._checks import is_real, non_negative
 
 __all__ = [
     "LatencyModel",
@@ -40,6 +40,10 @@ __all__ = [
 #: each coefficient by it instead (in their own unit), not their sum over a batch: their durations are
 #: computed as a step runs, and the compiled loop computes them too.
 MAX_ITERATION_SECONDS = 3600.0
+#: The shortest batch iteration a model may give (seconds): no serving system iterates faster, and a float64
+#: clock at a timed trace's largest arrival (:data:`flowgym.sim.workloads.MAX_ARRIVAL_SECONDS`) still resolves
+#: it. The built-in models check their fixed term against it (``c0``, Jaillet's ``c``): every other term adds.
+MIN_ITERATION_SECONDS = 1e-6
 
 
 def _coef(name: str, v: Any, unit: str = "s") -> float:
@@ -85,8 +89,9 @@ class LinearLatency(LatencyModel):
         self.c_prefill = _coef("c_prefill", c_prefill)
         self.c_decode = _coef("c_decode", c_decode)
         self.c_kv = _coef("c_kv", c_kv)
-        if self.c0 == 0:
-            raise ValueError("latency coefficient c0 must be positive (an iteration takes time)")
+        if self.c0 < MIN_ITERATION_SECONDS:
+            raise ValueError(f"latency coefficient c0 must be at least {MIN_ITERATION_SECONDS:g} seconds (an "
+                             f"iteration takes time; the clock would not resolve less), got {c0!r}")
 
     def duration(self, P: int, D: int, K: int, B: int) -> float:
         return self.c0 + self.c_prefill * P + self.c_decode * D + self.c_kv * K
@@ -112,9 +117,10 @@ class JailletLatency(LatencyModel):
 
     def __init__(self, a: float = 0.0027, b: float = 0.52, c: float = 44.6, p: float = 0.378) -> None:
         self.a, self.b, self.c, self.p = (_coef(n, v, "ms") for n, v in (("a", a), ("b", b), ("c", c), ("p", p)))
-        if self.c == 0:  # as LinearLatency's c0: an idle or decode-only iteration would take no time
-            raise ValueError("latency coefficient c (milliseconds per iteration) must be positive (an iteration "
-                             f"takes time), got {c!r}")
+        if self.c < MIN_ITERATION_SECONDS * 1000:  # as LinearLatency's c0: an idle iteration would take no time
+            raise ValueError(f"latency coefficient c (milliseconds per iteration) must be at least "
+                             f"{MIN_ITERATION_SECONDS * 1000:g} (an iteration takes time; the clock would not "
+                             f"resolve less), got {c!r}")
 
     def duration(self, P: int, D: int, K: int, B: int) -> float:
         mean_ctx = (K + P) / B if B else 0.0
@@ -141,13 +147,19 @@ class CallableLatency(LatencyModel):
         after either error the environment is as before the step and the step can be retried.
         """
         try:
-            d = float(self.fn(P, D, K, B))
+            got = self.fn(P, D, K, B)
         except Exception as e:  # noqa: BLE001 - user code: named and chained
             raise RuntimeError(f"time_model callable {self.label} raised {type(e).__name__}: {e} (for P={P}, "
                                f"D={D}, K={K}, B={B}; the step was not applied)") from e
-        if not math.isfinite(d) or d <= 0 or d > MAX_ITERATION_SECONDS:
+        if getattr(got, "ndim", None) == 0 and hasattr(got, "item"):  # a 0-d numpy array: its number
+            got = got.item()
+        if not is_real(got):  # "0.1" or True would pass float()
+            raise ValueError(f"time_model callable {self.label} returned {got!r} for P={P}, D={D}, K={K}, B={B}: "
+                             "need a number of seconds (the step was not applied)")
+        d = float(got)
+        if not math.isfinite(d) or d < MIN_ITERATION_SECONDS or d > MAX_ITERATION_SECONDS:
             raise ValueError(f"time_model callable {self.label} returned {d!r} for P={P}, D={D}, K={K}, B={B}: "
-                             f"need a positive duration of at most {MAX_ITERATION_SECONDS:g} seconds "
+                             f"need a duration of {MIN_ITERATION_SECONDS:g} to {MAX_ITERATION_SECONDS:g} seconds "
                              "(the step was not applied)")
         return d
 

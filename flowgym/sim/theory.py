@@ -143,7 +143,10 @@ def theorem1(
 
 
 def max_global_budget(M: float, mean_work: float, eps: float = 0.0) -> int:
-    """Largest integer ``b`` with ``b * E[w] <= (1 - eps) * M`` (Theorem 2)."""
+    """Largest integer ``b`` with ``b * E[w] <= (1 - eps) * M``: Theorem 2's memory condition.
+
+    The theorem needs ``eps > 0`` (and ``b > lambda``); its overflow bound decays with ``eps^2 M^2``, so
+    ``eps = 0`` (the default) gives the edge of the condition, not a budget the theorem covers."""
     _check_M(M)
     if not 0 <= eps < 1:
         raise ValueError(f"eps must be in [0, 1), got {eps}")

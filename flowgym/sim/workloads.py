@@ -66,8 +66,15 @@ __all__ = [
 MAX_TOKENS = 2**40
 #: Number of request classes a trace may name (ids 0..MAX_CLASSES-1).
 MAX_CLASSES = 2**16
-#: Largest arrival a trace may hold (slot numbers or seconds): within int64 and exactly a float.
+#: Largest arrival a trace may hold in slots: within int64 and exactly a float.
 MAX_ARRIVAL = 2**53
+#: Largest arrival a timed trace may hold, in seconds (2**32, about 136 years: Unix timestamps fit): there the
+#: float64 clock still resolves 1e-6 s, the shortest iteration a time model may take
+#: (:data:`flowgym.sim.latency.MIN_ITERATION_SECONDS`); at 2**53 s an iteration would add nothing to it.
+MAX_ARRIVAL_SECONDS = 2**32
+#: Smallest positive arrival rate of a timed stream (requests per second): an idle server draws 60-second chunks
+#: until a request comes, about ``1 / (rate * 60)`` of them (a rate of 1e-12 would take days).
+MIN_TIMED_RATE = 1e-6
 
 #: Slots generated per call to :meth:`Workload.sample`. Fixed so that the random
 #: stream, and hence the workload, depends on the seed only.
@@ -239,6 +246,11 @@ class Workload(ABC):
         """Largest output length ``o`` the workload can produce, when bounded."""
         return None
 
+    def min_output_tokens(self) -> int | None:
+        """Shortest output length ``o`` the workload can produce, when stated (A_min's initial estimate,
+        "the shortest possible value"); ``None``: not stated, read as 1."""
+        return None
+
     def to_spec(self) -> dict[str, Any]:
         """A JSON-serialisable mapping that :func:`make_workload` turns back into this workload."""
         raise NotImplementedError(f"{type(self).__name__} has no mapping form")
@@ -343,6 +355,9 @@ class MultiClassPoisson(Workload):
     def max_output_tokens(self) -> int:
         return int(self.classes[:, 1].max())
 
+    def min_output_tokens(self) -> int:
+        return int(self.classes[:, 1].min())
+
     def to_spec(self) -> dict[str, Any]:
         return {
             "kind": "poisson",
@@ -375,6 +390,10 @@ class LengthDistribution(ABC):
     @abstractmethod
     def max_output(self) -> int:
         """Largest ``o`` the distribution can produce."""
+
+    def min_output(self) -> int:
+        """Shortest ``o`` the distribution can produce (1 unless a subclass knows better)."""
+        return 1
 
     @abstractmethod
     def to_spec(self) -> dict[str, Any]:
@@ -436,6 +455,9 @@ class EmpiricalLengths(LengthDistribution):
     def max_output(self) -> int:
         return int(self.pairs[self.p > 0, 1].max())
 
+    def min_output(self) -> int:
+        return int(self.pairs[self.p > 0, 1].min())
+
     def to_spec(self) -> dict[str, Any]:
         return {"kind": "empirical", "pairs": self.pairs.tolist(), "weights": self.p.tolist()}
 
@@ -491,6 +513,7 @@ class LogNormalLengths(LengthDistribution):
         self.max_output_len = self._clip("max_output", max_output)
         sp, pp = _rounded_lognormal_pmf(self.prompt_median, self.prompt_sigma, 1, self.max_prompt)
         so, po = _rounded_lognormal_pmf(self.output_median, self.output_sigma, 1, self.max_output_len)
+        self._min_output = int(so[po > 0].min())  # 1 unless sigma is 0 (or so small that 1 has no mass)
         el, eo, eo2 = (sp * pp).sum(), (so * po).sum(), (so * so * po).sum()
         self._mean_work = float(el * eo + (eo + eo2) / 2.0)  # l and o independent
 
@@ -541,6 +564,9 @@ class LogNormalLengths(LengthDistribution):
     def max_output(self) -> int:
         return self.max_output_len
 
+    def min_output(self) -> int:
+        return self._min_output
+
     def to_spec(self) -> dict[str, Any]:
         return {
             "kind": "lognormal",
@@ -570,6 +596,9 @@ class NamedLengths(LengthDistribution):
 
     def max_output(self) -> int:
         return self.dist.max_output()
+
+    def min_output(self) -> int:
+        return self.dist.min_output()
 
     def to_spec(self) -> dict[str, Any]:
         return dict(self.spec)
@@ -630,6 +659,15 @@ class IIDPoisson(Workload):
             raise ValueError(f"n_requests {n_requests!r} is too large (at most {MAX_COUNT})")
         _check_chunk_load("rate", self.peak_rate(), CHUNK_SECONDS if timed else CHUNK_SLOTS,
                           "second" if timed else "slot")
+        if timed:  # an idle server draws chunks until a request comes: a tiny rate would loop for days
+            rs = getattr(self.schedule, "rates", None)
+            lows = [float(r) for r in np.ravel(rs) if r > 0] if rs is not None else [self.peak_rate()]
+            low = min([r for r in lows if r > 0], default=0.0)
+            if 0 < low < MIN_TIMED_RATE:
+                raise ValueError(f"rate: {low:g} requests per second is too low for continuous time (a positive "
+                                 f"rate must be at least {MIN_TIMED_RATE:g}: an idle server draws "
+                                 f"{CHUNK_SECONDS:g}-second chunks until a request comes, about "
+                                 f"{1 / (low * CHUNK_SECONDS):.3g} of them); use 0 for no arrivals")
         self.finite = self.n_requests is not None
         self.timed = bool(timed)
         self.chunk_span = CHUNK_SECONDS if self.timed else CHUNK_SLOTS
@@ -687,6 +725,9 @@ class IIDPoisson(Workload):
 
     def max_output_tokens(self) -> int:
         return self.lengths.max_output()
+
+    def min_output_tokens(self) -> int:
+        return self.lengths.min_output()
 
     def to_spec(self) -> dict[str, Any]:
         out: dict[str, Any] = {"kind": "iid", "rate": self.schedule.to_spec(), "lengths": self.lengths.to_spec()}
@@ -784,6 +825,10 @@ class Mixture(Workload):
     def max_output_tokens(self) -> int:
         return max(int(w.max_output_tokens()) for w in self.streams)
 
+    def min_output_tokens(self) -> int | None:
+        lows = [w.min_output_tokens() for w in self.streams]
+        return None if any(v is None for v in lows) else min(int(v) for v in lows)
+
     def to_spec(self) -> dict[str, Any]:
         return {"kind": "mix", "streams": [w.to_spec() for w in self.streams]}
 
@@ -851,12 +896,14 @@ def _trace_column(
         i = int(np.flatnonzero(bad)[0])
         need = "non-negative" if allow_zero else "at least 1"
         raise TraceError(f"column {name!r}, {where(i)}: {shown(i)} must be {need}")
-    limit = float(MAX_ARRIVAL if name == "arrival" else MAX_TOKENS)
+    limit = float((MAX_ARRIVAL if whole else MAX_ARRIVAL_SECONDS) if name == "arrival" else MAX_TOKENS)
     bad = f > limit
-    if bad.any():  # beyond what int64 arithmetic (l + o, usage sums, slot numbers) can hold
+    if bad.any():  # beyond what int64 arithmetic (l + o, usage sums, slot numbers) or the clock can hold
         i = int(np.flatnonzero(bad)[0])
-        what = "an arrival" if name == "arrival" else "a length"
-        raise TraceError(f"column {name!r}, {where(i)}: {shown(i)} is too large for {what} (at most {int(limit)})")
+        what = "a length" if name != "arrival" else "an arrival" if whole else "an arrival in seconds"
+        why = "" if name != "arrival" or whole else (
+            ": beyond it the clock no longer resolves an iteration; give times from the trace's start")
+        raise TraceError(f"column {name!r}, {where(i)}: {shown(i)} is too large for {what} (at most {int(limit)}{why})")
     if not whole:
         return f
     for i in np.flatnonzero(f >= 2.0**53):  # where a float no longer holds every integer: 2**53 + 1 reads as 2**53
@@ -1188,6 +1235,9 @@ class Trace(Workload):
 
     def max_output_tokens(self) -> int:
         return int(self.output_len.max()) if len(self) else 0
+
+    def min_output_tokens(self) -> int | None:
+        return int(self.output_len.min()) if len(self) else None
 
     def to_spec(self) -> dict[str, Any]:
         if self._source is not None:
