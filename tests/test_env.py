@@ -475,3 +475,68 @@ def test_reset_refuses_options_it_would_not_read():
     with pytest.raises(ValueError, match=r"the only option is 'reset_mask', got \['bogus'\]"):
         vec.reset(seed=0, options={"bogus": 1})
     vec.reset(seed=0)
+
+
+def test_actions_of_another_shape_are_refused():
+    """A Discrete action is an integer, or an integer array of shape () or (1,); a Box action of the log-multiplier
+    has the box's shape (a bare number for one multiplier). A (1, 1) or (1, 1, 1) array is refused, naming it."""
+    from flowgym.envs.flow_control import FlowControlEnv
+
+    env = FlowControlEnv()
+    env.reset(seed=0)
+    for a in (3, np.int64(3), np.array(3), np.array([3])):
+        assert env.step(a)[4]["admitted"] <= 3
+    for a in (np.array([[3]]), np.array([[[3]]]), np.array([3, 4])):
+        with pytest.raises(ValueError, match="is not in the action space Discrete"):
+            env.step(a)
+    env = FlowControlEnv(action="log-multiplier", observation="load")
+    env.reset(seed=0)
+    for a in (0.5, 1, np.float32(0.2), np.array(0.5), np.array([0.5]), [0.5]):
+        env.step(a)
+    with pytest.raises(ValueError, match=r"is not in the action space Box"):
+        env.step(np.array([[0.5]]))
+    env = FlowControlEnv(action="log-multiplier", observation="load", multiplier_of="max")
+    env.reset(seed=0)
+    env.step(np.array([0.5, 0.1]))
+    for a in (0.5, np.array([[0.5, 0.1]])):
+        with pytest.raises(ValueError, match=r"is not in the action space Box"):
+            env.step(a)
+
+
+def test_a_config_after_a_json_round_trip_equals_the_original():
+    """Tuple fields (multipliers, hist_edges, projection_offsets) come back from JSON as lists: the config keeps
+    them as tuples, so the round-tripped config compares equal."""
+    from gymnasium.envs.registration import EnvSpec
+
+    env = gym.make("FlowControl-v0", hist_edges=(0, 4, 64), projection_offsets=(0, 3), multipliers=(0.5, 2.0))
+    again = gym.make(EnvSpec.from_json(env.spec.to_json()))
+    assert again.unwrapped.config == env.unwrapped.config
+    assert again.unwrapped.config.hist_edges == (0, 4, 64)
+
+
+def test_a_refused_randomized_reset_leaves_no_episode_and_keeps_the_chain():
+    """A reset whose draw FlowControl-v0 refuses raises, naming it; stepping afterwards is refused (the old episode
+    is gone), and the next unseeded reset draws what it would have drawn had the failed reset not happened."""
+    from flowgym.envs.randomized import RandomizedFlowControlEnv
+
+    calls = {"n": 0, "bad": None}
+
+    def sampler(rng):
+        calls["n"] += 1
+        m = int(rng.integers(1000, 5000))
+        return {"M": -5 if calls["n"] == calls["bad"] else m, "horizon": 20}
+
+    def run(bad):
+        calls.update(n=0, bad=bad)
+        env = RandomizedFlowControlEnv(sampler, observation="load")
+        env.reset(seed=1)
+        env.step(2)
+        if bad:
+            with pytest.raises(ValueError, match="the sampler drew arguments FlowControl-v0 refuses: M"):
+                env.reset()
+            with pytest.raises(RuntimeError, match="call reset"):
+                env.step(2)
+        _, info = env.reset()
+        return info["config"]["M"]
+
+    assert run(bad=3) == run(bad=None)

@@ -212,6 +212,9 @@ class FlowControlConfig:
             raise ValueError(f"config must be a FlowControlConfig or a mapping, got {type(config).__name__}")
         base.update(kwargs)
         cls.check_names(base)
+        for f in dataclasses.fields(cls):  # a list where the default is a tuple (JSON, TOML) becomes the tuple:
+            if isinstance(f.default, tuple) and isinstance(base.get(f.name), list):  # equal configs compare equal
+                base[f.name] = tuple(base[f.name])
         cfg = cls(**base)
         cfg.validate()
         return cfg
@@ -389,7 +392,9 @@ class FlowControlEnv(gym.Env[Any, Any]):
     when the request at the queue head arrived; with ``multiplier_of="max-drain"``,
     ``Box(-1, 1, (3,))``: those two and ``k_drain``, ``B_t`` the ``"max-head"`` budget or, if larger,
     ``min(queued / 50, k_drain * M / E_hat[w])`` (a drain term). An action outside the space raises
-    ``ValueError`` naming it and the space.
+    ``ValueError`` naming it and the space. Besides the space's own elements, a ``Discrete`` space takes a
+    numpy integer or an integer array of shape ``(1,)``, and a one-multiplier ``Box`` a bare number (what
+    policies and vectorised wrappers hand one environment); other shapes are refused.
 
     ## Observation Space
 

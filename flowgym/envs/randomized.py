@@ -16,6 +16,7 @@ entropy, as Gymnasium's own environments), so two unseeded environments draw dif
 
 from __future__ import annotations
 
+import copy
 from collections.abc import Callable, Mapping
 from typing import Any
 
@@ -53,7 +54,9 @@ class RandomizedFlowControlEnv(gym.Env[Any, Any]):
         self.sampler = sampler
         self.fixed = dict(fixed)
         self._rng: np.random.Generator | None = None  # seeded by the first reset
-        probe = self._build(self.sampler(np.random.default_rng(0)))
+        first = self.sampler(np.random.default_rng(0))
+        probe = self._build(first)
+        self.config_drawn = dict(first)
         self.observation_space = probe.observation_space
         self.action_space = probe.action_space
         self.env: FlowControlEnv = probe
@@ -70,18 +73,21 @@ class RandomizedFlowControlEnv(gym.Env[Any, Any]):
         ):
             raise ValueError(f"a draw changed the spaces ({env.observation_space}, {env.action_space}); "
                              "the sampler must not set observation or action arguments")
-        self.config_drawn = dict(drawn)
         return env
 
     def reset(self, *, seed: int | None = None, options: dict[str, Any] | None = None) -> tuple[Any, dict[str, Any]]:
         super().reset(seed=seed)
+        self._started = False  # a reset that fails leaves no episode to step
         if seed is not None:
-            self._rng = np.random.default_rng(seed)
+            rng = np.random.default_rng(seed)
         elif self._rng is None:  # never seeded: from the entropy super().reset() drew for np_random
-            self._rng = np.random.default_rng(int(self.np_random.integers(0, 2**63 - 1)))
-        self.env = self._build(self.sampler(self._rng))
-        obs, info = self.env.reset(seed=int(self._rng.integers(0, 2**63 - 1)), options=options)
-        self._started = True
+            rng = np.random.default_rng(int(self.np_random.integers(0, 2**63 - 1)))
+        else:  # a copy, kept only if the reset succeeds: a refused draw does not move the chain of resets
+            rng = copy.deepcopy(self._rng)
+        drawn = self.sampler(rng)
+        env = self._build(drawn)
+        obs, info = env.reset(seed=int(rng.integers(0, 2**63 - 1)), options=options)
+        self._rng, self.env, self.config_drawn, self._started = rng, env, dict(drawn), True
         return obs, {**info, "config": self.config_drawn}
 
     def step(self, action: Any) -> tuple[Any, float, bool, bool, dict[str, Any]]:

@@ -242,10 +242,12 @@ def _bad_action(action: Any, space: spaces.Space) -> ValueError:
 
 
 def _int_action(action: Any, space: spaces.Discrete) -> int:
-    """A ``Discrete`` action as an int (a Python or numpy integer, or a one-element integer array)."""
+    """A ``Discrete`` action as an int (a Python or numpy integer, or an integer array of shape ``()`` or ``(1,)``,
+    what a vectorised policy gives one environment)."""
     if isinstance(action, (int, np.integer)) and not isinstance(action, bool):
         a = int(action)
-    elif isinstance(action, np.ndarray) and action.size == 1 and np.issubdtype(action.dtype, np.integer):
+    elif (isinstance(action, np.ndarray) and action.shape in ((), (1,))
+          and np.issubdtype(action.dtype, np.integer)):
         a = int(action.reshape(()))
     else:
         raise _bad_action(action, space)
@@ -434,8 +436,11 @@ class LogMultiplierBudget:
         numeric = (isinstance(x, (int, float, np.integer, np.floating)) and not isinstance(x, (bool, np.bool_))
                    or isinstance(x, np.ndarray) and (np.issubdtype(x.dtype, np.integer)
                                                      or np.issubdtype(x.dtype, np.floating)))
-        a = np.asarray(x, dtype=np.float64).reshape(-1) if numeric else None
-        if a is None or a.size != self.dim or not np.isfinite(a).all() or (np.abs(a) > 1.0).any():
+        a = np.asarray(x, dtype=np.float64) if numeric else None
+        if a is not None and a.ndim == 0 and self.dim == 1:  # a bare number: the one multiplier
+            a = a.reshape(1)
+        if (a is None or a.shape != (self.dim,) or not np.isfinite(a).all()
+                or (np.abs(a) > 1.0).any()):
             raise _bad_action(action, self._space)
         return self.k_min * (self.k_max / self.k_min) ** ((a + 1.0) / 2.0)
 
