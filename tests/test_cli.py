@@ -424,3 +424,15 @@ def test_compare_notes_a_trace_that_no_seed_changes_and_horizons_past_the_episod
     assert "go beyond the scenario's env.horizon 60" in capsys.readouterr().err
     assert main(["compare", "--scenario", "azure-conv", "--seeds", "1", "--agents", "mc", *out]) == 0
     assert "note:" not in capsys.readouterr().err
+
+
+def test_trains_closing_line_suggests_one_seed_for_a_trace():
+    """flowgym train ends with the compare command to run next: held-out seeds 900-919 for a generated workload,
+    one seed for a trace scenario (a replay is the same on every seed: 20 seeds would be one run 20 times)."""
+    from flowgym.lab.cli import _compare_hint
+
+    assert "on held-out seeds" in _compare_hint("adaptive-mix", None, "runs/x")
+    assert "--seeds 900-919" in _compare_hint("adaptive-mix", None, "runs/x")
+    hint = _compare_hint("adaptive-azure-conv", None, "runs/x")
+    assert "--seeds 1 " in hint and "900-919" not in hint and "a replay, the same on every seed" in hint
+    assert 'learned:path=runs/x"' in hint

@@ -677,8 +677,7 @@ def _train_ars(args: argparse.Namespace) -> int:
     _print_table(res.table)
     print(f"wrote {cfg.out}/ (policy.npz, normalization.npz, flowgym_agent.json, curves.csv, iterates.npy"
           + (", eval.*" if res.table is not None else "") + ")")
-    print(f"compare it with the scenario's tuned line-up on held-out seeds: flowgym compare --scenario "
-          f'{cfg.scenario} --seeds 900-919 --add-agents "learned:path={cfg.out}"')
+    print(_compare_hint(cfg.scenario, cfg.rate, cfg.out))
     return 0
 
 
@@ -740,10 +739,22 @@ def _train(args: argparse.Namespace) -> int:
     _print_table(res.table)
     print(f"wrote {cfg.out}/ (policy.pt, normalization.npz, flowgym_agent.json, model.zip, vecnormalize.pkl, curves.csv"
           + ("" if args.no_plots else ", curves.png") + (", eval.*" if res.table is not None else "") + ")")
-    print(f"compare it with the scenario's tuned line-up on held-out seeds: flowgym compare --scenario "
-          f'{cfg.scenario if isinstance(cfg.scenario, str) else "FILE"} --seeds 900-919 '
-          f'--add-agents "learned:path={cfg.out}"')
+    print(_compare_hint(cfg.scenario, cfg.rate, cfg.out))
     return 0
+
+
+def _compare_hint(scenario: Any, rate: Any, out: str) -> str:
+    """``flowgym train``'s closing line: the compare command that puts the model beside the scenario's tuned
+    line-up, on held-out seeds, or on one seed for a trace (its replay is the same whatever the seed)."""
+    from flowgym.lab.scenarios import get_scenario
+    from flowgym.sim.workloads import Trace, make_workload
+
+    name = scenario if isinstance(scenario, str) else "FILE"
+    if isinstance(make_workload(get_scenario(scenario, rate=rate).env_kwargs()["workload"]), Trace):
+        return (f"compare it with the scenario's tuned line-up on its trace (a replay, the same on every seed): "
+                f'flowgym compare --scenario {name} --seeds 1 --add-agents "learned:path={out}"')
+    return (f"compare it with the scenario's tuned line-up on held-out seeds: flowgym compare --scenario {name} "
+            f'--seeds 900-919 --add-agents "learned:path={out}"')
 
 
 def build_parser() -> argparse.ArgumentParser:
