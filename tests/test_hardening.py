@@ -1593,10 +1593,20 @@ def test_continuous_time_refuses_what_the_clock_cannot_count():
         gym.make("FlowControl-v0", M=1000, time_model={"kind": "linear", "c0": 5e-324}, workload=w, horizon=10)
     with pytest.raises(ValueError, match=r"c \(milliseconds per iteration\) must be at least 0.001 .* got 1e-09"):
         gym.make("FlowControl-v0", M=1000, time_model={"kind": "jaillet", "c": 1e-9}, workload=w, horizon=10)
+    lmsys = {"kind": "lmsys-like"}
     for rate, low in ((1e-12, "1e-12"), ({"kind": "steps", "times": [0, 10], "rates": [1.0, 1e-9]}, "1e-09")):
-        with pytest.raises(ValueError, match=rf"rate: {low} requests per second is too low for continuous time"):
+        with pytest.raises(ValueError, match=rf"workload: a long-run arrival rate of {low} requests per second is "
+                                             "too low for continuous time"):
             gym.make("FlowControl-v0", M=1000, time_model={"kind": "linear", "c0": 0.01},
-                     workload={"kind": "iid", "timed": True, "rate": rate, "lengths": {"kind": "lmsys-like"}})
+                     workload={"kind": "iid", "timed": True, "rate": rate, "lengths": lmsys})
+    # what keeps requests coming is fine: bursts on a tiny base, a tiny stream beside a busy one
+    for wl in ({"kind": "iid", "timed": True, "lengths": lmsys,
+                "rate": {"kind": "bursts", "base": 1e-9, "burst": 5, "every": 100, "duration": 10}},
+               {"kind": "mix", "streams": [{"kind": "iid", "timed": True, "rate": 1e-7, "lengths": lmsys},
+                                           {"kind": "iid", "timed": True, "rate": 10, "lengths": lmsys}]}):
+        env = gym.make("FlowControl-v0", M=1000, time_model={"kind": "linear", "c0": 0.01}, workload=wl)
+        env.reset(seed=0)
+        env.step(2)
     tw = {**w, "arrival": [0.0, 1.0]}
     for ret, msg in (("0.1", "need a number of seconds"), (True, "need a number of seconds"),
                      (1e-300, "need a duration of 1e-06 to 3600 seconds")):
@@ -1604,7 +1614,13 @@ def test_continuous_time_refuses_what_the_clock_cannot_count():
         env.reset(seed=0)
         with pytest.raises(ValueError, match=msg):
             env.step(1)
-    env = gym.make("FlowControl-v0", M=1000, time_model=lambda P, D, K, B: np.array(0.05), workload=tw, horizon=10)
+    for one in (np.array(0.05), np.array([0.05])):  # a one-element array (a model's predict) is its number
+        env = gym.make("FlowControl-v0", M=1000, time_model=lambda P, D, K, B, r=one: r, workload=tw, horizon=10)
+        env.reset(seed=0)
+        env.step(1)
+        assert env.unwrapped.engine.now == pytest.approx(0.05)
+    env = gym.make("FlowControl-v0", M=1000, time_model=lambda P, D, K, B: np.array([0.05, 0.1]), workload=tw,
+                   horizon=10)
     env.reset(seed=0)
-    env.step(1)  # a 0-d array is its number
-    assert env.unwrapped.engine.now == pytest.approx(0.05)
+    with pytest.raises(ValueError, match="need a number of seconds"):
+        env.step(1)

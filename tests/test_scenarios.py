@@ -235,3 +235,20 @@ def test_a_scenario_file_is_refused_for_what_a_run_would_only_find_later(tmp_pat
         with pytest.raises(ValueError, match=says) as e:
             load_scenario(p)
         assert str(e.value).startswith(f"{p}: env: "), e.value
+
+
+def test_a_json_scenario_with_a_null_env_key_shows_as_toml(tmp_path):
+    """``"estimate_floor": null`` (the default: the workload's shortest output) is valid JSON and loads; shown as
+    TOML, which has no null, the key is left out, and the TOML loads back to the same environment."""
+    import json
+
+    data = json.loads(scenario_text("paper-synthetic-unknown", "json"))
+    data["env"]["estimate_floor"] = None
+    path = tmp_path / "u.json"
+    path.write_text(json.dumps(data))
+    text = scenario_text(str(path))
+    assert "estimate_floor" not in text
+    back = tmp_path / "u.toml"
+    back.write_text(text)
+    assert get_scenario(str(back)).env_kwargs() == {k: v for k, v in get_scenario(str(path)).env_kwargs().items()
+                                                    if v is not None}

@@ -385,3 +385,9 @@ def test_compare_tables_carry_the_serving_metrics_of_a_vllm_run(tmp_path):
         tune(spec, env, [0], 200, metric="time_to_first_token_p99")
     with pytest.raises(ValueError, match="metric must be one of"):
         tune(spec, vk, [0], 200, metric="ttft")
+    # more generated tokens is better (as generated_token_throughput); prefill and batch size have no direction
+    best, rows = tune(AgentSpec("flow-control", {}, tune=("b", [1, 8])), vk, [0], 200, metric="generation_tokens")
+    assert best == 8 and rows[1]["generation_tokens"] > rows[0]["generation_tokens"]
+    for m in ("prefill_tokens", "num_requests_running_mean"):
+        with pytest.raises(ValueError, match=f"metric '{m}' has no better direction"):
+            tune(spec, vk, [0], 200, metric=m)

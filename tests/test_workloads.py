@@ -772,6 +772,13 @@ def test_min_output_tokens_is_the_shortest_possible_output():
     mix = {"kind": "mix", "streams": [{"kind": "iid", "rate": 1.0, "lengths": emp},
                                        {"kind": "iid", "rate": 1.0, "lengths": {**ln, "output_sigma": 0.0}}]}
     assert make_workload(mix).min_output_tokens() == 7
+    # what never arrives does not count: a class or a stream of rate 0
+    assert make_workload({"kind": "poisson", "classes": [[10, 20], [10, 40], [10, 60]], "rates": [0.0, 3.0, 3.0]}
+                         ).min_output_tokens() == 40
+    assert make_workload({"kind": "poisson", "classes": [[10, 20], [10, 40]], "rates": [0.0, 0.0]}
+                         ).min_output_tokens() == 20  # nothing arrives: every class
+    off = {"kind": "mix", "streams": [{"kind": "iid", "rate": 0.0, "lengths": emp}, mix["streams"][1]]}
+    assert make_workload(off).min_output_tokens() == 80
     assert Trace([0, 1, 2], [5, 5, 5], [9, 4, 30]).min_output_tokens() == 4
     assert Trace([], [], []).min_output_tokens() is None
     conv = make_workload({"kind": "azure", "trace": "conv"})

@@ -523,7 +523,12 @@ def run_episode_cell(cell: EpisodeCell) -> dict[str, Any]:
 
 
 #: The metrics where more is better, which :func:`tune` maximises (it minimises the others).
-HIGHER_IS_BETTER = ("request_throughput", "token_throughput", "generated_token_throughput", "completed")
+HIGHER_IS_BETTER = ("request_throughput", "token_throughput", "generated_token_throughput", "completed",
+                    "generation_tokens")
+#: Metrics with no better direction to tune by: the workload's (``arrived``, ``rejected``) and, on ``vllm-v1``, work
+#: done or held whose more or less is not by itself better (``prefill_tokens``: recomputes add to it;
+#: ``num_requests_running_mean``: a fuller batch is faster or slower).
+NO_DIRECTION = ("arrived", "rejected", "prefill_tokens", "num_requests_running_mean")
 
 
 def _check_seeds(seeds: Any) -> list[int]:
@@ -725,7 +730,9 @@ def tune(
     backend: Any = "serial",
 ) -> tuple[Any, list[dict[str, Any]]]:
     """Grid-search ``spec.tune`` on ``seeds``; the value with the best mean ``metric``: the lowest, or the highest
-    for the metrics of :data:`HIGHER_IS_BETTER` (throughputs, completed requests).
+    for the metrics of :data:`HIGHER_IS_BETTER` (throughputs, completed requests, generated tokens). ``metric`` is
+    one of :data:`~flowgym.sim.metrics.METRIC_NAMES` or, on engine ``vllm-v1``, of :data:`SERVING_METRICS`; those
+    of :data:`NO_DIRECTION` are refused.
 
     Ties keep the first value of the grid. Returns ``(best, rows)`` with one row
     per grid value (its mean metric and how many runs completed a request). ``backend``
@@ -737,6 +744,9 @@ def tune(
         raise ValueError(f"metric must be one of {METRIC_NAMES + SERVING_METRICS}, got {metric!r}")
     if metric in ("arrived", "rejected"):  # the workload's, whatever the policy: nothing to choose by
         raise ValueError(f"metric {metric!r} does not depend on the agent: tune by another")
+    if metric in NO_DIRECTION:
+        raise ValueError(f"metric {metric!r} has no better direction (more is not by itself better or worse): "
+                         "tune by another")
     seeds = _check_seeds(seeds)
     sign = -1.0 if metric in HIGHER_IS_BETTER else 1.0
     param, grid = spec.tune
@@ -761,5 +771,6 @@ def tune(
         if finite and sign * v < best_v:
             best, best_v = value, sign * v
     if best is None:
-        raise ValueError(f"no value of {param} in {grid} completed a request on the tuning seeds")
+        done = "produced a first token" if metric.startswith("time_to_first_token") else "completed a request"
+        raise ValueError(f"no value of {param} in {grid} {done} on the tuning seeds")
     return best, rows

@@ -601,6 +601,9 @@ def scenario_text(name: str, fmt: str = "toml") -> str:
     data = get_scenario(name).to_dict()
     if fmt == "json":
         return json.dumps(data, indent=2) + "\n"
+    for key in ("env", "tune_env"):  # TOML has no null: an env key set to None is its default, so it is left out
+        if isinstance(data.get(key), dict):
+            data[key] = {k: v for k, v in data[key].items() if v is not None}
     return _toml.dumps(data, f"flowgym scenario {data['name']!r}; format: docs/scenarios.md")
 
 

@@ -54,7 +54,7 @@ from flowgym.sim.metrics import metrics_at
 from flowgym.sim.admission import ADMISSION_KINDS, ADMISSION_LENGTHS, AdmissionRule
 from flowgym.sim.rules import FIFO, EstimateEviction, EvictAll, LIFOEviction, ShortestEstimateFirst, ShortestOutputFirst
 from flowgym.sim.streaming import StreamTotals
-from flowgym.sim.workloads import Trace, Workload, make_workload
+from flowgym.sim.workloads import CHUNK_SECONDS, MIN_TIMED_RATE, Trace, Workload, make_workload
 
 __all__ = ["Engine", "SlotStats", "check_time_model", "EVICTION_RULES", "QUEUE_ORDERS", "RECORD_MODES", "replay"]
 
@@ -179,6 +179,13 @@ class Engine:
         self.time_model = None if time_model is None else make_latency_model(time_model)
         self.timed = self.time_model is not None
         check_time_model(self.workload.timed, self.timed)
+        if self.timed and not isinstance(self.workload, Trace):  # an idle server draws chunks until a request comes
+            lam = self.workload.arrival_rate()
+            if lam is not None and 0 < lam < MIN_TIMED_RATE:
+                raise ValueError(f"workload: a long-run arrival rate of {lam:g} requests per second is too low for "
+                                 f"continuous time (at least {MIN_TIMED_RATE:g} when positive: an idle server draws "
+                                 f"{CHUNK_SECONDS:g}-second chunks until a request comes, about "
+                                 f"{1 / (lam * CHUNK_SECONDS):.3g} of them); use 0 for no arrivals")
         self.m = self.workload.num_classes
         if per_class and self.m == 0:
             raise ValueError("per_class budgets need a workload with request classes")

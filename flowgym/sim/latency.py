@@ -131,7 +131,8 @@ class JailletLatency(LatencyModel):
 
 
 class CallableLatency(LatencyModel):
-    """A user function ``f(P, D, K, B) -> seconds`` (checked to be finite and positive each call)."""
+    """A user function ``f(P, D, K, B) -> seconds`` (checked each call: a real number, or a one-element numpy
+    array, of 1e-6 to 3600 seconds)."""
 
     name = "callable"
 
@@ -151,7 +152,7 @@ class CallableLatency(LatencyModel):
         except Exception as e:  # noqa: BLE001 - user code: named and chained
             raise RuntimeError(f"time_model callable {self.label} raised {type(e).__name__}: {e} (for P={P}, "
                                f"D={D}, K={K}, B={B}; the step was not applied)") from e
-        if getattr(got, "ndim", None) == 0 and hasattr(got, "item"):  # a 0-d numpy array: its number
+        if getattr(got, "size", None) == 1 and hasattr(got, "item"):  # a one-element numpy array: its number
             got = got.item()
         if not is_real(got):  # "0.1" or True would pass float()
             raise ValueError(f"time_model callable {self.label} returned {got!r} for P={P}, D={D}, K={K}, B={B}: "

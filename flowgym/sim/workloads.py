@@ -72,8 +72,9 @@ MAX_ARRIVAL = 2**53
 #: float64 clock still resolves 1e-6 s, the shortest iteration a time model may take
 #: (:data:`flowgym.sim.latency.MIN_ITERATION_SECONDS`); at 2**53 s an iteration would add nothing to it.
 MAX_ARRIVAL_SECONDS = 2**32
-#: Smallest positive arrival rate of a timed stream (requests per second): an idle server draws 60-second chunks
-#: until a request comes, about ``1 / (rate * 60)`` of them (a rate of 1e-12 would take days).
+#: Smallest positive long-run arrival rate of a generated timed workload (requests per second, all its streams
+#: together; checked by the engine): an idle server draws 60-second chunks until a request comes, about
+#: ``1 / (rate * 60)`` of them (a rate of 1e-12 would take days).
 MIN_TIMED_RATE = 1e-6
 
 #: Slots generated per call to :meth:`Workload.sample`. Fixed so that the random
@@ -356,7 +357,8 @@ class MultiClassPoisson(Workload):
         return int(self.classes[:, 1].max())
 
     def min_output_tokens(self) -> int:
-        return int(self.classes[:, 1].min())
+        live = self.rates > 0  # a class of rate 0 never arrives (every class, if none arrives)
+        return int(self.classes[live if live.any() else slice(None), 1].min())
 
     def to_spec(self) -> dict[str, Any]:
         return {
@@ -659,15 +661,6 @@ class IIDPoisson(Workload):
             raise ValueError(f"n_requests {n_requests!r} is too large (at most {MAX_COUNT})")
         _check_chunk_load("rate", self.peak_rate(), CHUNK_SECONDS if timed else CHUNK_SLOTS,
                           "second" if timed else "slot")
-        if timed:  # an idle server draws chunks until a request comes: a tiny rate would loop for days
-            rs = getattr(self.schedule, "rates", None)
-            lows = [float(r) for r in np.ravel(rs) if r > 0] if rs is not None else [self.peak_rate()]
-            low = min([r for r in lows if r > 0], default=0.0)
-            if 0 < low < MIN_TIMED_RATE:
-                raise ValueError(f"rate: {low:g} requests per second is too low for continuous time (a positive "
-                                 f"rate must be at least {MIN_TIMED_RATE:g}: an idle server draws "
-                                 f"{CHUNK_SECONDS:g}-second chunks until a request comes, about "
-                                 f"{1 / (low * CHUNK_SECONDS):.3g} of them); use 0 for no arrivals")
         self.finite = self.n_requests is not None
         self.timed = bool(timed)
         self.chunk_span = CHUNK_SECONDS if self.timed else CHUNK_SLOTS
@@ -826,7 +819,8 @@ class Mixture(Workload):
         return max(int(w.max_output_tokens()) for w in self.streams)
 
     def min_output_tokens(self) -> int | None:
-        lows = [w.min_output_tokens() for w in self.streams]
+        live = [w for w in self.streams if (w.peak_rate() or 0) > 0] or self.streams  # a rate-0 stream never arrives
+        lows = [w.min_output_tokens() for w in live]
         return None if any(v is None for v in lows) else min(int(v) for v in lows)
 
     def to_spec(self) -> dict[str, Any]:
