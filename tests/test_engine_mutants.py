@@ -103,12 +103,13 @@ def test_a_workload_that_never_sends_a_request_does_not_hang_in_continuous_time(
 
 
 def test_gaps_of_years_between_arrivals_cost_one_chunk_each():
-    """Chunks of 60 s hold no request between r0 (0 s), r1 (1e9 s, about 30 years) and r2 (1e12 s,
-    about 30,000 years): the idle server jumps to each without generating the empty chunks one by
-    one (which would never end), and each is served at its arrival time: d = 1 + 0.1 * 1 = 1.1 s."""
-    env, infos = _timed_run(Trace([0.0, 1e9, 1e12], [1, 1, 1], [1, 1, 1], timed=True), LIN)
+    """Chunks of 60 s hold no request between r0 (0 s), r1 (1e8 s, about 3 years) and r2 (4e9 s,
+    about 127 years, near the 2**32 s a timed trace may reach): the idle server jumps to each without
+    generating the 67 million empty chunks one by one, and each is served at its arrival time:
+    d = 1 + 0.1 * 1 = 1.1 s."""
+    env, infos = _timed_run(Trace([0.0, 1e8, 4e9], [1, 1, 1], [1, 1, 1], timed=True), LIN)
     assert len(infos) == 3
-    assert env.request_log()["finish_time"].tolist() == pytest.approx([1.1, 1e9 + 1.1, 1e12 + 1.1])
+    assert env.request_log()["finish_time"].tolist() == pytest.approx([1.1, 1e8 + 1.1, 4e9 + 1.1], rel=1e-12)
 
 
 def test_rejections_in_continuous_time_are_counted_per_iteration():

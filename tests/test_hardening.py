@@ -1624,3 +1624,25 @@ def test_continuous_time_refuses_what_the_clock_cannot_count():
     env.reset(seed=0)
     with pytest.raises(ValueError, match="need a number of seconds"):
         env.step(1)
+
+
+def test_the_clock_bounds_are_inclusive_at_their_values():
+    """2**32 s is the last timed arrival taken, 1e-6 s the shortest iteration (c0, a callable's result), 1e-6
+    requests per second the lowest positive long-run rate: each is taken at its value, refused just beyond."""
+    from flowgym.sim.latency import MIN_ITERATION_SECONDS, CallableLatency, LinearLatency
+    from flowgym.sim.workloads import MAX_ARRIVAL_SECONDS, MIN_TIMED_RATE
+
+    assert (MAX_ARRIVAL_SECONDS, MIN_ITERATION_SECONDS, MIN_TIMED_RATE) == (2**32, 1e-6, 1e-6)
+    Trace([0.0, 2.0**32], [1, 1], [1, 1], timed=True)
+    with pytest.raises(TraceError, match="too large for an arrival in seconds"):
+        Trace([0.0, 2.0**32 + 1.0], [1, 1], [1, 1], timed=True)
+    assert LinearLatency(c0=1e-6).duration(0, 0, 0, 0) == 1e-6
+    with pytest.raises(ValueError, match="c0 must be at least 1e-06"):
+        LinearLatency(c0=9.99e-7)
+    assert CallableLatency(lambda *a: 1e-6).duration(1, 0, 0, 1) == 1e-6
+    lm = {"kind": "lmsys-like"}
+    gym.make("FlowControl-v0", M=1000, time_model={"kind": "linear", "c0": 0.01},
+             workload={"kind": "iid", "timed": True, "rate": 1e-6, "lengths": lm}).reset(seed=0)
+    with pytest.raises(ValueError, match="long-run arrival rate of 9.99e-07"):
+        gym.make("FlowControl-v0", M=1000, time_model={"kind": "linear", "c0": 0.01},
+                 workload={"kind": "iid", "timed": True, "rate": 9.99e-7, "lengths": lm})
