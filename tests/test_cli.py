@@ -436,3 +436,6 @@ def test_trains_closing_line_suggests_one_seed_for_a_trace():
     hint = _compare_hint("adaptive-azure-conv", None, "runs/x")
     assert "--seeds 1 " in hint and "900-919" not in hint and "a replay, the same on every seed" in hint
     assert 'learned:path=runs/x"' in hint
+    # trained at another rate: compare at that rate, not the scenario's default
+    assert "--scenario paper-realdata-low --rate 3 --seeds 900-919" in _compare_hint("paper-realdata-low", 3.0, "o")
+    assert "--scenario azure-conv --rate 0.5 --seeds 1 " in _compare_hint("azure-conv", 0.5, "o")

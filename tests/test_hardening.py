@@ -1619,6 +1619,20 @@ def test_continuous_time_refuses_what_the_clock_cannot_count():
         env.reset(seed=0)
         env.step(1)
         assert env.unwrapped.engine.now == pytest.approx(0.05)
+    class Tensor:  # a torch-like scalar: size() is a method, numel() counts, item() gives the number
+        def size(self):
+            return ()
+
+        def numel(self):
+            return 1
+
+        def item(self):
+            return 0.05
+
+    env = gym.make("FlowControl-v0", M=1000, time_model=lambda P, D, K, B: Tensor(), workload=tw, horizon=10)
+    env.reset(seed=0)
+    env.step(1)
+    assert env.unwrapped.engine.now == pytest.approx(0.05)
     env = gym.make("FlowControl-v0", M=1000, time_model=lambda P, D, K, B: np.array([0.05, 0.1]), workload=tw,
                    horizon=10)
     env.reset(seed=0)

@@ -252,3 +252,8 @@ def test_a_json_scenario_with_a_null_env_key_shows_as_toml(tmp_path):
     back.write_text(text)
     assert get_scenario(str(back)).env_kwargs() == {k: v for k, v in get_scenario(str(path)).env_kwargs().items()
                                                     if v is not None}
+    # horizon None is not its default (1000): leaving it out would cut every run; TOML's refusal names it
+    data["env"]["horizon"] = None
+    path.write_text(json.dumps(data))
+    with pytest.raises(ValueError, match="horizon"):
+        scenario_text(str(path))

@@ -512,8 +512,8 @@ def _train_search(args: argparse.Namespace, cfg: Any) -> int:
     print(f"best trial: {res['best_dir']} (copied from {res['best']['model_dir']})")
     if res["table"] is not None:
         print(res["table"].format())
-    print(f"wrote {cfg.out}/search.csv and {cfg.out}/best/; compare it: flowgym compare --scenario {args.scenario} "
-          f'--seeds 900-919 --add-agents "learned:path={res["best_dir"]}"')
+    print(f"wrote {cfg.out}/search.csv and {cfg.out}/best/")
+    print(_compare_hint(cfg.scenario, cfg.rate, res["best_dir"]))
     return 0
 
 
@@ -750,10 +750,11 @@ def _compare_hint(scenario: Any, rate: Any, out: str) -> str:
     from flowgym.sim.workloads import Trace, make_workload
 
     name = scenario if isinstance(scenario, str) else "FILE"
+    at = "" if rate is None else f" --rate {rate:g}"  # the rate it was trained at, not the scenario's default
     if isinstance(make_workload(get_scenario(scenario, rate=rate).env_kwargs()["workload"]), Trace):
         return (f"compare it with the scenario's tuned line-up on its trace (a replay, the same on every seed): "
-                f'flowgym compare --scenario {name} --seeds 1 --add-agents "learned:path={out}"')
-    return (f"compare it with the scenario's tuned line-up on held-out seeds: flowgym compare --scenario {name} "
+                f'flowgym compare --scenario {name}{at} --seeds 1 --add-agents "learned:path={out}"')
+    return (f"compare it with the scenario's tuned line-up on held-out seeds: flowgym compare --scenario {name}{at} "
             f'--seeds 900-919 --add-agents "learned:path={out}"')
 
 

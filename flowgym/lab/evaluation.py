@@ -734,9 +734,9 @@ def tune(
     one of :data:`~flowgym.sim.metrics.METRIC_NAMES` or, on engine ``vllm-v1``, of :data:`SERVING_METRICS`; those
     of :data:`NO_DIRECTION` are refused.
 
-    Ties keep the first value of the grid. Returns ``(best, rows)`` with one row
-    per grid value (its mean metric and how many runs completed a request). ``backend``
-    runs the (value, seed) cells, as in :func:`evaluate`.
+    Ties keep the first value of the grid. Returns ``(best, rows)`` with one row per grid value (its mean
+    metric, ``inf`` when a run had no value: no request completed, or no first token). ``backend`` runs the
+    (value, seed) cells, as in :func:`evaluate`.
     """
     if spec.tune is None:
         raise ValueError(f"agent {spec.name!r} has nothing to tune")

@@ -11,6 +11,7 @@ Errors name the file, the key path and the allowed values.
 from __future__ import annotations
 
 import copy
+import dataclasses
 import json
 import math
 import os
@@ -19,7 +20,7 @@ from dataclasses import dataclass, field
 from importlib import resources
 from typing import Any
 
-from flowgym.envs.flow_control import MAX_BUDGET_CAP, MAX_COUNT
+from flowgym.envs.flow_control import MAX_BUDGET_CAP, MAX_COUNT, FlowControlConfig
 from flowgym.lab import _toml
 from flowgym.sim._checks import is_real
 
@@ -601,9 +602,12 @@ def scenario_text(name: str, fmt: str = "toml") -> str:
     data = get_scenario(name).to_dict()
     if fmt == "json":
         return json.dumps(data, indent=2) + "\n"
-    for key in ("env", "tune_env"):  # TOML has no null: an env key set to None is its default, so it is left out
+    # TOML has no null: an env key set to None whose default is None (estimate_floor) is left out; another (horizon
+    # None: run a finite workload to its end, where the default is 1000) keeps TOML's refusal, naming the key
+    none_default = {f.name for f in dataclasses.fields(FlowControlConfig) if f.default is None}
+    for key in ("env", "tune_env"):
         if isinstance(data.get(key), dict):
-            data[key] = {k: v for k, v in data[key].items() if v is not None}
+            data[key] = {k: v for k, v in data[key].items() if v is not None or k not in none_default}
     return _toml.dumps(data, f"flowgym scenario {data['name']!r}; format: docs/scenarios.md")
 
 

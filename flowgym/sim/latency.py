@@ -152,8 +152,10 @@ class CallableLatency(LatencyModel):
         except Exception as e:  # noqa: BLE001 - user code: named and chained
             raise RuntimeError(f"time_model callable {self.label} raised {type(e).__name__}: {e} (for P={P}, "
                                f"D={D}, K={K}, B={B}; the step was not applied)") from e
-        if getattr(got, "size", None) == 1 and hasattr(got, "item"):  # a one-element numpy array: its number
-            got = got.item()
+        if hasattr(got, "item") and not isinstance(got, (str, bytes)):  # a one-element array or tensor: its number
+            numel = getattr(got, "numel", None)  # torch: numel(); numpy: size
+            if (numel() if callable(numel) else getattr(got, "size", None)) == 1:
+                got = got.item()
         if not is_real(got):  # "0.1" or True would pass float()
             raise ValueError(f"time_model callable {self.label} returned {got!r} for P={P}, D={D}, K={K}, B={B}: "
                              "need a number of seconds (the step was not applied)")
