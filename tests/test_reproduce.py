@@ -65,8 +65,10 @@ def test_packaged_claims_parse_and_cover_the_issue():
                  "kv-steadier-known", "alpha-tuned-stable", "realdata-high-all-metrics", "realdata-low-competitive",
                  "hindsight-alg1"):
         assert must in ids
-    # the wrong p95 verdict the issue names: Alg. 2 does not beat A_min on every metric
-    assert next(c for c in cs.claims if c.id == "unknown-vs-amin").verdict == SOME
+    # the p95 verdict the issue named: with A_min's first estimate at 1 token, Alg. 2 did not beat it on every
+    # metric; with the paper's A_min (the shortest possible output, 20 here: docs/agents.md) it does, as the
+    # paper says (docs/reproduction.md, the full run's record)
+    assert next(c for c in cs.claims if c.id == "unknown-vs-amin").verdict == HOLDS
 
 
 @pytest.mark.parametrize("claim, field", [
