@@ -540,3 +540,17 @@ def test_a_refused_randomized_reset_leaves_no_episode_and_keeps_the_chain():
         return info["config"]["M"]
 
     assert run(bad=3) == run(bad=None)
+
+
+def test_a_randomized_env_reset_first_without_a_seed_draws_from_fresh_entropy():
+    """The first reset with no seed seeds the chain from the entropy Gymnasium's reset draws: it works, and two
+    environments draw different episodes (with probability 1 - 2**-63 or so)."""
+    from flowgym.envs.randomized import RandomizedFlowControlEnv
+
+    def sampler(rng):
+        return {"M": int(rng.integers(1000, 10**9)), "horizon": 20}
+
+    a, b = (RandomizedFlowControlEnv(sampler, observation="load") for _ in range(2))
+    ma, mb = a.reset()[1]["config"]["M"], b.reset()[1]["config"]["M"]
+    assert ma != mb
+    a.step(2)

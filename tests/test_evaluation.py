@@ -336,3 +336,38 @@ def test_a_seed_that_drains_before_a_horizon_keeps_its_row_there():
         if whole[r["seed"]]["T"] <= T:
             assert r["mean_time_in_system"] == whole[r["seed"]]["mean_time_in_system"]
     assert tab.summary()[0]["mean_time_in_system"] == pytest.approx(np.mean([r["mean_time_in_system"] for r in tab.rows]))
+
+
+def test_tune_scores_a_value_by_its_mean_over_the_seeds_and_keeps_the_first_of_a_tie():
+    """Each grid value's score is the mean of its runs' metric over the tuning seeds (each run that of
+    run_episode on that seed), and two values that tie keep the first in the grid: b = 64 and b = 32 play the
+    same light load alike, so the grid [64, 32] picks 64 and [32, 64] picks 32."""
+    from flowgym.lab.evaluation import build_agent, run_episode
+
+    spec = AgentSpec("flow-control", {"b": 1}, tune=("b", [1, 3]))
+    best, rows = tune(spec, SMALL, seeds=[3, 8, 11], horizon=150)
+    for r in rows:
+        runs = [run_episode(build_agent(spec, b=r["value"]), SMALL, s, 150).metrics()["mean_time_in_system"]
+                for s in (3, 8, 11)]
+        assert r["mean_time_in_system"] == pytest.approx(float(np.mean(runs)))
+        assert len(set(runs)) > 1  # the seeds differ, so a max or one seed's value would not match
+    assert best == min(rows, key=lambda r: r["mean_time_in_system"])["value"]
+    for grid in ([64, 32], [32, 64]):
+        best, rows = tune(AgentSpec("flow-control", {"b": 1}, tune=("b", grid)), SMALL, seeds=[3, 8], horizon=150)
+        assert rows[0]["mean_time_in_system"] == rows[1]["mean_time_in_system"] and best == grid[0]
+
+
+def test_the_tables_kv_usage_is_each_agents_first_seed_u_over_m():
+    """ResultTable.kv_usage (the trajectory plots' data) is U_t / M of each agent's first seed, in [0, 1]."""
+    from flowgym.lab.evaluation import run_episode
+
+    tab = evaluate([FlowControl(b=4)], SMALL, seeds=[5, 6], horizons=[120])
+    ep = run_episode(FlowControl(b=4), SMALL, 5, 120)
+    u = tab.kv_usage[FlowControl(b=4).label()]
+    np.testing.assert_allclose(u, ep.series["usage"] / SMALL["M"])
+    assert 0 < u.max() <= 1.0
+    assert tab.time_unit == "slot"  # and seconds in continuous time
+    timed = {"M": 3000, "time_model": {"kind": "linear", "c0": 0.01}, "horizon": None,
+             "workload": {"kind": "trace", "timed": True, "arrival": [0.0, 0.5], "prompt_len": [5, 5],
+                          "output_len": [3, 3]}}
+    assert evaluate([FlowControl(b=4)], timed, seeds=[0], horizons=None).time_unit == "s"

@@ -1594,9 +1594,10 @@ def test_continuous_time_refuses_what_the_clock_cannot_count():
     with pytest.raises(ValueError, match=r"c \(milliseconds per iteration\) must be at least 0.001 .* got 1e-09"):
         gym.make("FlowControl-v0", M=1000, time_model={"kind": "jaillet", "c": 1e-9}, workload=w, horizon=10)
     lmsys = {"kind": "lmsys-like"}
-    for rate, low in ((1e-12, "1e-12"), ({"kind": "steps", "times": [0, 10], "rates": [1.0, 1e-9]}, "1e-09")):
+    for rate, low, chunks in ((1e-12, "1e-12", r"1\.67e\+10"),
+                              ({"kind": "steps", "times": [0, 10], "rates": [1.0, 1e-9]}, "1e-09", r"1\.67e\+07")):
         with pytest.raises(ValueError, match=rf"workload: a long-run arrival rate of {low} requests per second is "
-                                             "too low for continuous time"):
+                                             rf"too low for continuous time .* about {chunks} of them"):
             gym.make("FlowControl-v0", M=1000, time_model={"kind": "linear", "c0": 0.01},
                      workload={"kind": "iid", "timed": True, "rate": rate, "lengths": lmsys})
     # what keeps requests coming is fine: bursts on a tiny base, a tiny stream beside a busy one
@@ -1643,7 +1644,7 @@ def test_continuous_time_refuses_what_the_clock_cannot_count():
 def test_the_clock_bounds_are_inclusive_at_their_values():
     """2**32 s is the last timed arrival taken, 1e-6 s the shortest iteration (c0, a callable's result), 1e-6
     requests per second the lowest positive long-run rate: each is taken at its value, refused just beyond."""
-    from flowgym.sim.latency import MIN_ITERATION_SECONDS, CallableLatency, LinearLatency
+    from flowgym.sim.latency import MIN_ITERATION_SECONDS, CallableLatency, JailletLatency, LinearLatency
     from flowgym.sim.workloads import MAX_ARRIVAL_SECONDS, MIN_TIMED_RATE
 
     assert (MAX_ARRIVAL_SECONDS, MIN_ITERATION_SECONDS, MIN_TIMED_RATE) == (2**32, 1e-6, 1e-6)
@@ -1654,6 +1655,9 @@ def test_the_clock_bounds_are_inclusive_at_their_values():
     with pytest.raises(ValueError, match="c0 must be at least 1e-06"):
         LinearLatency(c0=9.99e-7)
     assert CallableLatency(lambda *a: 1e-6).duration(1, 0, 0, 1) == 1e-6
+    assert JailletLatency(a=0, b=0, c=0.001, p=0).duration(0, 0, 0, 0) == 1e-6  # Jaillet's c is in milliseconds
+    with pytest.raises(ValueError, match="must be at least 0.001"):
+        JailletLatency(a=0, b=0, c=0.000999, p=0)
     lm = {"kind": "lmsys-like"}
     gym.make("FlowControl-v0", M=1000, time_model={"kind": "linear", "c0": 0.01},
              workload={"kind": "iid", "timed": True, "rate": 1e-6, "lengths": lm}).reset(seed=0)

@@ -17,6 +17,7 @@ from flowgym.sim.workloads import (
     CHUNK_SLOTS,
     EmpiricalLengths,
     IIDPoisson,
+    LengthDistribution,
     LogNormalLengths,
     MultiClassPoisson,
     Requests,
@@ -783,3 +784,22 @@ def test_min_output_tokens_is_the_shortest_possible_output():
     assert Trace([], [], []).min_output_tokens() is None
     conv = make_workload({"kind": "azure", "trace": "conv"})
     assert conv.min_output_tokens() == int(conv.output_len.min()) >= 1
+
+    class Twenties(LengthDistribution):  # a user's distribution that says nothing of its shortest output: 1
+        def sample(self, rng, n):
+            return np.full(n, 5), np.full(n, 20)
+
+        def mean_work(self):
+            return 5 * 20 + (20 + 400) / 2
+
+        def max_tokens(self):
+            return 25
+
+        def max_output(self):
+            return 20
+
+        def to_spec(self):
+            return {}
+
+    assert Twenties().min_output() == 1
+    assert IIDPoisson(1.0, Twenties()).min_output_tokens() == 1
