@@ -799,3 +799,18 @@ def test_amin_starts_from_the_shortest_possible_output():
     assert env.engine.estimate_floor == 20 and set(env.view().queue().estimate.tolist()) == {20}
     env, _ = start(agent, **paper, estimate_floor=3)  # an explicit floor wins
     assert env.engine.estimate_floor == 3
+    # log-normal lengths reach down to 1 token: the floor is 1 there
+    env, _ = start(agent, M=16492, workload={"kind": "iid", "rate": 2.0, "lengths": {"kind": "lmsys-like"}})
+    assert env.engine.estimate_floor == 1
+
+    from flowgym.sim.workloads import Requests, Workload
+
+    class Quiet(Workload):  # a user's workload that states no shortest output (None): read as 1
+        chunk_span = 1000
+
+        def sample(self, rng, t0, t1):
+            return Requests.empty()
+
+    assert Quiet().min_output_tokens() is None
+    env, _ = start(agent, M=100, workload=Quiet())
+    assert env.engine.estimate_floor == 1
