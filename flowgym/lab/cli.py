@@ -818,7 +818,8 @@ def build_parser() -> argparse.ArgumentParser:
         "with b E[w] <= M, the edge of Theorem 2's memory condition b E[w] <= (1 - eps) M) and print the metrics "
         "of docs/model.md.",
     )
-    r.add_argument("--budget", type=int, default=None, help="fixed activation budget b (default: the largest b with b E[w] <= M, Theorem 2's "
+    r.add_argument("--budget", type=int, default=None,
+                   help="fixed activation budget b (default: the largest b with b E[w] <= M, Theorem 2's "
                    "memory condition at eps -> 0)")
     r.add_argument("--horizon", type=_int_from("--horizon", 1), default=None, help="slots to simulate (default 1000)")
     r.add_argument("--rate", type=_positive_float("--rate"), default=None, help="arrival rate per class per slot (default 3.5)")
@@ -856,7 +857,8 @@ def build_parser() -> argparse.ArgumentParser:
                    help="comma-separated: total_latency, max_latency, completed, tokens (default the first two)")
     h.add_argument("--T", type=_int_from("--T", 1), default=None, help="horizon of the completed/tokens objectives")
     h.add_argument("--agents", default=None,
-                   help="semicolon-separated agents (default mc-sf;mc;a-min;greedy-lifo;flow-control:b=<the largest b with b E[w] <= M>)")
+                   help="semicolon-separated agents (default mc-sf;mc;a-min;greedy-lifo;"
+                   "flow-control:b=<the largest b with b E[w] <= M>)")
     h.add_argument("--time-limit", type=_positive_float("--time-limit"), default=60.0,
                    help="seconds per objective (default 60)")
     h.add_argument("--json", default=None, help="also write the instance, schedules and rows as JSON")

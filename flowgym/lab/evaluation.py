@@ -742,11 +742,10 @@ def tune(
         raise ValueError(f"agent {spec.name!r} has nothing to tune")
     if metric not in METRIC_NAMES and metric not in SERVING_METRICS:
         raise ValueError(f"metric must be one of {METRIC_NAMES + SERVING_METRICS}, got {metric!r}")
-    if metric in ("arrived", "rejected"):  # the workload's, whatever the policy: nothing to choose by
-        raise ValueError(f"metric {metric!r} does not depend on the agent: tune by another")
     if metric in NO_DIRECTION:
-        raise ValueError(f"metric {metric!r} has no better direction (more is not by itself better or worse): "
-                         "tune by another")
+        why = ("does not depend on the agent" if metric in ("arrived", "rejected")  # the workload's, whatever the policy
+               else "has no better direction (more is not by itself better or worse)")
+        raise ValueError(f"metric {metric!r} {why}: tune by another")
     seeds = _check_seeds(seeds)
     sign = -1.0 if metric in HIGHER_IS_BETTER else 1.0
     param, grid = spec.tune

@@ -784,8 +784,9 @@ class VllmEngine(Engine):
     def metrics(self) -> dict[str, Any]:
         """The paper's metrics over the steps run so far (:func:`~flowgym.sim.metrics.metrics_at`) plus
         :meth:`serving_metrics`."""
-        m = metrics_at(self.request_log(), self.series(), self.M, self.t)
-        m.update(self.serving_metrics())
+        log, series = self.request_log(), self.series()
+        m = metrics_at(log, series, self.M, self.t)
+        m.update(self._serving_metrics(log, series))
         return m
 
     def serving_metrics(self) -> dict[str, Any]:
@@ -807,29 +808,31 @@ class VllmEngine(Engine):
         * ``kv_cache_usage_perc_mean/max`` (``vllm:kv_cache_usage_perc``): allocated blocks / blocks.
         * ``prefill_tokens`` (computed, recomputes included) and ``generation_tokens``
           (``vllm:generation_tokens_total``).
+
+        All but the preemptions, inter-token latencies and KV usage are :func:`serving_metrics_at` of the whole run.
         """
-        n = self.n_arrived
+        return self._serving_metrics(self.request_log(), self.series())
+
+    def _serving_metrics(self, log: dict[str, np.ndarray], series: dict[str, np.ndarray]) -> dict[str, Any]:
+        T = int(series["usage"].size)
+        at = serving_metrics_at(log, series, T)
+        used = series["used_blocks"]
         nan = float("nan")
-        ttft = _ttft(self.first_token_step[:n], self.arrival[:n],
-                     self.first_token[:n] if self.timed else None, self.arrival_time[:n] if self.timed else None)
-        base = Engine.series(self)
-        st = self.step_series()
-        T = int(base["usage"].size)
         return {
             "num_preemptions": int(self.total_evictions),
-            "refused_admissions": int(self.total_refused),
-            "recomputed_tokens": int(self.recomputed_tokens),
-            "time_to_first_token_mean": float(ttft.mean()) if ttft.size else nan,
-            "time_to_first_token_p50": float(np.percentile(ttft, 50)) if ttft.size else nan,
-            "time_to_first_token_p99": float(np.percentile(ttft, 99)) if ttft.size else nan,
+            "refused_admissions": at["refused_admissions"],
+            "recomputed_tokens": at["recomputed_tokens"],
+            "time_to_first_token_mean": at["time_to_first_token_mean"],
+            "time_to_first_token_p50": at["time_to_first_token_p50"],
+            "time_to_first_token_p99": at["time_to_first_token_p99"],
             "inter_token_latency_p50": self._itl_quantile(0.5),
             "inter_token_latency_p99": self._itl_quantile(0.99),
-            "num_requests_running_mean": float(base["active"].mean()) if T else nan,
-            "num_requests_waiting_mean": float(base["queue_len"].mean()) if T else nan,
-            "kv_cache_usage_perc_mean": float(st["used_blocks"].mean() / self.num_blocks) if T else nan,
-            "kv_cache_usage_perc_max": float(st["used_blocks"].max() / self.num_blocks) if T else nan,
-            "prefill_tokens": int(self.prefill_tokens),
-            "generation_tokens": int(self.generated_tokens),
+            "num_requests_running_mean": at["num_requests_running_mean"],
+            "num_requests_waiting_mean": at["num_requests_waiting_mean"],
+            "kv_cache_usage_perc_mean": float(used.mean() / self.num_blocks) if T else nan,
+            "kv_cache_usage_perc_max": float(used.max() / self.num_blocks) if T else nan,
+            "prefill_tokens": at["prefill_tokens"],
+            "generation_tokens": at["generation_tokens"],
         }
 
     def memory_bytes(self) -> int:
@@ -837,16 +840,6 @@ class VllmEngine(Engine):
                                                        "first_token_step", "_r_id", "_r_comp", "_r_blk", "_r_start",
                                                        "_r_dec"))
         return super().memory_bytes() + extra
-
-
-def _ttft(first_step: np.ndarray, arrival: np.ndarray, first_time: np.ndarray | None,
-          arrival_time: np.ndarray | None, T: int | None = None) -> np.ndarray:
-    """Time to first token of the requests that have one (by the end of step ``T``, if given): steps in
-    unit slots, seconds when ``first_time``/``arrival_time`` are given."""
-    has = first_step >= 0 if T is None else (first_step >= 0) & (first_step <= T)
-    if first_time is not None and arrival_time is not None:
-        return (first_time[has] - arrival_time[has]).astype(np.float64)
-    return (first_step[has] - arrival[has]).astype(np.float64)
 
 
 #: The serving metrics :func:`serving_metrics_at` derives for any horizon of a ``vllm-v1`` run (the per-seed
@@ -878,8 +871,12 @@ def serving_metrics_at(log: Mapping[str, np.ndarray], series: Mapping[str, np.nd
     if isinstance(T, (bool, np.bool_)) or not isinstance(T, (int, np.integer)) or not 0 <= T <= size:
         raise ValueError(f"T must be a whole number of steps in [0, {size}], got {T!r}")
     T = int(T)
-    ttft = _ttft(np.asarray(log["first_token"]), np.asarray(log["arrival"]), log.get("first_token_time"),
-                 log.get("arrival_time"), T)
+    first = np.asarray(log["first_token"])
+    has = (first >= 0) & (first <= T)  # the first output token came by the end of step T
+    if "first_token_time" in log:  # continuous time: seconds
+        ttft = (log["first_token_time"][has] - log["arrival_time"][has]).astype(np.float64)
+    else:
+        ttft = (first[has] - np.asarray(log["arrival"])[has]).astype(np.float64)
     nan = float("nan")
     return {
         "time_to_first_token_mean": float(ttft.mean()) if ttft.size else nan,

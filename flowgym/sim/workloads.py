@@ -890,13 +890,17 @@ def _trace_column(
         i = int(np.flatnonzero(bad)[0])
         need = "non-negative" if allow_zero else "at least 1"
         raise TraceError(f"column {name!r}, {where(i)}: {shown(i)} must be {need}")
-    limit = float((MAX_ARRIVAL if whole else MAX_ARRIVAL_SECONDS) if name == "arrival" else MAX_TOKENS)
-    bad = f > limit
-    if bad.any():  # beyond what int64 arithmetic (l + o, usage sums, slot numbers) or the clock can hold
+    # beyond what int64 arithmetic (l + o, usage sums, slot numbers) or the clock can hold
+    if name != "arrival":
+        limit, what, why = MAX_TOKENS, "a length", ""
+    elif whole:
+        limit, what, why = MAX_ARRIVAL, "an arrival", ""
+    else:
+        limit, what, why = (MAX_ARRIVAL_SECONDS, "an arrival in seconds",
+                            ": beyond it the clock no longer resolves an iteration; give times from the trace's start")
+    bad = f > float(limit)
+    if bad.any():
         i = int(np.flatnonzero(bad)[0])
-        what = "a length" if name != "arrival" else "an arrival" if whole else "an arrival in seconds"
-        why = "" if name != "arrival" or whole else (
-            ": beyond it the clock no longer resolves an iteration; give times from the trace's start")
         raise TraceError(f"column {name!r}, {where(i)}: {shown(i)} is too large for {what} (at most {int(limit)}{why})")
     if not whole:
         return f
