@@ -1448,6 +1448,32 @@ def test_the_smoothing_experiment_averages_the_unrounded_budget():
     assert v1 == v0 != v  # tau 1 plays the environment's budgets exactly; tau 4 other ones
 
 
+def test_the_completion_cap_experiment_caps_the_rate_anchor_only():
+    """benchmarks/learned_experiments/completion_cap.py: the budget is ``max(k_safe x safe, min(k_rate x
+    head-era rate, c x completion rate))``, the completion rate the tracker's completions over 16; only
+    ``max-head`` is capped; a bad ``c`` is refused by name; the environment's own mapping is back after a job."""
+    cc = _experiment("completion_cap")
+    import types
+
+    import flowgym.envs.spaces as spaces
+
+    tr = types.SimpleNamespace(_Nf=80.0, arrival_rate=lambda: 10.0, head_rate=lambda: 6.0, safe_budget=lambda: 3.0)
+    assert cc.completion_rate(tr) == 5.0
+    assert cc.capped_budget(2.0)((2.0, 1.0), tr, "max-head", 64) == 10.0  # min(2 x 10, 2 x 5)
+    assert cc.capped_budget(8.0)((2.0, 1.0), tr, "max-head", 64) == 20.0  # the cap does not bind: ars9's
+    assert cc.capped_budget(0.1)((2.0, 1.0), tr, "max-head", 64) == 3.0  # the safe anchor is not capped
+    assert cc.capped_budget(0.1)((2.0, 4.0), tr, "max-head", 10) == 10  # nor the budget's own cap
+    with pytest.raises(ValueError, match="max-head"):
+        cc.capped_budget(2.0)((2.0, 1.0), tr, "max", 64)
+    for bad in (0.0, -1.0, 2, "2"):
+        with pytest.raises(ValueError, match="cap c"):
+            cc.capped_budget(bad)
+    _, _, v = cc._job(("H4-short-phases", "c=1", 0, {}))
+    assert spaces._unrounded_budget is cc._UNROUNDED and math.isfinite(v) and v > 0
+    _, _, v0 = cc._job(("H4-short-phases", "ars9", 0, {}))
+    assert v0 != v
+
+
 def test_the_estimator_experiment_computes_each_estimate_of_the_work():
     """benchmarks/learned_experiments/estimator.py: on one length pair ``(l, o)`` the corrected and the direct
     estimates of ``E[w]`` are ``l o + o (o + 1) / 2`` exactly and the package's is ``l o + o^2 / 2`` (its known

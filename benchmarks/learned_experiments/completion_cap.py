@@ -1,0 +1,105 @@
+"""Admit at the pace requests leave? The shipped generalist with its rate anchor capped by the completion rate
+(2026-11-29, a probe)
+
+Where the shipped generalist (ars9) trails the tuned rate-switch most (H8: an overload phase then a light one;
+adaptive-high: stationary overload; the Azure replay, where ``b = 1`` is best), its rate anchor
+``k_rate x lambda_head`` admits faster than the server completes, and the surplus is evicted. TCP's answer
+to the same problem is *ack clocking*: send a new packet as an old one leaves. This script plays ars9 with
+its budget
+
+    B_t = max(k_safe x safe budget, min(k_rate x lambda_head, c x mu))
+
+where ``mu`` is the completion rate (requests finished per slot, moving average with time constant 16: the
+tracker's own, feature ``completion_rate`` of ``load-v2``) and ``c`` a fixed constant of ``--caps``: the rate
+anchor may not run more than ``c`` times ahead of the departures; the safe anchor is untouched (so an empty
+system, whose ``mu`` is 0, still admits). ``c = inf`` is ars9. The report scenarios' screening seeds
+7000-7003 (the Azure replay: one episode), ratios to the tuned rate-switch.
+
+The cap changes the environment's mapping of an action to a budget (``_unrounded_budget`` of
+:mod:`flowgym.envs.spaces`), in this process only: an experiment, not an option of the package. Results:
+``docs/training.md``, "Admitting at the pace of completions".
+
+    python benchmarks/learned_experiments/completion_cap.py --rate-switch runs/bench_rs.json   # about 1 min on 2 cores
+"""
+
+from __future__ import annotations
+
+import argparse
+import math
+import multiprocessing as mp
+import os
+import sys
+from collections.abc import Callable, Sequence
+from typing import Any
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from anchors import scenario, seeds_of, tuned_rate_switch  # noqa: E402
+from bench_learned import held_out  # noqa: E402
+from fractional import print_ratio_table  # noqa: E402
+
+import flowgym.envs.spaces as spaces  # noqa: E402
+from flowgym.agents import make_agent  # noqa: E402
+from flowgym.lab.evaluation import run_episode  # noqa: E402
+from flowgym.lab.scenarios import ADAPTIVE_SCENARIOS  # noqa: E402
+
+_UNROUNDED = spaces._unrounded_budget
+
+
+def completion_rate(tracker: Any) -> float:
+    """Requests completed per decision point, moving average with time constant 16 (the tracker's sums)."""
+    return float(tracker._Nf) / 16.0
+
+
+def capped_budget(c: float) -> Callable[..., float]:
+    """``_unrounded_budget`` of ``of="max-head"`` with the rate anchor capped at ``c`` times the completion rate."""
+    if not (isinstance(c, float) and c > 0):
+        raise ValueError(f"cap c must be a positive number, got {c!r}")
+
+    def budget(k: Any, tracker: Any, of: str, max_budget: int) -> float:
+        if of != "max-head":
+            raise ValueError(f"the completion cap is for multiplier_of='max-head', got {of!r}")
+        rate = min(float(k[0]) * spaces._rate_anchor(tracker, of), c * completion_rate(tracker))
+        return min(float(max(rate, float(k[1]) * tracker.safe_budget())), max_budget)
+
+    return budget
+
+
+def _job(task: tuple[str, str, int, dict[str, Any]]) -> tuple[str, str, float]:
+    name, rule, seed, rs = task
+    kw, H = scenario(name)
+    spaces._unrounded_budget = capped_budget(float(rule.split("=")[1])) if rule.startswith("c=") else _UNROUNDED
+    try:
+        agent = make_agent("rate-switch", **rs) if rule == "rate-switch (tuned)" else make_agent("learned")
+        return name, rule, run_episode(agent, kw, seed, H).metrics(H)["mean_time_in_system"]
+    finally:
+        spaces._unrounded_budget = _UNROUNDED
+
+
+def _cap(text: str) -> float:
+    try:
+        v = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"a cap (multiple of the completion rate), got {text!r}") from None
+    if not (math.isfinite(v) and v > 0):
+        raise argparse.ArgumentTypeError(f"a cap must be a finite positive number, got {text!r}")
+    return v
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--rate-switch", required=True, help="bench_learned.py's JSON (the tuned rate-switch parameters)")
+    ap.add_argument("--caps", type=_cap, nargs="+", default=[1.0, 1.25, 1.5, 2.0], help="multiples of the completion rate")
+    ap.add_argument("--workers", type=int, default=2)
+    args = ap.parse_args(argv)
+    rs = tuned_rate_switch(args.rate_switch)
+    names = [*ADAPTIVE_SCENARIOS, *held_out()]
+    rules = ["rate-switch (tuned)", "ars9", *(f"c={c:g}" for c in args.caps)]
+    tasks = [(n, r, s, rs[n]) for n in names for r in rules for s in seeds_of(n)]
+    with mp.get_context("spawn").Pool(args.workers) as pool:
+        out = pool.map(_job, tasks, chunksize=1)
+    print_ratio_table(out, names, rules, geo=rules[1:])
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
