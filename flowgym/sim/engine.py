@@ -1211,7 +1211,8 @@ def replay(
         eviction: ``"lifo"``, ``"all"`` or ``"estimate"``.
         horizon: slots to run; ``None`` runs until every request has arrived and
             the system is empty (raising if that has not happened after
-            ``last arrival + 10 * sum of (l + o) + 100`` slots, e.g. a zero budget).
+            ``last arrival + 10 * sum of (l + o) + 100`` slots, e.g. a zero budget, or under eviction
+            ``"all"`` a budget that overflows the cache in every slot; the message says which).
         classes: class id per request (0..m-1) for per-class budgets.
         queue_order: ``"fifo"`` (the spec's order), ``"sjf"`` or ``"estimate"``.
 
@@ -1262,7 +1263,12 @@ def replay(
         cap = trace.last_arrival + 10 * int((trace.prompt_len + trace.output_len).sum()) + 100
         while not (eng.exhausted and eng.in_system == 0):
             if eng.t >= cap:
-                raise RuntimeError(f"replay did not empty the system within {cap} slots (budgets too small?)")
+                why = ("the cache overflowed in {} of them: a budget that admits more than the cache holds can evict the "
+                       "same requests again and again (eviction {!r})".format(eng.overflow_events, eng.eviction.name)
+                       if eng.overflow_events else "the cache never overflowed: the budgets leave them waiting, and a sequence of "
+                       "budgets is 0 past its end")
+                raise RuntimeError(f"replay did not empty the system within {cap} slots ({eng.in_system} requests still "
+                                   f"in it; {why})")
             eng.arrive()
             eng.serve(budget_at(eng.t))
     else:
