@@ -575,3 +575,28 @@ def test_per_class_budgets_of_the_wrong_length_are_refused(engine_cls, budget):
     assert eng.t == 0  # nothing served
     eng.serve(np.array([1, 1, 1]))
     assert eng.t == 1
+
+
+def test_replay_takes_the_first_output_estimate_as_the_environment_does():
+    """``estimate_floor`` reaches the engine: on this trace A_min's order (eviction and queue by the estimate)
+    finishes requests 2 and 3 in another order with a first estimate of 6 than of 1, each as the environment does
+    with the same floor and a budget of 1; the default is the engine's 1; a bad floor is refused by name."""
+    import gymnasium as gym
+
+    from flowgym.sim.workloads import Trace
+
+    a, l, o = [0, 2, 3, 3], [1, 5, 5, 2], [3, 7, 4, 3]
+    kw = dict(M=17, budgets=1, eviction="estimate", queue_order="estimate", horizon=60)
+    want = {1: [3, 9, 14, 12], 6: [3, 9, 13, 13]}
+    for floor, finish in want.items():
+        assert flowgym.replay(a, l, o, **kw, estimate_floor=floor)["finish"].tolist() == finish
+        env = gym.make("FlowControl-v0", workload=Trace(a, l, o), M=17, eviction="estimate", queue_order="estimate",
+                       estimate_floor=floor, horizon=60, max_budget=4)
+        env.reset(seed=0)
+        for _ in range(60):
+            if any(env.step(1)[2:4]):
+                break
+        assert env.unwrapped.request_log()["finish"].tolist() == finish
+    assert flowgym.replay(a, l, o, **kw)["finish"].tolist() == want[1]
+    with pytest.raises(ValueError, match="estimate_floor must be a positive integer, got 0"):
+        flowgym.replay(a, l, o, **kw, estimate_floor=0)

@@ -1199,6 +1199,7 @@ def replay(
     horizon: int | None = None,
     classes: Sequence[int] | np.ndarray | None = None,
     queue_order: str | QueueOrder = "fifo",
+    estimate_floor: int = 1,
 ) -> dict[str, Any]:
     """Replay a trace under given activation budgets; the reference entry point of the spec.
 
@@ -1215,6 +1216,9 @@ def replay(
             ``"all"`` a budget that overflows the cache in every slot; the message says which).
         classes: class id per request (0..m-1) for per-class budgets.
         queue_order: ``"fifo"`` (the spec's order), ``"sjf"`` or ``"estimate"``.
+        estimate_floor: every request's first output estimate, for ``eviction="estimate"`` and
+            ``queue_order="estimate"`` (the engine's default 1; the environment's default is the
+            workload's shortest output, ``FlowControlConfig.estimate_floor``).
 
     Returns:
         a dict with per-request arrays in the input's order (``finish``,
@@ -1237,7 +1241,8 @@ def replay(
         int_array("budgets", np.asarray(budgets).ravel(), None, 0)
     b = np.asarray(budgets, dtype=_I64)
     trace = Trace(arrival, prompt_len, output_len, cls=classes, num_classes=b.size if per_class else None)
-    eng = Engine(M, trace, eviction=eviction, queue_order=queue_order, per_class=per_class)
+    eng = Engine(M, trace, eviction=eviction, queue_order=queue_order, per_class=per_class,
+                 estimate_floor=estimate_floor)
     if per_class:
         if b.ndim != 1 or b.size != eng.m:
             raise ValueError(f"with classes, budgets must hold one budget per class ({eng.m}), got {budgets!r}")
