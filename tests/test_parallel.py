@@ -40,6 +40,52 @@ class Exploding(FixedBudget):
         return "exploding"
 
 
+class Dying(FixedBudget):
+    """Ends its worker process at one slot of seed 901 (a crash, not an exception)."""
+
+    def __init__(self) -> None:
+        super().__init__(b=4)
+
+    def reset(self, config, seed=None):
+        super().reset(config, seed)
+        self._seed = seed
+
+    def act(self, observation, view):
+        if self._seed == 901:
+            import os
+
+            os._exit(3)
+        return super().act(observation, view)
+
+    def label(self) -> str:
+        return "dying"
+
+
+class Sleeping(FixedBudget):
+    """Takes ten minutes on seed 900 (a long cell beside a failing one)."""
+
+    def __init__(self) -> None:
+        super().__init__(b=4)
+
+    def reset(self, config, seed=None):
+        super().reset(config, seed)
+        if seed == 900:
+            import time
+
+            time.sleep(600)
+
+    def label(self) -> str:
+        return "sleeping"
+
+
+def _timed(_cell):
+    import time
+
+    t0 = time.time()
+    time.sleep(0.5)
+    return t0, time.time()
+
+
 def _tables(backend):
     table = evaluate(AGENTS, ENV, [900, 901, 902], [150, 300], backend=backend)
     best, rows = tune(AgentSpec("flow-control", {"b": 12}, tune=("b", [4, 8, 12])), ENV, [1000, 1001], 300,
@@ -72,6 +118,39 @@ def test_a_failing_cell_is_named_serial_and_process():
             backend.close()
 
 
+def test_a_dead_worker_process_is_reported_without_blaming_one_cell_and_the_backend_recovers():
+    """A worker that dies takes every unfinished cell's future with it: the error says a process died and lists
+    the cells that may have been in it (the crashing one among them), and the next map gets a new pool."""
+    with make_backend("process", workers=2) as be:
+        with pytest.raises(CellError, match=r"a worker process died .* cells not finished was running in it: .*"
+                           r"agent 'dying', seed 901") as e:
+            evaluate([Dying()], ENV, [900, 901, 902, 903], [100], backend=be)
+        assert "seed 901" in str(e.value)
+        assert len(evaluate([AgentSpec("mc")], ENV, [900, 901], [100], backend=be).rows) == 2
+
+
+def test_a_failing_cell_is_reported_while_a_long_one_still_runs():
+    """The process backend ends its workers on the first error instead of waiting for the cells they run (here one
+    of ten minutes)."""
+    import time
+
+    from flowgym.lab.parallel import ProcessBackend
+
+    t0 = time.time()
+    with pytest.raises(CellError, match=r"agent 'exploding', seed 901"):
+        with ProcessBackend(workers=2) as be:
+            be.map(_explode_or_sleep, ["sleep", "explode"])
+    assert time.time() - t0 < 120
+
+
+def _explode_or_sleep(what):
+    import time
+
+    if what == "sleep":
+        time.sleep(600)
+    return evaluate([Exploding()], ENV, [901], [200])
+
+
 def test_bad_backend_arguments():
     with pytest.raises(ValueError, match="backend must be one of serial, process, ray"):
         make_backend("threads")
@@ -101,6 +180,34 @@ def test_ray_backend_gives_the_serial_tables_and_names_failures():
         _assert_same(serial, _tables(be))
         with pytest.raises(CellError, match=r"agent 'exploding', seed 901.*boom at slot 50"):
             evaluate([Exploding()], ENV, [900, 901], [200], backend=be)
+
+
+@needs_ray
+def test_ray_names_the_cell_whose_worker_died():
+    import ray.cloudpickle
+
+    ray.cloudpickle.register_pickle_by_value(sys.modules[__name__])
+    with make_backend("ray", workers=2) as be:
+        with pytest.raises(CellError, match=r"agent 'dying', seed 901.* failed in a Ray task: WorkerCrashedError"):
+            evaluate([Dying()], ENV, [900, 901], [100], backend=be)
+
+
+@needs_ray
+def test_ray_running_already_bounds_the_cells_in_flight_and_refuses_an_address():
+    """In a process already connected to Ray, ``workers`` bounds how many cells run at once (the session's own
+    size would otherwise decide) and ``address`` is refused, not ignored."""
+    import ray
+
+    ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False, configure_logging=False)
+    try:
+        with pytest.raises(ValueError, match=r"already running in this process, so address='auto'"):
+            make_backend("ray", address="auto")
+        with make_backend("ray", workers=1) as be:
+            spans = sorted(be.map(_timed, [0, 1, 2]))
+        assert all(a[1] <= b[0] for a, b in zip(spans, spans[1:]))  # one after the other
+        assert ray.is_initialized()  # the session it found is left running
+    finally:
+        ray.shutdown()
 
 
 @needs_ray

@@ -101,26 +101,49 @@ class ProcessBackend(Backend):
             done: Callable[[Any], None] | None = None) -> list[Any]:
         from concurrent.futures import FIRST_EXCEPTION, wait
 
+        from concurrent.futures.process import BrokenProcessPool
+
         pool = self._get()
         futures = {pool.submit(_call, fn, c): i for i, c in enumerate(cells)}
         out: list[Any] = [None] * len(cells)
         pending = set(futures)
         while pending:
             finished, pending = wait(pending, return_when=FIRST_EXCEPTION)
-            for f in finished:
+            for f in sorted(finished, key=futures.__getitem__):
                 i = futures[f]
                 err = f.exception()
                 if err is not None:
-                    for p in pending:
-                        p.cancel()
+                    # stop at once: the cells still running would hold the error back until they end
+                    self._abandon()
                     if isinstance(err, CellError):
                         raise err
+                    if isinstance(err, BrokenProcessPool):  # every cell not done fails with it: no culprit known
+                        left = sorted(futures[g] for g in futures if g in pending or g in finished
+                                      and g.exception() is not None)
+                        names = "; ".join(_describe(cells[j]) for j in left[:5])
+                        more = f" and {len(left) - 5} more" if len(left) > 5 else ""
+                        raise CellError(f"a worker process died ({err}); one of the {len(left)} cells not finished "
+                                        f"was running in it: {names}{more}") from None
                     raise CellError(f"cell {_describe(cells[i])} failed in a worker process: "
                                     f"{type(err).__name__}: {err}") from None
                 out[i] = f.result()
                 if done is not None:
                     done(cells[i])
         return out
+
+    def _abandon(self) -> None:
+        """Drop the pool without waiting for the cells it runs: its workers are ended (a later map starts a new
+        pool)."""
+        pool, self._pool = self._pool, None
+        if pool is None:
+            return
+        procs = list((getattr(pool, "_processes", None) or {}).values())
+        pool.shutdown(wait=False, cancel_futures=True)
+        for proc in procs:
+            if proc.is_alive():
+                proc.terminate()
+        for proc in procs:
+            proc.join(timeout=5)
 
     def close(self) -> None:
         if self._pool is not None:
@@ -129,7 +152,10 @@ class ProcessBackend(Backend):
 
 
 class RayBackend(Backend):
-    """Ray tasks, one per cell, on a local cluster or an existing one at ``address``."""
+    """Ray tasks, one per cell, on a local cluster or an existing one at ``address``.
+
+    In a process already connected to Ray the running session is used: ``workers`` then bounds the cells in
+    flight, and ``address`` is refused (it could not be applied)."""
 
     name = "ray"
 
@@ -142,6 +168,9 @@ class RayBackend(Backend):
         self.address = address
         self.workers = workers
         self._started = False
+        if ray.is_initialized() and address is not None:  # this process is already connected: it would stay so
+            raise ValueError(f"Ray is already running in this process, so address={address!r} cannot be applied: "
+                             "leave address out to use the running session, or call ray.shutdown() first")
         if not ray.is_initialized():
             kwargs: dict[str, Any] = {"include_dashboard": False, "log_to_driver": False,
                                       "configure_logging": False}
@@ -166,25 +195,40 @@ class RayBackend(Backend):
         if remote is None:
             # _call lives in this module: a worker that unpickles it imports flowgym (FlowControl-v0 registered)
             remote = self._remote[fn] = ray.remote(num_cpus=1, max_retries=0)(_call)
-        refs = [remote.remote(fn, c) for c in cells]
-        index = {r: i for i, r in enumerate(refs)}
+        # at most `workers` cells in flight: a session started elsewhere has its own size, which the
+        # option asked for would otherwise not bound
+        limit = len(cells) if not self.workers or self._started else int(self.workers)
+        queue = iter(enumerate(cells))
+        index: dict[Any, int] = {}
+        pending: list[Any] = []
+
+        def submit() -> None:
+            for i, c in queue:
+                r = remote.remote(fn, c)
+                index[r] = i
+                pending.append(r)
+                if len(pending) >= limit:
+                    return
+
         out: list[Any] = [None] * len(cells)
-        pending = list(refs)
+        submit()
         while pending:
             ready, pending = ray.wait(pending, num_returns=1)
             for r in ready:
                 i = index[r]
                 try:
                     out[i] = ray.get(r)
-                except ray.exceptions.RayTaskError as e:
+                except ray.exceptions.RayError as e:  # a task's error, or its worker died (crash, memory)
                     for p in pending:
                         ray.cancel(p, force=True)
                     cause = e.cause if isinstance(getattr(e, "cause", None), Exception) else e
                     if isinstance(cause, CellError):
                         raise CellError(str(cause)) from None
-                    raise CellError(f"cell {_describe(cells[i])} failed in a Ray task: {cause}") from None
+                    what = "" if isinstance(e, ray.exceptions.RayTaskError) else f"{type(e).__name__}: "
+                    raise CellError(f"cell {_describe(cells[i])} failed in a Ray task: {what}{cause}") from None
                 if done is not None:
                     done(cells[i])
+            submit()
         return out
 
     def close(self) -> None:
