@@ -284,6 +284,7 @@ def _load_safe(path: str, meta: dict[str, Any], trust: bool) -> tuple[Any, Any]:
         if v is not None and (type(v) is not kind or (kind is int and v < 1)):
             raise ValueError(f"learned agent: {META_FILE} in {path!r}: policy_kwargs {key}={v!r}; expected "
                              f"{'a positive integer' if kind is int else 'true or false'}")
+    _check_policy_size(path)
     try:
         state = torch.load(os.path.join(path, POLICY_FILE), map_location="cpu", weights_only=True)
     except Exception as e:  # an unpickling refusal, not a file of tensors
@@ -292,6 +293,10 @@ def _load_safe(path: str, meta: dict[str, Any], trust: bool) -> tuple[Any, Any]:
     if not isinstance(state, dict) or not all(isinstance(v, torch.Tensor) for v in state.values()):
         raise ValueError(f"learned agent: {POLICY_FILE} in {path!r} does not hold a mapping of names to tensors")
     for k, v in state.items():
+        if v.layout is not torch.strided or v.device.type != "cpu":  # torch's checks below would fail on them, raw
+            what = f"a {v.layout} tensor" if v.layout is not torch.strided else f"a tensor on device {v.device.type!r}"
+            raise ValueError(f"learned agent: {POLICY_FILE} in {path!r}: tensor {k!r} is {what}; expected dense "
+                             "weights in memory (torch.strided, on the cpu)")
         if not (v.dtype.is_floating_point and not v.dtype.is_complex):
             raise ValueError(f"learned agent: {POLICY_FILE} in {path!r}: tensor {k!r} holds {v.dtype} values; "
                              "expected real floating-point weights")
@@ -315,6 +320,30 @@ def _load_safe(path: str, meta: dict[str, Any], trust: bool) -> tuple[Any, Any]:
                          f"({_brief(e, lines=3)})") from None
     policy.set_training_mode(False)
     return policy, norm
+
+
+def _check_policy_size(path: str) -> None:
+    """Raise ``ValueError`` if ``POLICY_FILE`` in ``path``, a zip archive (torch's format), would inflate to more
+    than :data:`MAX_ARRAY_ELEMENTS` numbers of 8 bytes and :data:`POLICY_INDEX_BYTES` (its members' sizes, read
+    from the archive's directory before ``torch.load`` reads anything): a file of a few KB whose members are
+    compressed could hold gigabytes. Another file is left to ``torch.load`` (which reads or refuses it)."""
+    import zipfile
+
+    file = os.path.join(path, POLICY_FILE)
+    try:
+        with open(file, "rb") as raw:
+            if raw.read(4) != b"PK\x03\x04":  # what torch.load reads as a zip archive
+                return
+        with zipfile.ZipFile(file) as z:
+            size = sum(info.file_size for info in z.infolist())
+    except (OSError, zipfile.BadZipFile, ValueError, EOFError) as e:
+        raise ValueError(f"learned agent: {POLICY_FILE} in {path!r} is not a file of plain tensors; nothing in it "
+                         f"was run ({_brief(e)})") from None
+    cap = MAX_ARRAY_ELEMENTS * 8 + POLICY_INDEX_BYTES
+    if size > cap:
+        raise ValueError(f"learned agent: {POLICY_FILE} in {path!r} holds {size} bytes uncompressed, more than "
+                         f"{cap} ({MAX_ARRAY_ELEMENTS} numbers of 8 bytes and {POLICY_INDEX_BYTES} for the names); "
+                         "nothing in it was read")
 
 
 def _brief(e: Exception, lines: int = 1) -> str:
@@ -634,6 +663,9 @@ MEMORY_KEYS = ("mem_u", "mem_a", "mem_b", "mem_leak")
 #: or observation here). Checked on each array's header before it is read, so that a small file whose header
 #: asks for a huge (zero-filled, well-compressed) array is refused instead of allocated.
 MAX_ARRAY_ELEMENTS = 1 << 24
+#: What ``POLICY_FILE`` (a zip archive) may hold beyond :data:`MAX_ARRAY_ELEMENTS` numbers of 8 bytes, uncompressed:
+#: its index of tensor names and its version records (a few KB for the policies here).
+POLICY_INDEX_BYTES = 1 << 20
 
 #: The arrays ``NORM_FILE`` may hold (what :func:`write_safe` and ``flowgym train --algo ars`` write).
 NORM_KEYS = ("obs_low", "obs_high", "obs_mean", "obs_var", "epsilon", "clip_obs")
@@ -921,7 +953,7 @@ class LearnedBudget(Agent):
         try:
             with open(os.path.join(self.path, META_FILE)) as fh:
                 self.meta: dict[str, Any] = json.load(fh)
-        except (json.JSONDecodeError, UnicodeDecodeError, RecursionError) as e:
+        except (ValueError, RecursionError) as e:  # JSONDecodeError, UnicodeDecodeError, an integer of 5000 digits
             raise ValueError(f"learned agent: {META_FILE} in {self.path!r} is not JSON ({_brief(e)})") from None
         except OSError as e:
             raise ValueError(f"learned agent: {META_FILE} in {self.path!r} cannot be read ({_brief(e)})") from None

@@ -295,3 +295,59 @@ def test_mismatched_tensors_are_named_by_torchs_error(tmp_path):
                        r"\(RuntimeError: Error\(s\) in loading state_dict for ActorCriticPolicy: Missing key\(s\) "
                        rf'in state_dict: "{re.escape(missing)}"\.\)$'):
         LearnedBudget(str(d))
+
+
+@needs_sb3
+def test_policy_file_that_inflates_past_the_cap_is_refused_before_torch_reads_it(tmp_path, monkeypatch):
+    """torch reads a policy.pt whose members are deflated: a few KB on disk can inflate to gigabytes. The members'
+    sizes are summed from the zip's directory first, against the cap of the .npz files (MAX_ARRAY_ELEMENTS numbers
+    of 8 bytes, and 1 MB for the names), smaller here."""
+    import zipfile
+
+    import torch
+
+    import flowgym.agents.learned as learned
+
+    d = _copy(tmp_path)
+    state = torch.load(d / "policy.pt", weights_only=True)
+    torch.save({**state, "junk": torch.zeros(1 << 20)}, tmp_path / "plain.pt")  # 4 MB of zeros
+    with zipfile.ZipFile(tmp_path / "plain.pt") as src, zipfile.ZipFile(d / "policy.pt", "w", zipfile.ZIP_DEFLATED) as z:
+        for info in src.infolist():
+            z.writestr(info.filename, src.read(info.filename))
+    assert (d / "policy.pt").stat().st_size < 100_000
+    monkeypatch.setattr(learned, "MAX_ARRAY_ELEMENTS", 1 << 16)  # a cap of 512 KB + 1 MB
+
+    def refuse(*a, **k):
+        raise AssertionError("torch.load was called")
+
+    monkeypatch.setattr(torch, "load", refuse)
+    with pytest.raises(ValueError, match=r"policy.pt in .* holds 4\d{6} bytes uncompressed, more than 1572864 "
+                       r"\(65536 numbers of 8 bytes and 1048576 for the names\); nothing in it was read"):
+        learned.LearnedBudget(str(d))
+
+
+@needs_sb3
+@pytest.mark.parametrize("kind,what", [("sparse", "a torch.sparse_coo tensor"), ("meta", "a tensor on device 'meta'")])
+def test_sparse_and_meta_tensors_are_refused_by_name(tmp_path, kind, what):
+    import torch
+
+    from flowgym.agents.learned import LearnedBudget
+
+    d = _copy(tmp_path)
+    state = torch.load(d / "policy.pt", weights_only=True)
+    key = next(iter(state))
+    state[key] = state[key].to_sparse() if kind == "sparse" else torch.empty(state[key].shape, device="meta")
+    torch.save(state, d / "policy.pt")
+    with pytest.raises(ValueError, match=rf"policy.pt in .*: tensor '{re.escape(key)}' is {what}; expected dense"):
+        LearnedBudget(str(d))
+
+
+@needs_sb3
+def test_an_integer_too_long_to_read_is_named_as_not_json(tmp_path):
+    from flowgym.agents.learned import LearnedBudget
+
+    d = _copy(tmp_path)
+    text = (d / "flowgym_agent.json").read_text().rstrip()
+    (d / "flowgym_agent.json").write_text(text[:-1] + ', "x": ' + "1" * 5000 + "}")  # Python reads 4300 digits
+    with pytest.raises(ValueError, match=r"flowgym_agent.json in .* is not JSON \(ValueError: Exceeds the limit"):
+        LearnedBudget(str(d))

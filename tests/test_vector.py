@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import copy
 import pickle
+import re
 import subprocess
 import sys
 
@@ -361,6 +362,41 @@ def test_bad_inputs_name_the_value():
         BatchedEngine(2, 16492, {"kind": "poisson", "classes": PAPER, "rates": 1.0}, eviction="estimate")
 
 
+@pytest.mark.parametrize("mode", ["batched", "sync"])
+def test_a_refused_seed_list_changes_nothing(mode):
+    """Every seed of a list is checked before any environment is seeded: after a refused reset the generators go on
+    as if it never was made. Numpy integers seed as ints do (as a numpy scalar does); a bool is refused by name."""
+    kw = {"horizon": 20, **({} if mode == "batched" else {"eviction": "estimate"})}
+    env, twin = (gym.make_vec("FlowControl-v0", num_envs=2, **kw) for _ in range(2))
+    assert env.backend == twin.backend == mode
+    for e in (env, twin):
+        e.reset(seed=3)
+    for bad, word in (([7, -1], "seed -1 of environment 1"), ([7, True], "seed True of environment 1"),
+                      ([7, 1.5], "seed 1.5 of environment 1"), ([7, "8"], "seed '8' of environment 1")):
+        with pytest.raises(ValueError, match=re.escape(word)):
+            env.reset(seed=bad)
+    assert_same(env.reset(), twin.reset())  # each generator continued, not re-seeded with 7
+    for _ in range(25):
+        assert_same(env.step(np.array([3, 5])), twin.step(np.array([3, 5])))
+    first = env.reset(seed=[1, 2])
+    for seeds in ([np.int64(1), np.int64(2)], np.array([1, 2]), np.array([1, 2], np.uint32), np.int64(1)):
+        assert_same(env.reset(seed=seeds), first)
+
+
+def test_batched_render_answers_as_the_sync_fallback_does():
+    """Neither has a render mode: after a reset each environment renders ``None``; before, both refuse."""
+    fast = gym.make_vec("FlowControl-v0", num_envs=2, horizon=5)
+    slow = gym.make_vec("FlowControl-v0", num_envs=2, horizon=5, eviction="estimate")
+    assert (fast.backend, slow.backend) == ("batched", "sync")
+    with pytest.raises(RuntimeError, match=r"call reset\(\) before render\(\)"):
+        fast.render()
+    with pytest.raises(gym.error.ResetNeeded):
+        slow.render()
+    for env in (fast, slow):
+        env.reset(seed=0)
+    assert fast.render() == slow.render() == (None, None)
+
+
 def test_first_masked_reset_is_refused():
     env = gym.make_vec("FlowControl-v0", num_envs=2)
     with pytest.raises(ValueError, match="first reset"):
@@ -449,6 +485,20 @@ def test_sb3_adapter_api_and_errors():
         venv.step(np.array([65, 0]))
     with pytest.raises(ValueError, match="queue_order"):
         FlowControlSB3VecEnv(2, output_length_known=True, queue_order="sjf")
+
+
+def test_sb3_adapter_step_before_reset_is_refused_as_the_vector_env_does():
+    pytest.importorskip("stable_baselines3", reason="needs Stable-Baselines3: pip install 'flowgym[train]'")
+    from flowgym.envs.sb3 import FlowControlSB3VecEnv
+
+    venv = FlowControlSB3VecEnv(2, horizon=5)
+    for step in (venv.step, venv.venv.step):
+        with pytest.raises(RuntimeError, match=r"call reset\(\) before step\(\)"):
+            step(np.array([1, 2]))
+    with pytest.raises(RuntimeError, match="step_async"):  # the refused step kept no actions
+        venv.step_wait()
+    venv.reset()
+    assert venv.step(np.array([1, 2]))[0].keys() == venv.observation_space.spaces.keys()
 
 
 @pytest.mark.parametrize("observation,policy", [("flat", "MlpPolicy"), ("dict", "MultiInputPolicy")])

@@ -111,7 +111,9 @@ class FlowControlSB3VecEnv(VecEnv):
     def step_async(self, actions: np.ndarray) -> None:
         """Remember the actions (budgets, shape ``(num_envs,)``, or ``(num_envs, 1)`` as some SB3 policies give
         them, or one budget with one environment) for :meth:`step_wait`; another shape, or a bool, is refused
-        by name."""
+        by name; before the first reset ``RuntimeError``, as the vector environment's ``step``."""
+        if not self.venv._started:  # the engine has no state to step yet
+            raise RuntimeError("call reset() before step()")
         if _holds_bool(actions):  # before asarray, which turns [True, 2, 3] into integers
             raise ValueError(f"actions {actions!r} are not in the action space {self.action_space}: "
                              "it holds a bool, a flag, not a number")

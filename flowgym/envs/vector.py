@@ -118,7 +118,8 @@ class FlowControlVectorEnv(VectorEnv):
     ``queue_order="fifo"``, ``eviction="lifo"`` or ``"all"``, a global budget
     (``per_class_budget=False``), known or unknown output lengths, dict or flat
     observations, any reward weights, horizon and feature settings, no
-    ``render_mode``. Anything else raises ``ValueError`` naming the argument;
+    ``render_mode`` (:meth:`render` returns ``None`` for each environment, as the
+    sync fallback does without one). Anything else raises ``ValueError`` naming the argument;
     :func:`make_vector_env` (what ``gym.make_vec`` calls) falls back to
     :class:`FlowControlSyncVectorEnv` instead.
 
@@ -201,17 +202,7 @@ class FlowControlVectorEnv(VectorEnv):
     # ------------------------------------------------------------------ internals shared with the SB3 adapter
 
     def _seeds(self, seed: int | Sequence[int | None] | None) -> list[int | None]:
-        N = self.num_envs
-        if seed is None:
-            return [None] * N
-        if isinstance(seed, (int, np.integer)) and not isinstance(seed, (bool, np.bool_)):
-            return [int(seed) + i for i in range(N)]
-        if np.ndim(seed) == 0 or not hasattr(seed, "__iter__"):  # a float, a bool, a string, a 0-d array
-            raise ValueError(f"seed must be an int, None or a list of {N} seeds, got {seed!r}")
-        seeds = list(seed)
-        if len(seeds) != N:
-            raise ValueError(f"seed must be an int, None or a list of {N} seeds, got {len(seeds)} seeds")
-        return seeds
+        return _seed_list(seed, self.num_envs)
 
     def _reset_envs(self, idx: np.ndarray, seeds: Sequence[int | None]) -> np.ndarray:
         """Reset environments ``idx`` (as ``FlowControlEnv.reset(seed=...)``); returns their arrivals."""
@@ -429,6 +420,13 @@ class FlowControlVectorEnv(VectorEnv):
         self._any_autoreset = self._n_truncated > 0 if self.engine.jit else bool(self._autoreset.any())
         return self._observe(), reward, terminated, truncated, info
 
+    def render(self) -> tuple[None, ...]:
+        """``None`` for each environment, as the sync fallback's environments (which have no ``render_mode``
+        either) render; before the first reset ``RuntimeError``, as they refuse."""
+        if not self._started:
+            raise RuntimeError("call reset() before render()")
+        return (None,) * self.num_envs
+
     def request_log(self, i: int) -> dict[str, np.ndarray]:
         """Per-request arrays of environment ``i``'s current episode (as ``FlowControlEnv.request_log``)."""
         return self.engine.request_log(_env_index(i, self.num_envs))
@@ -476,6 +474,31 @@ _NO_PER_ENV = ("the batched FlowControl-v0 vector env has {what} (its environmen
                "gym.make_vec(..., vectorization_mode='sync') keeps single environments that have it")
 
 
+def _is_int(x: Any) -> bool:
+    return isinstance(x, (int, np.integer)) and not isinstance(x, (bool, np.bool_))
+
+
+def _seed_list(seed: int | Sequence[int | None] | None, n: int) -> list[int | None]:
+    """``reset(seed=...)``'s seed of each of ``n`` environments (``seed + i``, or a list's entries, numpy integers
+    as ints), every one checked before any environment is seeded: a refused seed changes nothing."""
+    if seed is None:
+        return [None] * n
+    if _is_int(seed):
+        seeds: list[Any] = [int(seed) + i for i in range(n)]
+    else:
+        if (not hasattr(seed, "__iter__") or isinstance(seed, (str, bytes))
+                or (isinstance(seed, np.ndarray) and seed.ndim == 0)):  # a float, a bool, a string, a 0-d array
+            raise ValueError(f"seed must be an int, None or a list of {n} seeds, got {seed!r}")
+        seeds = list(seed)
+        if len(seeds) != n:
+            raise ValueError(f"seed must be an int, None or a list of {n} seeds, got {len(seeds)} seeds")
+    for i, s in enumerate(seeds):
+        if s is not None and (not _is_int(s) or s < 0):
+            raise ValueError(f"seed must be an int, None or a list of {n} seeds, each a non-negative int or None; "
+                             f"got {seed!r} (seed {s!r} of environment {i})")
+    return [None if s is None else int(s) for s in seeds]
+
+
 def _env_index(i: Any, n: int) -> int:
     """``i`` as an environment index in ``[0, n)``, else ``ValueError`` (a float or a bool is not an index)."""
     if isinstance(i, (bool, np.bool_)) or not isinstance(i, (int, np.integer)) or not 0 <= i < n:
@@ -504,6 +527,12 @@ class FlowControlSyncVectorEnv(SyncVectorEnv):
     def request_log(self, i: int) -> dict[str, np.ndarray]:
         """Per-request arrays of environment ``i``'s current episode (as ``FlowControlEnv.request_log``)."""
         return self.envs[_env_index(i, self.num_envs)].unwrapped.request_log()
+
+    def reset(self, *, seed: int | Sequence[int | None] | None = None,
+              options: dict[str, Any] | None = None) -> tuple[Any, dict[str, Any]]:
+        """As ``SyncVectorEnv.reset``, with the seeds checked before any environment is reset (a bad one changes
+        nothing) and numpy integers taken, as the batched environment does."""
+        return super().reset(seed=_seed_list(seed, self.num_envs), options=options)
 
     def step(self, actions: Any) -> Any:
         """Every environment's action is checked before any environment steps (a bad one changes nothing)."""
