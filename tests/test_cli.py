@@ -231,6 +231,9 @@ def test_bad_flags_are_named_by_argparse(argv, match, capsys):
       "process", "--address", "auto"], "address names a Ray cluster"),
     (["scenario", "list", "adaptive-mix"], "takes no name or --format"),
     (["run", "--trace", "x.csv", "--rate", "3"], "--rate sets the paper classes' Poisson rate"),
+    (["run", "--budget", "99999999999999999999", "--horizon", "5"],
+     "--budget must be a non-negative number of requests per slot, at most 1000000000"),
+    (["run", "--budget", "-1", "--horizon", "5"], "--budget must be a non-negative number of requests per slot"),
     # an empty list is not the default lineup
     (["compare", "--horizons", "50", "--seeds", "1", "--no-plots", "--quiet", "--agents", ""], "--agents names no agent"),
     (["compare", "--horizons", "50", "--seeds", "1", "--no-plots", "--quiet", "--agents", " ; "],
@@ -267,7 +270,9 @@ def test_output_folders_that_cannot_be_written_fail_before_the_run(tmp_path, cap
     (('name = "mine"', 'name = "/tmp/elsewhere"'), "name must be letters, digits"),
     (("M = 16492", "M = 99999999999999999999"), "M must be at most"),
     (("M = 16492", "M = 16492\nrecord = \"stream\""), "record='stream'"),
-    (("M = 16492", "M = 16492\nper_class_budget = true"), "agent 'mc' cannot run on this scenario"),
+    (("M = 16492", "M = 16492\nper_class_budget = true"), "agents[0]: agent 'mc' cannot run on this scenario"),
+    (("M = 16492", 'M = 16492\naction = "multiplier"'), "agents[0]: agent 'mc' sends budgets (action='budget') but "
+                                                         "the scenario sets action='multiplier'"),
     (('rates = 5.0}', 'rates = 5.0, timed = "false"}'), "timed must be true or false"),
     (('name = "mine"', 'name = "mine"\nfinite = true'), "finite = true runs the workload to its end"),
     (('set = ["env.workload.rates"]', 'set = ["env.M"]'), "the rate table's default rate 5.0: M must be"),
@@ -279,6 +284,32 @@ def test_scenario_files_that_cannot_run_are_refused_by_name(tmp_path, edit, matc
     err = capsys.readouterr().err
     assert match in err and "Traceback" not in err
     assert not Path("/tmp/elsewhere.csv").exists()  # where an absolute name would have written
+
+
+def test_run_refuses_what_would_not_be_a_fixed_budget_or_would_be_ignored(tmp_path, capsys):
+    """flowgym run plays one budget: a scenario whose action space reads numbers otherwise (multipliers, per-class
+    budgets) is refused by its key, as is a --seed that a trace scenario's replay would ignore; the same run without
+    the key or the seed goes."""
+    for key in ('action = "multiplier"', "action = \"log-multiplier\"", "per_class_budget = true"):
+        path = _scenario_file(tmp_path, _BASE.replace("M = 16492", f"M = 16492\n{key}", 1))
+        assert main(["run", "--scenario", path, "--budget", "5", "--horizon", "30"]) == 2
+        err = capsys.readouterr().err
+        want = key.replace(" = ", "=").replace('"', "'")
+        assert f"sets env {want}; flowgym run plays one fixed budget" in err and "Traceback" not in err
+    assert main(["run", "--scenario", _scenario_file(tmp_path, _BASE), "--budget", "5", "--horizon", "30"]) == 0
+    capsys.readouterr()
+    assert main(["run", "--scenario", "azure-conv", "--seed", "5", "--budget", "4", "--horizon", "30"]) == 2
+    assert "replays a trace, whose arrivals no seed changes: drop --seed" in capsys.readouterr().err
+    assert main(["run", "--scenario", "azure-conv", "--budget", "4", "--horizon", "30", "--json"]) == 0
+
+
+def test_compare_names_the_agent_entry_it_refuses(capsys):
+    assert main(["compare", "--scenario", "paper-synthetic-unknown", "--agents", "flow-control:b=4;fixed:b=x",
+                 "--horizons", "50", "--seeds", "1", "--no-plots", "--quiet"]) == 2
+    assert "error: --agents entry 2: agent 'fixed': b must be" in capsys.readouterr().err
+    assert main(["compare", "--scenario", "paper-synthetic-unknown", "--add-agents", "fixed:b=-1",
+                 "--horizons", "50", "--seeds", "1", "--no-plots", "--quiet"]) == 2
+    assert "error: --add-agents entry 1: agent 'fixed'" in capsys.readouterr().err
 
 
 def test_json_scenario_with_a_duplicate_key_is_refused(tmp_path, capsys):

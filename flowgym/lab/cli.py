@@ -21,7 +21,7 @@ import time
 from collections.abc import Sequence
 from typing import Any
 
-from flowgym.envs.flow_control import MAX_COUNT, FlowControlEnv
+from flowgym.envs.flow_control import MAX_BUDGET_CAP, MAX_COUNT, FlowControlEnv
 from flowgym.envs.spaces import LOAD_OBSERVATIONS, MULTIPLIER_OF
 from flowgym.lab.train import DEFAULT_TRAIN_MINUTES, GENERALIST_TRAIN_MINUTES
 from flowgym.sim import _json
@@ -70,18 +70,31 @@ def _run(args: argparse.Namespace) -> int:
                 return 2
             kwargs["workload"] = {"kind": "trace", "path": args.trace}
             kwargs["horizon"] = args.horizon if args.horizon_given else None
+    seed_given = args.seed is not None
     if args.seed is None:
         args.seed = 0
     if args.M is not None:
         kwargs["M"] = args.M
     if args.eviction is not None:
         kwargs["eviction"] = args.eviction
-    if args.budget is not None and args.budget < 0:
-        print(f"error: --budget must be a non-negative number of requests per slot, got {args.budget}", file=sys.stderr)
+    if args.budget is not None and not 0 <= args.budget <= MAX_BUDGET_CAP:
+        print(f"error: --budget must be a non-negative number of requests per slot, at most {MAX_BUDGET_CAP} (the "
+              f"largest the environment takes), got {args.budget}", file=sys.stderr)
         return 2
     from flowgym.lab.evaluation import capped_env
 
     env = capped_env(kwargs)  # run to the end of a finite workload: never past a safety cap
+    if env.config.action != "budget" or env.config.per_class_budget:  # its numbers would not be budgets
+        what = (f"action={env.config.action!r}" if env.config.action != "budget" else "per_class_budget=true")
+        print(f"error: scenario {args.scenario} sets env {what}; flowgym run plays one fixed budget B_t, which "
+              "that action space does not take (use flowgym compare with an agent made for it)", file=sys.stderr)
+        return 2
+    from flowgym.sim.workloads import Trace
+
+    if args.scenario is not None and seed_given and isinstance(env.workload, Trace):
+        print(f"error: scenario {args.scenario} replays a trace, whose arrivals no seed changes: drop --seed",
+              file=sys.stderr)
+        return 2
     mean_work = env.workload.mean_work()
     budget = args.budget
     if budget is None:
@@ -200,8 +213,12 @@ def _compare(args: argparse.Namespace) -> int:
     env_kwargs = sc.env_kwargs()
     specs = ([AgentSpec.parse(a) for a in _agent_list("--agents", args.agents)] if args.agents is not None
              else list(sc.agents))
+    origins = ([f"--agents entry {i + 1}" for i in range(len(specs))] if args.agents is not None
+               else [f"scenario {args.scenario}, agents[{i}]" for i in range(len(specs))])
     if args.add_agents is not None:
-        specs += [AgentSpec.parse(a) for a in _agent_list("--add-agents", args.add_agents)]
+        added = [AgentSpec.parse(a) for a in _agent_list("--add-agents", args.add_agents)]
+        origins += [f"--add-agents entry {i + 1}" for i in range(len(added))]
+        specs += added
     probe = FlowControlEnv(**env_kwargs)  # bad scenario arguments (e.g. a negative --rate) fail here, before any output
     if args.bound:
         from flowgym.lab.evaluation import bound_unsupported
@@ -216,8 +233,11 @@ def _compare(args: argparse.Namespace) -> int:
         return 2
     from flowgym.lab.evaluation import check_hostable
 
-    for spec in specs:
-        check_hostable(build_agent(spec), env_kwargs)  # an unknown agent or parameter, or one the scenario cannot run
+    for spec, origin in zip(specs, origins):
+        try:  # an unknown agent or parameter, or one the scenario cannot run
+            check_hostable(build_agent(spec), env_kwargs)
+        except ValueError as e:
+            raise ValueError(f"{origin}: {e}") from None
     tuning = any(s.tune for s in specs) and not args.no_tune
     if not tuning:  # a tuning flag with nothing to tune would be dropped silently: refuse it
         given = [f for f, v in (("--tune-seeds", args.tune_seeds), ("--tune-horizon", args.tune_horizon)) if v is not None]
@@ -628,6 +648,26 @@ _ARS_ONLY = ("iterations", "directions", "draws", "noise", "step_size", "hidden"
              "search", "hinge", "input_noise", "memory")
 
 
+def _train_flags_without_effect(args: argparse.Namespace, cfg: Any) -> str | None:
+    """Why a flag given to ``flowgym train`` would change nothing under ``cfg`` (``None``: each one acts), so that it
+    is refused rather than dropped."""
+    if args.tune_seeds is not None and cfg.final_eval_seeds == 0:
+        return "--tune-seeds tunes the baselines of the final table, which --final-eval-seeds 0 leaves out"
+    if getattr(cfg, "action", "log-multiplier") == "budget":
+        given = [f for f, v in (("--multipliers", args.multipliers), ("--multiplier-of", args.multiplier_of))
+                 if v is not None]
+        if given:
+            return f"{' and '.join(given)} shape the multiplier actions; this run's action is the budget itself"
+    if getattr(cfg, "eval_freq", 1) == 0:
+        given = [f for f, v in (("--eval-seed", args.eval_seed), ("--eval-episodes", args.eval_episodes),
+                                ("--select", args.select)) if v is not None]
+        if given:
+            return f"{' and '.join(given)} configure the evaluations during training, which --eval-freq 0 turns off"
+    if getattr(cfg, "norm_obs", True) is False and args.clip_obs is not None:
+        return "--clip-obs clips normalised observations, which --no-norm-obs turns off"
+    return None
+
+
 def _train_ars(args: argparse.Namespace) -> int:
     import os
 
@@ -664,6 +704,10 @@ def _train_ars(args: argparse.Namespace) -> int:
             _run_dir("ars", kw.get("scenario", "adaptive-mix"))
     cfg = ARSConfig(**kw)
     cfg.validate()
+    why = _train_flags_without_effect(args, cfg)
+    if why is not None:
+        print(f"error: {why}; drop it", file=sys.stderr)
+        return 2
     _writable_dir("--out", cfg.out)
     on = _trained_on(cfg)
     shape = ('linear' if not cfg.hidden else 'hidden ' + str(list(cfg.hidden))) + " policy"
@@ -687,7 +731,8 @@ def _train(args: argparse.Namespace) -> int:
 
     if args.algo is None:
         args.algo = "ars" if args.scenario is None else "ppo"
-    if args.algo.lower() == "ars":
+    args.algo = args.algo.lower()  # --algo PPO as --algo ARS: names are not case-sensitive
+    if args.algo == "ars":
         return _train_ars(args)
     given = [f"--{k.replace('_', '-')}" for k in _ARS_ONLY if getattr(args, k, None) is not None]
     if given:
@@ -709,6 +754,24 @@ def _train(args: argparse.Namespace) -> int:
             kw["distribution"] = dist
         cfg = TrainConfig.generalist(**kw)
     cfg.validate()  # bad settings are named first, with or without the training extra
+    if args.backend != "ray":
+        given = [f for f, v in (("--workers", args.workers), ("--address", args.address)) if v is not None]
+        if given:
+            print(f"error: {' and '.join(given)} configure a search on Ray (--backend ray); {args.algo} trains in "
+                  "this process", file=sys.stderr)
+            return 2
+    else:
+        from flowgym.lab.train import SEARCH_SPACE
+
+        drawn = [f"--{k.replace('_', '-')}" for k in SEARCH_SPACE if getattr(args, k, None) is not None]
+        if drawn:
+            print(f"error: the search on Ray draws {', '.join(SEARCH_SPACE)} for each trial; {', '.join(drawn)} would "
+                  "be overridden: drop it (or train one model without --backend ray)", file=sys.stderr)
+            return 2
+    why = _train_flags_without_effect(args, cfg)
+    if why is not None:
+        print(f"error: {why}; drop it", file=sys.stderr)
+        return 2
     try:
         require_sb3()
     except ImportError as e:

@@ -180,13 +180,18 @@ def env_for(agent: Any, env_kwargs: dict[str, Any], horizon: int | None) -> Flow
 
     ``max_budget`` takes the larger of the two; any other option the agent
     needs must agree with the scenario's (or the scenario must leave it unset),
-    else ``ValueError`` says which. With no horizon from either (a finite workload
+    else ``ValueError`` says which. An agent that names no ``action`` sends budgets:
+    a scenario with another action is refused for it. With no horizon from either (a finite workload
     run to its end), :func:`capped_env`'s safety cap.
     """
     kw = dict(env_kwargs)
     if horizon is not None or "horizon" not in kw:
         kw["horizon"] = horizon  # None: the scenario's own (a cap), or run to the end of a finite workload
-    for key, value in agent.env_options().items():
+    options = agent.env_options()
+    if "action" not in options and kw.get("action", "budget") != "budget":  # its budgets would be read otherwise
+        raise ValueError(f"agent {agent.label()!r} sends budgets (action='budget') but the scenario sets "
+                         f"action={kw['action']!r}, which would read them as another action")
+    for key, value in options.items():
         if key == "max_budget":
             kw["max_budget"] = max(int(kw.get("max_budget", FlowControlConfig.max_budget)), int(value))
         elif key in kw and _plain(kw[key]) != _plain(value):  # a scenario file's list is the agent's tuple
