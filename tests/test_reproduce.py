@@ -148,6 +148,17 @@ def test_claim_verdicts_on_synthetic_numbers(tmp_path):
     # a difference inside the noise: not worse holds, better does not
     d = _rows({"A": [{"avg_latency": 12 + (-1) ** s} for s in range(4)], "B": [{"avg_latency": 12.0} for s in range(4)]})
     assert evaluate_claim(nw, d).verdict == HOLDS
+    # A completed nothing on two of five seeds (its latency NaN): the means shown are over the three paired seeds,
+    # so they differ by the difference shown, and the line says how many seeds decided it
+    nan = float("nan")
+    d = _rows({"A": [{"avg_latency": v} for v in (nan, 10.0, 11.0, nan, 12.0)],
+               "B": [{"avg_latency": v} for v in (30.0, 12.0, 13.0, 30.0, 14.0)]})
+    r = evaluate_claim(nw, d)
+    x = r.details[0]
+    assert (x["agent_mean"], x["baseline_mean"], x["diff"], x["n"], x["seeds"]) == (11.0, 13.0, -2.0, 3, 5)
+    assert "avg lat 11.0 vs 13.0 (diff -2.00, CI [-2.00, -2.00], over 3 of 5 seeds: the others have no value)" in r.line()
+    d = _rows({"A": [{"avg_latency": 10.0 + s} for s in range(3)], "B": [{"avg_latency": 12.0 + s} for s in range(3)]})
+    assert "seeds" not in evaluate_claim(nw, d).line()  # every seed paired: the line as before
 
 
 def test_ratio_and_theory_claims(tmp_path):

@@ -449,12 +449,18 @@ def evaluate_claim(claim: Claim, data: dict[str, Any], *, quick: bool = False) -
                 # no finite pair at all (the metric NaN on every seed: nothing completed) decides nothing: not held
                 ok = n > 0 and (lo > 0 if claim.comparison == "better" else not hi < 0)
                 oks.append(ok)
-                ma, mb = float(np.nanmean(va)), float(np.nanmean(vb))
+                # the means shown are over the seeds the difference is over (both values finite), so that they
+                # differ by the difference shown; a seed without a value (nothing completed) is counted, not hidden
+                both = np.isfinite(va) & np.isfinite(vb)
+                ma = float(np.mean(np.asarray(va)[both])) if both.any() else math.nan
+                mb = float(np.mean(np.asarray(vb)[both])) if both.any() else math.nan
                 d_lo, d_hi = (lo, hi) if sign > 0 else (-hi, -lo)
                 details.append({"baseline": b, "metric": m, "agent_mean": ma, "baseline_mean": mb,
-                                "diff": sign * mean, "diff_lo": d_lo, "diff_hi": d_hi, "n": n, "holds": ok})
+                                "diff": sign * mean, "diff_lo": d_lo, "diff_hi": d_hi, "n": n, "seeds": len(seeds),
+                                "holds": ok})
+                short = f", over {n} of {len(seeds)} seeds: the others have no value" if n < len(seeds) else ""
                 parts.append(f"{'+' if ok else '-'}{b} {_SHORT.get(m, m)} {_fmt(ma)} vs {_fmt(mb)} "
-                             f"(diff {_fmt(sign * mean)}, CI [{_fmt(d_lo)}, {_fmt(d_hi)}])")
+                             f"(diff {_fmt(sign * mean)}, CI [{_fmt(d_lo)}, {_fmt(d_hi)}]{short})")
         verdict = _combine(oks)
         summary = f"{claim.agent} vs: " + "; ".join(parts)
     elif claim.kind == "bound":
