@@ -151,6 +151,23 @@ def _explode_or_sleep(what):
     return evaluate([Exploding()], ENV, [901], [200])
 
 
+def test_lower_bounds_run_on_the_backend_and_give_the_serial_rows(monkeypatch):
+    """``compare --bound``'s extra episodes run where the backend runs cells, not in the driver: the process
+    backend gives the serial rows while the driver runs no episode."""
+    from flowgym.lab import evaluation
+    from flowgym.lab.evaluation import lower_bounds
+
+    serial = lower_bounds(AgentSpec("mc"), ENV, [900, 901, 902], [100, 200], iterations=50)
+    in_driver = []
+    real = evaluation.run_episode
+    monkeypatch.setattr(evaluation, "run_episode", lambda *a, **k: in_driver.append(a[2]) or real(*a, **k))
+    with make_backend("process", workers=2) as be:
+        rows = lower_bounds(AgentSpec("mc"), ENV, [900, 901, 902], [100, 200], iterations=50, backend=be)
+    assert rows == serial and len(rows) == 6 and in_driver == []
+    with pytest.raises(CellError, match=r"lower bound on the requests of agent 'exploding', seed 901"):
+        lower_bounds(Exploding(), ENV, [900, 901], [200], iterations=50)
+
+
 def test_bad_backend_arguments():
     with pytest.raises(ValueError, match="backend must be one of serial, process, ray"):
         make_backend("threads")

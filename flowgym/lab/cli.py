@@ -310,6 +310,11 @@ def _compare(args: argparse.Namespace) -> int:
                 spec = AgentSpec(spec.name, {**spec.params, param: best}, None, label)
             final.append(spec)
         table = evaluate(final, env_kwargs, seeds, horizons, progress=bar, backend=backend)
+        bound_rows = None
+        if args.bound:  # the requests of one more episode per seed, of the line-up's first agent
+            from flowgym.lab.evaluation import lower_bounds
+
+            bound_rows = lower_bounds(final[0], env_kwargs, seeds, horizons, backend=backend)
     table.tuned = tuned
     print(table.format(wide=args.wide))
     if horizons is not None:
@@ -320,11 +325,9 @@ def _compare(args: argparse.Namespace) -> int:
                 who = "every episode" if ended == len(at) else f"{ended} of {len(at)} episodes"
                 print(f"note: {who} ended before T={h} (the workload ran out of requests): a row there is its "
                       "whole run's; set finite = true in the scenario to run it to its end", file=sys.stderr)
-    bound_rows = None
-    if args.bound:  # the requests of one more episode per seed, of the line-up's first agent
-        from flowgym.lab.evaluation import format_lower_bounds, lower_bounds
+    if bound_rows is not None:
+        from flowgym.lab.evaluation import format_lower_bounds
 
-        bound_rows = lower_bounds(final[0], env_kwargs, seeds, horizons)
         print(format_lower_bounds(bound_rows, table))
     if tuned:
         where = f"T={tune_h}" if tune_h else ("the end of " + json.dumps(sc.tune_env.get("workload", {})) if sc.tune_env else "the end")

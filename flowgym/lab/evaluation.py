@@ -623,9 +623,42 @@ def bound_unsupported(config: FlowControlConfig) -> str | None:
     return None
 
 
+@dataclass
+class BoundCell:
+    """One seed of :func:`lower_bounds`: what travels to a worker."""
+
+    #: an :class:`~flowgym.lab.scenarios.AgentSpec` (built in the worker) or an agent
+    agent: Any
+    env_kwargs: dict[str, Any]
+    seed: int
+    #: the horizons bounded, ascending (``[None]``: run to the end of the workload)
+    horizons: list[Any]
+    iterations: int
+
+    def describe(self) -> str:
+        label = self.agent.label() if hasattr(self.agent, "label") else self.agent.label or self.agent.name
+        return f"(lower bound on the requests of agent {label!r}, seed {self.seed}, horizon {self.horizons[-1]})"
+
+
+def run_bound_cell(cell: BoundCell) -> list[dict[str, Any]]:
+    """One seed's rows of :func:`lower_bounds`: one episode of the cell's agent, the bound at each horizon."""
+    from flowgym.sim.theory import time_in_system_bound
+
+    agent = build_agent(cell.agent) if isinstance(cell.agent, AgentSpec) else cell.agent
+    ep = run_episode(agent, cell.env_kwargs, int(cell.seed), cell.horizons[-1])
+    lg, M, span = ep.log, int(ep.config.M), int(ep.series["usage"].size)
+    rows = []
+    for h in cell.horizons:
+        T = span if h is None else min(int(h), span)
+        b = time_in_system_bound(lg["arrival"], lg["prompt_len"], lg["output_len"], M, T, iterations=cell.iterations)
+        rows.append({"seed": int(cell.seed), "horizon": h, "T": T, "bound": b.bound, "service": b.service,
+                     "memory": b.memory, "slotwise": b.slotwise, "lagrangian": b.lagrangian, "requests": b.requests})
+    return rows
+
+
 def lower_bounds(
     agent: Any, env_kwargs: dict[str, Any], seeds: Sequence[int], horizons: Sequence[int] | None,
-    *, iterations: int = 300,
+    *, iterations: int = 300, backend: Any = "serial",
 ) -> list[dict[str, Any]]:
     """A lower bound on the mean time in system of *any* schedule of each seed's requests, at each horizon.
 
@@ -635,13 +668,14 @@ def lower_bounds(
     (seed, horizon): ``seed``, ``horizon``, ``T`` (the slots bounded), ``bound``, ``service``, ``memory``,
     ``slotwise``, ``lagrangian``, ``requests``. ``horizons=None`` runs a finite workload to its end and
     bounds the time in system over that run (every request to its finish); a horizon past the end of a
-    finite workload bounds the run's slots (``T`` says how many).
+    finite workload bounds the run's slots (``T`` says how many). The seeds' episodes run on ``backend``
+    (a name of :func:`~flowgym.lab.parallel.make_backend` or a backend, as :func:`evaluate`'s).
 
     Raises:
         ValueError: no horizon in a given list, or a configuration :func:`bound_unsupported` names
             (continuous time, the ``vllm-v1`` engine).
     """
-    from flowgym.sim.theory import time_in_system_bound
+    from flowgym.lab.parallel import using
 
     if horizons is not None and len(horizons) == 0:
         raise ValueError("give at least one horizon, or None to run a finite workload to its end")
@@ -654,17 +688,10 @@ def lower_bounds(
     why = bound_unsupported(env_for(spec_agent, env_kwargs, hs[-1]).config)
     if why is not None:
         raise ValueError(why)
-    rows = []
-    for seed in seeds:
-        ep = run_episode(spec_agent, env_kwargs, int(seed), hs[-1])
-        lg, M, span = ep.log, int(ep.config.M), int(ep.series["usage"].size)
-        for h in hs:
-            T = span if h is None else min(int(h), span)
-            b = time_in_system_bound(lg["arrival"], lg["prompt_len"], lg["output_len"], M, T, iterations=iterations)
-            rows.append({"seed": int(seed), "horizon": h, "T": T, "bound": b.bound, "service": b.service,
-                         "memory": b.memory, "slotwise": b.slotwise, "lagrangian": b.lagrangian,
-                         "requests": b.requests})
-    return rows
+    cells = [BoundCell(agent, env_kwargs, int(seed), hs, iterations) for seed in seeds]
+    with using(backend) as be:
+        per_seed = be.map(run_bound_cell, cells)
+    return [row for rows in per_seed for row in rows]
 
 
 def format_lower_bounds(rows: list[dict[str, Any]], table: ResultTable) -> str:
