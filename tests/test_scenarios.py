@@ -257,3 +257,49 @@ def test_a_json_scenario_with_a_null_env_key_shows_as_toml(tmp_path):
     path.write_text(json.dumps(data))
     with pytest.raises(ValueError, match="horizon"):
         scenario_text(str(path))
+
+
+def test_json_nulls_at_the_top_and_in_agents_show_as_toml_as_the_keys_left_out(tmp_path):
+    """A JSON ``null`` for ``horizons`` or an agent's ``label`` or ``tune`` loads as the key left out; shown as TOML
+    (no null) those keys are left out, and the TOML loads back to the same scenario."""
+    data = json.loads(scenario_text("paper-synthetic-unknown", "json"))
+    data["horizons"] = None
+    data["agents"][0]["label"] = None
+    data["agents"][-1]["tune"] = None
+    path = tmp_path / "n.json"
+    path.write_text(json.dumps(data))
+    text = scenario_text(str(path))
+    assert "null" not in text and "horizons" not in text
+    back = tmp_path / "n.toml"
+    back.write_text(text)
+    _same(get_scenario(str(back)), get_scenario(str(path)))
+
+
+def test_a_byte_order_mark_is_not_part_of_the_file(tmp_path):
+    for fmt in ("toml", "json"):
+        p = tmp_path / f"bom.{fmt}"
+        p.write_text(scenario_text("paper-synthetic-unknown", fmt), encoding="utf-8-sig")
+        _same(load_scenario(p), get_scenario("paper-synthetic-unknown"))
+
+
+def test_a_scaled_path_to_no_number_is_refused_at_load_not_only_at_another_rate(tmp_path):
+    text = scenario_text("adaptive-mix").replace('scale = [', 'scale = ["env.workload.streams.0.kind", ', 1)
+    assert '"env.workload.streams.0.kind"' in text
+    p = tmp_path / "s.toml"
+    p.write_text(text)
+    with pytest.raises(ValueError, match=r"rate.scale: 'env.workload.streams.0.kind' is not a number or an array"):
+        load_scenario(p)
+
+
+def test_scenario_show_checks_each_agent_against_the_env(tmp_path, capsys):
+    from flowgym.lab.cli import main
+
+    text = scenario_text("paper-synthetic-known")
+    assert "[[agents]]" in text
+    p = tmp_path / "b.toml"
+    p.write_text(text + '\n[[agents]]\nname = "flow-control"\nparams = {b = [4, 4]}\n')
+    assert main(["scenario", "show", str(p)]) == 2
+    err = capsys.readouterr().err
+    n = text.count("[[agents]]")
+    assert f"agents[{n}]: agent 'flow-control b=(4, 4)' cannot run on this scenario" in err and "Traceback" not in err
+    assert main(["scenario", "show", "paper-synthetic-known"]) == 0

@@ -554,7 +554,16 @@ def _scenario(args: argparse.Namespace) -> int:
     if args.name is None:
         print("error: flowgym scenario show NAME (a named scenario or a file)", file=sys.stderr)
         return 2
-    sys.stdout.write(scenario_text(args.name, args.format or "toml"))
+    text = scenario_text(args.name, args.format or "toml")
+    from flowgym.lab.evaluation import build_agent, check_hostable
+
+    sc = get_scenario(args.name)
+    for i, spec in enumerate(sc.agents):  # each agent runs in the file's env (its options, its action space)
+        try:
+            check_hostable(build_agent(spec), sc.env_kwargs())
+        except ValueError as e:
+            raise ValueError(f"scenario {args.name}, agents[{i}]: {e}") from None
+    sys.stdout.write(text)
     return 0
 
 

@@ -497,9 +497,10 @@ def _apply_rate(spec: Any, env: dict[str, Any], rate: Any, where: str) -> tuple[
         for p in paths["scale"]:
             node, key = _walk(env, p, f"{where}.scale")
             node[key] = _scaled(node[key], factor, f"{where}.scale: {p!r}")
-    else:
+    else:  # the values stay, but must be ones a --rate could scale
         for p in paths["scale"]:
-            _walk(env, p, f"{where}.scale")
+            node, key = _walk(env, p, f"{where}.scale")
+            _scaled(node[key], 1.0, f"{where}.scale: {p!r}")
     return float(default), value
 
 
@@ -518,7 +519,7 @@ def _scaled(v: Any, factor: float, where: str) -> Any:
 
 def _read(path: str) -> dict[str, Any]:
     try:
-        with open(path, encoding="utf-8") as fh:
+        with open(path, encoding="utf-8-sig") as fh:  # a byte-order mark (some editors write one) is not text
             text = fh.read()
     except OSError as e:
         raise ValueError(f"{path}: {e.strerror}") from None
@@ -608,6 +609,9 @@ def scenario_text(name: str, fmt: str = "toml") -> str:
     for key in ("env", "tune_env"):
         if isinstance(data.get(key), dict):
             data[key] = {k: v for k, v in data[key].items() if v is not None or k not in none_default}
+    # a JSON null at the top or in an agent's table is read as the key left out (its default): so it is written
+    data = {k: v for k, v in data.items() if v is not None}
+    data["agents"] = [{k: v for k, v in a.items() if v is not None} for a in data["agents"]]
     return _toml.dumps(data, f"flowgym scenario {data['name']!r}; format: docs/scenarios.md")
 
 
