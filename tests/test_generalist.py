@@ -1525,3 +1525,13 @@ def test_the_estimator_experiment_computes_each_estimate_of_the_work():
     assert LoadTracker._work_now is ex._WORK_NOW and LoadTracker._observe is ex._OBSERVE
     with pytest.raises(ValueError, match="estimate must be one of"):
         ex.patch("exact")
+
+
+def test_the_experiment_helpers_say_which_ratio_they_give():
+    """benchmarks/learned_experiments/common.py: ratio_boot is the ratio of means (one seed: no interval), ratio_ci
+    the mean of the per-seed ratios, as their docstrings say."""
+    c = _experiment("common")
+    assert c.ratio_boot([1.0, 10.0], [2.0, 5.0])[0] == pytest.approx(11 / 7)
+    assert c.ratio_ci([1.0, 10.0], [2.0, 5.0])[0] == pytest.approx(1.25)
+    r, lo, hi = c.ratio_boot([2.0], [1.0])
+    assert r == 2.0 and math.isnan(lo) and math.isnan(hi)

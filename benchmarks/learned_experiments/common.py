@@ -13,7 +13,8 @@ def ci(v):
     return float(v.mean()), float(t_quantile_975(v.size - 1) * v.std(ddof=1) / math.sqrt(v.size)) if v.size > 1 else float('nan')
 
 def ratio_ci(a, b):
-    """paired per-seed ratio of means via per-seed ratio mean and CI"""
+    """The MEAN OF THE PER-SEED RATIOS a/b and its Student-t half-width (not the ratio of means, which
+    ratio_boot gives). NaN half-width with one seed."""
     r = np.asarray(a, float) / np.asarray(b, float)
     return ci(r)
 
@@ -44,8 +45,11 @@ def per_seed_tis(agent, env_kwargs, seeds, horizon):
     return out
 
 def ratio_boot(a, b, n=5000, seed=0):
-    """ratio of means (paired over seeds) with a 95% paired-bootstrap CI"""
+    """ratio of means (paired over seeds) with a 95% paired-bootstrap CI; NaN bounds with one seed (a bootstrap
+    of one pair has no spread to show)"""
     a = np.asarray(a, float); b = np.asarray(b, float)
+    if a.size < 2:
+        return float(a.mean() / b.mean()), float("nan"), float("nan")
     rng = np.random.default_rng(seed)
     idx = rng.integers(0, a.size, (n, a.size))
     r = a[idx].mean(1) / b[idx].mean(1)
