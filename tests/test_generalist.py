@@ -1472,6 +1472,22 @@ def test_the_completion_cap_experiment_caps_the_rate_anchor_only():
     assert spaces._unrounded_budget is cc._UNROUNDED and math.isfinite(v) and v > 0
     _, _, v0 = cc._job(("H4-short-phases", "ars9", 0, {}))
     assert v0 != v
+    # the headroom cap: free = 1000 - (400 + 10 x (50 - 10) / 2) = 400 tokens, s = 50: c x 8, at least 1
+    saved = spaces._unrounded_budget
+    spaces._unrounded_budget = lambda k, t, of, mb: 20.0
+    try:
+        cc._UNROUNDED, real = spaces._unrounded_budget, cc._UNROUNDED
+        room = types.SimpleNamespace(M=1000, mean_length=50.0, _lA=100.0, _lN=10.0, _held=400, _nact=10)
+        assert cc.headroom_budget(1.0)(None, room, "max-head", 64) == 8.0
+        assert cc.headroom_budget(4.0)(None, room, "max-head", 64) == 20.0  # ars9's budget is below the cap
+        room._held = 2000
+        assert cc.headroom_budget(4.0)(None, room, "max-head", 64) == 1.0  # no room: one admission
+    finally:
+        spaces._unrounded_budget, cc._UNROUNDED = saved, real
+    with pytest.raises(ValueError, match="headroom c"):
+        cc.headroom_budget(0.0)
+    _, _, vh = cc._job(("H4-short-phases", "h=1", 0, {}))
+    assert spaces._unrounded_budget is cc._UNROUNDED and vh not in (v0, v)
 
 
 def test_the_estimator_experiment_computes_each_estimate_of_the_work():

@@ -15,6 +15,11 @@ anchor may not run more than ``c`` times ahead of the departures; the safe ancho
 system, whose ``mu`` is 0, still admits). ``c = inf`` is ars9. The report scenarios' screening seeds
 7000-7003 (the Azure replay: one episode), ratios to the tuned rate-switch.
 
+``--headroom c ...`` plays instead a cap by the cache's free room, ``B_t = min(ars9's budget, max(1, c x free / s))``,
+``free = M - held - active x (s - l) / 2`` (the tokens the running requests are expected to add), ``s`` and ``l``
+the tracker's moving means of a completed request's ``l + o`` and of an arriving prompt: a memory check in the
+manner of MC, on estimates.
+
 The cap changes the environment's mapping of an action to a budget (``_unrounded_budget`` of
 :mod:`flowgym.envs.spaces`), in this process only: an experiment, not an option of the package. Results:
 ``docs/training.md``, "Admitting at the pace of completions".
@@ -64,10 +69,28 @@ def capped_budget(c: float) -> Callable[..., float]:
     return budget
 
 
+def headroom_budget(c: float) -> Callable[..., float]:
+    """``_unrounded_budget`` capped at ``max(1, c x free / s)``: ``free`` the cache's room after the running requests'
+    expected growth, ``s`` the mean ``l + o`` of completed requests (the tracker's estimates)."""
+    if not (isinstance(c, float) and c > 0):
+        raise ValueError(f"headroom c must be a positive number, got {c!r}")
+
+    def budget(k: Any, tracker: Any, of: str, max_budget: int) -> float:
+        b = _UNROUNDED(k, tracker, of, max_budget)
+        s = tracker.mean_length or 1.0
+        l_in = tracker._lA / tracker._lN if tracker._lN > 1e-6 else 0.0
+        free = tracker.M - (tracker._held + tracker._nact * 0.5 * max(s - l_in, 1.0))
+        return min(b, max(1.0, c * free / s))
+
+    return budget
+
+
 def _job(task: tuple[str, str, int, dict[str, Any]]) -> tuple[str, str, float]:
     name, rule, seed, rs = task
     kw, H = scenario(name)
-    spaces._unrounded_budget = capped_budget(float(rule.split("=")[1])) if rule.startswith("c=") else _UNROUNDED
+    c = float(rule.split("=")[1]) if "=" in rule else 0.0
+    spaces._unrounded_budget = (capped_budget(c) if rule.startswith("c=") else headroom_budget(c)
+                                if rule.startswith("h=") else _UNROUNDED)
     try:
         agent = make_agent("rate-switch", **rs) if rule == "rate-switch (tuned)" else make_agent("learned")
         return name, rule, run_episode(agent, kw, seed, H).metrics(H)["mean_time_in_system"]
@@ -89,11 +112,13 @@ def main(argv: Sequence[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--rate-switch", required=True, help="bench_learned.py's JSON (the tuned rate-switch parameters)")
     ap.add_argument("--caps", type=_cap, nargs="+", default=[1.0, 1.25, 1.5, 2.0], help="multiples of the completion rate")
+    ap.add_argument("--headroom", type=_cap, nargs="+", default=[],
+                    help="instead of (or beside) --caps: caps by the cache's free room, c x free / s")
     ap.add_argument("--workers", type=int, default=2)
     args = ap.parse_args(argv)
     rs = tuned_rate_switch(args.rate_switch)
     names = [*ADAPTIVE_SCENARIOS, *held_out()]
-    rules = ["rate-switch (tuned)", "ars9", *(f"c={c:g}" for c in args.caps)]
+    rules = ["rate-switch (tuned)", "ars9", *(f"c={c:g}" for c in args.caps), *(f"h={c:g}" for c in args.headroom)]
     tasks = [(n, r, s, rs[n]) for n in names for r in rules for s in seeds_of(n)]
     with mp.get_context("spawn").Pool(args.workers) as pool:
         out = pool.map(_job, tasks, chunksize=1)
