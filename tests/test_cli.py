@@ -470,3 +470,39 @@ def test_trains_closing_line_suggests_one_seed_for_a_trace():
     # trained at another rate: compare at that rate, not the scenario's default
     assert "--scenario paper-realdata-low --rate 3 --seeds 900-919" in _compare_hint("paper-realdata-low", 3.0, "o")
     assert "--scenario azure-conv --rate 0.5 --seeds 1 " in _compare_hint("azure-conv", 0.5, "o")
+
+
+@pytest.mark.parametrize("flags, match", [
+    (["--multipliers", "1,2,3"], "--multipliers shape the multiplier actions; this run's action is the budget itself"),
+    (["--multiplier-of", "rate"], "--multiplier-of shape the multiplier actions"),
+    (["--workers", "3"], "--workers configure a search on Ray (--backend ray); ppo trains in this process"),
+    (["--address", "auto"], "--address configure a search on Ray"),
+    (["--tune-seeds", "3", "--final-eval-seeds", "0"], "--tune-seeds tunes the baselines of the final table"),
+    (["--eval-seed", "5", "--eval-freq", "0"], "--eval-seed configure the evaluations during training, which "
+                                               "--eval-freq 0 turns off"),
+    (["--select", "best", "--eval-freq", "0"], "--select configure the evaluations"),
+    (["--no-norm-obs", "--clip-obs", "3"], "--clip-obs clips normalised observations, which --no-norm-obs turns off"),
+    (["--backend", "ray", "--seed", "5", "--gamma", "0.9"], "the search on Ray draws seed, learning_rate, ent_coef, "
+                                                            "gamma for each trial; --seed, --gamma would be overridden"),
+])
+def test_train_cli_refuses_flags_that_would_change_nothing(flags, match, capsys, tmp_path):
+    """Each of these was accepted and silently had no effect (no torch needed: refused before the training extra is
+    looked for)."""
+    assert main(["train", "--scenario", "adaptive-mix", "--quiet", "--out", str(tmp_path / "o"), *flags]) == 2
+    err = capsys.readouterr().err
+    assert match in err and "Traceback" not in err
+    assert not (tmp_path / "o").exists()
+
+
+def test_train_cli_takes_algorithm_names_in_any_case(monkeypatch, capsys):
+    seen = []
+    monkeypatch.setattr("flowgym.lab.cli._writable_dir", lambda flag, out: seen.append(out) or (_ for _ in ()).throw(
+        SystemExit(7)))
+    monkeypatch.setattr("flowgym.agents.learned.require_sb3", lambda: None)
+    with pytest.raises(SystemExit, match="7"):
+        main(["train", "--algo", "PPO", "--scenario", "adaptive-mix", "--quiet"])
+    assert len(seen) == 1 and seen[0].startswith("runs/ppo")
+    assert main(["train", "--algo", "ARS", "--iterations", "0", "--quiet"]) == 2  # the ARS path, whose check names it
+    assert "iterations must be a positive integer" in capsys.readouterr().err
+    assert main(["train", "--tune-seeds", "3", "--final-eval-seeds", "0", "--quiet"]) == 2  # ARS refuses it too
+    assert "--tune-seeds tunes the baselines of the final table" in capsys.readouterr().err
