@@ -968,3 +968,11 @@ def test_the_final_table_reports_at_compares_horizons_and_tuning_horizon(tiny_mo
     table = final_evaluation(tiny_model[0], scenario=str(tmp_path / "s.toml"), seeds=[900], tune_seeds=[1000],
                              write=False)
     assert table.horizons == [60, 120] and seen == [40]
+
+
+def test_random_mix_background_is_a_fraction_of_the_streams_own_rate():
+    from flowgym.lab.distributions import make_distribution
+
+    with pytest.raises(ValueError, match=r"background_range must end at 1 or less .* got \(50, 60\)"):
+        make_distribution({"kind": "random-mix", "background_range": [50, 60]})
+    make_distribution({"kind": "random-mix", "background_range": [0.5, 1.0]})

@@ -410,6 +410,15 @@ def test_trace_csv_blank_lines_still_count_rows(tmp_path):
         Trace.from_csv(p)
 
 
+def test_lengths_from_csv_asks_a_negative_prompt_for_a_length(tmp_path):
+    """The prompt column is also read as the arrivals there (which may be 0): its refusal asks for at least 1, as a
+    length's does, not for a non-negative value."""
+    from flowgym.sim.workloads import lengths_from_csv
+
+    with pytest.raises(TraceError, match=r"column 'prompt_len', row 2: '-3' must be at least 1"):
+        lengths_from_csv(_write(tmp_path, HDR + "0,-3,5\n"))
+
+
 def test_trace_csv_custom_column_names_in_errors(tmp_path):
     p = _write(tmp_path, "t,in,out\n0,1,1\n1,0,2\n")
     with pytest.raises(TraceError) as ei:
@@ -803,3 +812,29 @@ def test_min_output_tokens_is_the_shortest_possible_output():
 
     assert Twenties().min_output() == 1
     assert IIDPoisson(1.0, Twenties()).min_output_tokens() == 1
+
+
+def test_episode_load_integrates_a_schedule_whose_phases_are_shorter_than_a_sample_step():
+    """A rate of 1 then 3 in every 2 slots (mean 2) offers the same load over any whole number of periods; sampling
+    the rate at 100,000 midpoints of a 200,000-slot episode saw only the 3s (the load read 1.5x too high)."""
+    from flowgym.sim.workloads import make_workload
+
+    w = make_workload({"kind": "iid", "rate": {"kind": "steps", "times": [0, 1], "rates": [1, 3], "period": 2},
+                       "lengths": {"kind": "empirical", "pairs": [[5, 5]]}})
+    want = 2 * w.mean_work() / 100
+    for H in (2, 1000, 200_000, 2_000_000):
+        assert w.episode_load(100, H) == pytest.approx(want, rel=1e-12)
+    assert w.episode_load(100, 3) == pytest.approx((1 + 3 + 1) * w.mean_work() / 3 / 100)
+    half = make_workload({"kind": "iid", "rate": {"kind": "steps", "times": [0, 0.5], "rates": [1, 3], "period": 1},
+                          "lengths": {"kind": "empirical", "pairs": [[5, 5]]}})
+    assert half.episode_load(100, 200_000) == pytest.approx(2 * half.mean_work() / 100)
+    mix = make_workload({"kind": "mix", "streams": [w.to_spec(), half.to_spec()]})
+    assert mix.episode_load(100, 200_000) == pytest.approx(4 * w.mean_work() / 100)
+
+
+def test_an_azure_rate_multiplier_that_stretches_past_the_clock_is_named():
+    from flowgym.sim.workloads import make_workload
+
+    with pytest.raises(ValueError, match=r"rate_multiplier 1e-300 stretches the trace's .* give at least"):
+        make_workload({"kind": "azure", "rate_multiplier": 1e-300})
+    assert len(make_workload({"kind": "azure", "rate_multiplier": 1e-6})) > 0

@@ -1075,7 +1075,8 @@ def build_parser() -> argparse.ArgumentParser:
                    help=f"evaluate every N decisions, 0 = never (default {g.eval_freq} for the generalist, "
                    f"{d.eval_freq} with --scenario)")
     t.add_argument("--eval-episodes", type=int, default=None,
-                   help=f"(default {g.eval_episodes} fixed draws for the generalist, {d.eval_episodes} with --scenario)")
+                   help=f"(default {g.eval_episodes} fixed draws for the generalist and for --algo ars, "
+                   f"{d.eval_episodes} episodes with --scenario and an SB3 algorithm)")
     t.add_argument("--eval-seed", type=int, default=None, help=f"first evaluation seed (default {d.eval_seed})")
     t.add_argument("--checkpoint-freq", type=int, default=None,
                    help=f"checkpoint every N decisions, 0 = never (default {g.checkpoint_freq} for the generalist, "

@@ -150,6 +150,9 @@ class RandomMix:
             if getattr(self, name)[1] > MAX_RHO:
                 raise ValueError(f"random-mix: {name} must end at {MAX_RHO:g} or less (a load {MAX_RHO:g} times what "
                                  f"the cache serves), got {getattr(self, name)!r}")
+        if self.background_range[1] > 1:  # a fraction of the stream's own rate: above it, no longer a background
+            raise ValueError(f"random-mix: background_range must end at 1 or less (a stream's rate while off, as a "
+                             f"fraction of its rate while on), got {self.background_range!r}")
         for name, floor in (("M_range", 4), ("azure_M_range", 4), ("prompt_range", 1), ("output_range", 1)):
             if getattr(self, name)[0] < floor:  # a cache of 3 tokens holds no request of prompt 1 and output 2
                 raise ValueError(f"random-mix: {name} must start at {floor} or more, got {getattr(self, name)!r}")

@@ -213,6 +213,13 @@ class Workload(ABC):
             return None
         return np.full(np.shape(t), lam * w, dtype=np.float64)
 
+    def work_integral(self, t0: float, t1: float) -> float | None:
+        """Expected work (token-slots) arriving in ``[t0, t1)``: the integral of :meth:`work_rate`, when known."""
+        lam, w = self.arrival_rate(), self.mean_work()
+        if lam is None or w is None:
+            return None
+        return float(lam * w * (t1 - t0))
+
     def episode_load(self, M: int, horizon: int | None) -> float | None:
         """The load averaged over an episode ``[0, horizon)``: ``(1/H) int lambda(t) E[w] dt / M``.
 
@@ -222,9 +229,8 @@ class Workload(ABC):
         """
         if horizon is None or horizon <= 0:
             return None
-        t = (np.arange(min(int(horizon), 100_000)) + 0.5) * (horizon / min(int(horizon), 100_000))
-        r = self.work_rate(t)
-        return None if r is None else float(r.mean() / M)
+        r = self.work_integral(0.0, float(horizon))  # exact: sampling the rate misses phases shorter than its step
+        return None if r is None else float(r / horizon / M)
 
     def peak_load(self, M: int, horizon: int | None) -> float | None:
         """The largest load over ``[0, horizon)`` (the peak phase's ``lambda(t) E[w] / M``), when known.
@@ -713,6 +719,9 @@ class IIDPoisson(Workload):
     def work_rate(self, t: np.ndarray) -> np.ndarray:
         return np.asarray(self.schedule.rate(np.asarray(t, dtype=np.float64)), dtype=np.float64) * self.mean_work()
 
+    def work_integral(self, t0: float, t1: float) -> float:
+        return float(self.schedule.integral(float(t0), float(t1))) * self.mean_work()
+
     def max_request_tokens(self) -> int:
         return self.lengths.max_tokens()
 
@@ -805,6 +814,10 @@ class Mixture(Workload):
     def work_rate(self, t: np.ndarray) -> np.ndarray | None:
         parts = [w.work_rate(t) for w in self.streams]
         return None if any(p is None for p in parts) else np.sum(parts, axis=0)
+
+    def work_integral(self, t0: float, t1: float) -> float | None:
+        parts = [w.work_integral(t0, t1) for w in self.streams]
+        return None if any(p is None for p in parts) else float(sum(parts))
 
     def mean_work(self) -> float | None:
         lam = self.arrival_rate()
@@ -940,7 +953,7 @@ def _csv_columns(fh: Any, path: str, wanted: dict[str, str]) -> tuple[dict[str, 
     cols: dict[str, list[str]] = {f: [] for f in wanted}
     rows = []
     for rown, rec in enumerate(reader, start=2):
-        if not rec or all(not x.strip() for x in rec):
+        if not rec or all(not x.strip() for x in rec):  # a blank line, or one of empty fields (a spreadsheet's end)
             continue
         if len(rec) < len(header) or any(x.strip() for x in rec[len(header):]):  # a value past the header: no column
             raise TraceError(f"trace CSV {path!r}, row {rown}: {len(rec)} fields, header has {len(header)}")
@@ -1368,8 +1381,10 @@ def lengths_from_csv(path: str | os.PathLike[str], *, prompt_len: str = "prompt_
     """
     try:  # read as a trace whose arrival column is the prompt column (its order does not matter here)
         tr = Trace.from_csv(path, arrival=prompt_len, prompt_len=prompt_len, output_len=output_len)
-    except TraceError as e:  # the prompt column is also read as "arrival": name it by its role here
-        raise TraceError(str(e).replace("(for arrival)", "(for prompt_len)")) from None
+    except TraceError as e:  # the prompt column is also read as "arrival": name it by its role here (a length is
+        # at least 1, where an arrival may be 0: only the arrival's check says "non-negative")
+        raise TraceError(str(e).replace("(for arrival)", "(for prompt_len)")
+                         .replace("must be non-negative", "must be at least 1")) from None
     if not len(tr):
         raise TraceError(f"length CSV {os.fspath(path)!r} has no rows after the header")
     pairs, counts = np.unique(np.stack([tr.prompt_len, tr.output_len], axis=1), axis=0, return_counts=True)
