@@ -506,3 +506,20 @@ def test_train_cli_takes_algorithm_names_in_any_case(monkeypatch, capsys):
     assert "iterations must be a positive integer" in capsys.readouterr().err
     assert main(["train", "--tune-seeds", "3", "--final-eval-seeds", "0", "--quiet"]) == 2  # ARS refuses it too
     assert "--tune-seeds tunes the baselines of the final table" in capsys.readouterr().err
+
+
+def test_train_cli_keeps_a_class_paths_case(monkeypatch):
+    """Short algorithm names are not case-sensitive; a ``module:Class`` path is (lower-cased, it names a module)."""
+    seen = []
+
+    def stop(cfg):
+        seen.append(cfg.algo)
+        raise SystemExit(7)
+
+    monkeypatch.setattr("flowgym.agents.learned.require_sb3", lambda: None)
+    monkeypatch.setattr("flowgym.lab.train.train", stop)
+    monkeypatch.setattr("flowgym.lab.cli._writable_dir", lambda flag, out: None)
+    for algo, want in (("sb3_contrib:QRDQN", "sb3_contrib:QRDQN"), ("PPO", "ppo")):
+        with pytest.raises(SystemExit, match="7"):
+            main(["train", "--algo", algo, "--scenario", "adaptive-low", "--quiet"])
+        assert seen[-1] == want

@@ -205,15 +205,19 @@ def test_replay_until_drained_gives_up_after_its_documented_cap():
     assert r["finish"].tolist() == [120] and r["slots"] == 120
     with pytest.raises(RuntimeError, match="within 120 slots"):
         flowgym.replay([0], [1], [1], M=10, budgets=[0] * 120 + [1])
-    with pytest.raises(RuntimeError, match=r"within 120 slots \(1 requests still in it; the cache never overflowed"):
+    with pytest.raises(RuntimeError, match=r"within 120 slots \(1 requests still in it; the cache did not overflow "
+                       r"in the last 100 slots: the budgets leave them waiting"):
         flowgym.replay([0], [1], [1], M=10, budgets=0)
+    # overflows at the start, then the sequence ran out: what the run ended doing decides the message
+    with pytest.raises(RuntimeError, match=r"did not overflow in the last 100 slots: .* 0 past its end"):
+        flowgym.replay([0, 0, 0], [4, 4, 4], [6, 6, 6], M=12, budgets=[3, 3, 3])
 
 
 def test_replay_that_evicts_forever_says_so_not_that_the_budget_is_too_small():
     """Under eviction 'all' a budget that admits more than the cache holds evicts every admission in every slot
     (a livelock of the model, not of the engine): the message names the overflows and the rule."""
-    with pytest.raises(RuntimeError, match=r"within 452 slots \(3 requests still in it; the cache overflowed in 452 "
-                       r"of them: a budget that admits more .* \(eviction 'all'\)\)"):
+    with pytest.raises(RuntimeError, match=r"within 452 slots \(3 requests still in it; the cache overflowed in 100 "
+                       r"of the last 100 slots: a budget that admits more .* \(eviction 'all'\)\)"):
         flowgym.replay([0, 0, 2], [12, 9, 7], [3, 3, 1], M=16, budgets=3, eviction="all", queue_order="estimate")
 
 

@@ -168,6 +168,31 @@ def test_lower_bounds_run_on_the_backend_and_give_the_serial_rows(monkeypatch):
         lower_bounds(Exploding(), ENV, [900, 901], [200], iterations=50)
 
 
+def test_a_failing_bound_names_its_seed_for_a_spec_too_and_the_table_is_shown_first(monkeypatch, capsys):
+    """compare's agents are specs: the bound's cell names a spec's label (or name) and seed, and compare prints its
+    table before the bound's episodes run, so a failure there does not lose it."""
+    from flowgym.lab import evaluation
+    from flowgym.lab.cli import main
+    from flowgym.lab.evaluation import BoundCell, lower_bounds
+
+    assert BoundCell(AgentSpec.parse("flow-control:b=12"), {}, 3, [100], 10).describe() == \
+        "(lower bound on the requests of agent 'flow-control', seed 3, horizon 100)"
+    assert "agent 'fc'" in BoundCell(AgentSpec("flow-control", {"b": 12}, label="fc"), {}, 3, [100], 10).describe()
+
+    def broken(*a, **k):
+        raise MemoryError("no room")
+
+    monkeypatch.setattr(evaluation, "run_episode", broken)
+    with pytest.raises(CellError, match=r"agent 'mc', seed 900.*MemoryError: no room"):
+        lower_bounds(AgentSpec("mc"), ENV, [900, 901], [100])
+    monkeypatch.undo()
+    monkeypatch.setattr(evaluation, "run_bound_cell", lambda cell: broken())
+    assert main(["compare", "--scenario", "adaptive-switch", "--agents", "mc", "--horizons", "50", "--seeds", "1",
+                 "--bound", "--no-plots", "--quiet", "--no-tune"]) != 0
+    out = capsys.readouterr()
+    assert "MemoryError: no room" in out.err and "time in system counts every request" in out.out  # the table
+
+
 def test_bad_backend_arguments():
     with pytest.raises(ValueError, match="backend must be one of serial, process, ray"):
         make_backend("threads")

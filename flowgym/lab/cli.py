@@ -310,21 +310,21 @@ def _compare(args: argparse.Namespace) -> int:
                 spec = AgentSpec(spec.name, {**spec.params, param: best}, None, label)
             final.append(spec)
         table = evaluate(final, env_kwargs, seeds, horizons, progress=bar, backend=backend)
+        table.tuned = tuned
+        print(table.format(wide=args.wide))  # before the bound's episodes: a failure there keeps the table shown
+        if horizons is not None:
+            for h in horizons:  # a finite workload (a trace) that ended before a horizon: its rows are whole runs
+                at = [r for r in table.rows if r["horizon"] == h]
+                ended = sum(1 for r in at if r["T"] < h)
+                if ended:
+                    who = "every episode" if ended == len(at) else f"{ended} of {len(at)} episodes"
+                    print(f"note: {who} ended before T={h} (the workload ran out of requests): a row there is its "
+                          "whole run's; set finite = true in the scenario to run it to its end", file=sys.stderr)
         bound_rows = None
         if args.bound:  # the requests of one more episode per seed, of the line-up's first agent
             from flowgym.lab.evaluation import lower_bounds
 
             bound_rows = lower_bounds(final[0], env_kwargs, seeds, horizons, backend=backend)
-    table.tuned = tuned
-    print(table.format(wide=args.wide))
-    if horizons is not None:
-        for h in horizons:  # a finite workload (a trace) that ended before a horizon: its rows there are whole runs
-            at = [r for r in table.rows if r["horizon"] == h]
-            ended = sum(1 for r in at if r["T"] < h)
-            if ended:
-                who = "every episode" if ended == len(at) else f"{ended} of {len(at)} episodes"
-                print(f"note: {who} ended before T={h} (the workload ran out of requests): a row there is its "
-                      "whole run's; set finite = true in the scenario to run it to its end", file=sys.stderr)
     if bound_rows is not None:
         from flowgym.lab.evaluation import format_lower_bounds
 
@@ -743,7 +743,8 @@ def _train(args: argparse.Namespace) -> int:
 
     if args.algo is None:
         args.algo = "ars" if args.scenario is None else "ppo"
-    args.algo = args.algo.lower()  # --algo PPO as --algo ARS: names are not case-sensitive
+    if ":" not in args.algo:  # --algo PPO as --algo ARS: short names are not case-sensitive (a class path is)
+        args.algo = args.algo.lower()
     if args.algo == "ars":
         return _train_ars(args)
     given = [f"--{k.replace('_', '-')}" for k in _ARS_ONLY if getattr(args, k, None) is not None]

@@ -636,7 +636,8 @@ class BoundCell:
     iterations: int
 
     def describe(self) -> str:
-        label = self.agent.label() if hasattr(self.agent, "label") else self.agent.label or self.agent.name
+        a = self.agent
+        label = (a.label or a.name) if isinstance(a, AgentSpec) else a.label()
         return f"(lower bound on the requests of agent {label!r}, seed {self.seed}, horizon {self.horizons[-1]})"
 
 

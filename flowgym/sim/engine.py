@@ -1268,10 +1268,12 @@ def replay(
         cap = trace.last_arrival + 10 * int((trace.prompt_len + trace.output_len).sum()) + 100
         while not (eng.exhausted and eng.in_system == 0):
             if eng.t >= cap:
-                why = ("the cache overflowed in {} of them: a budget that admits more than the cache holds can evict the "
-                       "same requests again and again (eviction {!r})".format(eng.overflow_events, eng.eviction.name)
-                       if eng.overflow_events else "the cache never overflowed: the budgets leave them waiting, and a sequence of "
-                       "budgets is 0 past its end")
+                last = min(100, cap)  # what the run ended doing, not what it did once
+                recent = int(np.count_nonzero(eng.series()["evicted"][-last:]))
+                why = (f"the cache overflowed in {recent} of the last {last} slots: a budget that admits more than the "
+                       f"cache holds can evict the same requests again and again (eviction {eng.eviction.name!r})"
+                       if recent else f"the cache did not overflow in the last {last} slots: the budgets leave them "
+                       "waiting, and a sequence of budgets is 0 past its end")
                 raise RuntimeError(f"replay did not empty the system within {cap} slots ({eng.in_system} requests still "
                                    f"in it; {why})")
             eng.arrive()
