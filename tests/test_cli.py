@@ -523,3 +523,22 @@ def test_train_cli_keeps_a_class_paths_case(monkeypatch):
         with pytest.raises(SystemExit, match="7"):
             main(["train", "--algo", algo, "--scenario", "adaptive-low", "--quiet"])
         assert seen[-1] == want
+
+
+@pytest.mark.parametrize("flags", [["--no-norm-obs"], ["--clip-obs", "3"], ["--eval-freq", "0"], ["--eval-seed", "5"],
+                                   ["--final-eval-seeds", "0"], ["--tune-seeds", "3"], ["--select", "last"],
+                                   ["--action", "multiplier", "--multipliers", "1,2,3"]])
+def test_train_cli_takes_each_flag_that_acts(flags, monkeypatch):
+    """The other side of the refusals above: each flag alone, or with what makes it act, reaches training."""
+    seen = []
+
+    def stop(cfg):
+        seen.append(cfg)
+        raise SystemExit(7)
+
+    monkeypatch.setattr("flowgym.agents.learned.require_sb3", lambda: None)
+    monkeypatch.setattr("flowgym.lab.train.train", stop)
+    monkeypatch.setattr("flowgym.lab.cli._writable_dir", lambda flag, out: None)
+    with pytest.raises(SystemExit, match="7"):
+        main(["train", "--scenario", "adaptive-mix", "--quiet", *flags])
+    assert len(seen) == 1
