@@ -238,13 +238,18 @@ def test_the_compiled_rule_is_what_a_step_with_the_agents_action_does_under_mult
     ``action="multiplier"`` a step reads the agent's ``act`` (``3``) as the index of a multiplier of
     the safe budget, while ``run_rule`` admits ``AdmissionRule.budget = 3`` every iteration: the
     evaluation's compiled and stepped runs of the same agent differ (and for an agent whose ``act``
-    is not a valid index, e.g. ``GreedyLIFO``, stepping raises while the compiled run goes through)."""
+    is not a valid index, e.g. ``GreedyLIFO``, stepping raises while the compiled run goes through).
+    Fixed twice over: the environment refuses to run a rule there (its actions are not budgets), and since
+    2026-11-29 the evaluation refuses an agent that sends budgets in such an environment at all, compiled or
+    stepped (its ``3`` would have been read as a multiplier's index either way)."""
     kwargs = {"M": 4000, "time_model": "llama2-70b-tp2-a100", "horizon": 300, "action": "multiplier",
               "workload": {"kind": "iid", "rate": 30.0, "timed": True, "lengths": {"kind": "lmsys-like"}}}
-    fast = run_episode(FlowControl(b=3), kwargs, 0, None)
-    slow = run_episode(FlowControl(b=3), kwargs, 0, None, compiled=False)
-    for key in slow.series:
-        assert np.array_equal(fast.series[key], slow.series[key]), key
+    for compiled in (True, False):
+        with pytest.raises(ValueError, match=r"agent 'flow-control b=3' sends budgets .* action='multiplier'"):
+            run_episode(FlowControl(b=3), kwargs, 0, None, compiled=compiled)
+    env = FlowControlEnv(**kwargs)
+    env.reset(seed=0)
+    assert "action='multiplier'" in env.rule_unsupported(FlowControl(b=3).admission_rule(env.view()))
 
 
 # --------------------------------------------------------------------------- bug 4: engine-level horizon

@@ -1348,6 +1348,11 @@ def azure_trace(trace: str = "conv", *, rate_multiplier: float = 1.0,
     (:func:`flowgym.sim.datasets.azure_columns`).
     """
     tt, prompt, output = datasets.azure_columns(trace, rate_multiplier=rate_multiplier, window=window)
+    if tt.size and tt[-1] > MAX_ARRIVAL_SECONDS:  # named here, not as an arrival too large for the clock in Trace
+        span = float(tt[-1]) * float(rate_multiplier)
+        raise ValueError(f"rate_multiplier {rate_multiplier!r} stretches the trace's {span:.0f} s to {tt[-1]:.3g} s, "
+                         f"past the {MAX_ARRIVAL_SECONDS} s a timed arrival may take; give at least "
+                         f"{span / MAX_ARRIVAL_SECONDS:.3g}")
     tr = Trace(tt, prompt, output, timed=True)
     spec: dict[str, Any] = {"kind": "azure", "trace": trace, "rate_multiplier": float(rate_multiplier)}
     if window is not None:
