@@ -307,3 +307,22 @@ def test_schedule_usage_names_a_slots_that_is_not_a_whole_number():
     for slots in (float("inf"), float("nan"), -1, 2.5, True):
         with pytest.raises(ValueError, match="slots must be a non-negative whole number"):
             schedule_usage([2], [3], [0], slots=slots)
+
+
+def test_without_scipy_the_commands_name_the_extra_before_any_work(monkeypatch, capsys, tmp_path):
+    """The program's solver is SciPy's: without it ``flowgym hindsight`` and a ``reproduce`` that needs a hindsight
+    setting stop at once, naming ``flowgym[solve]`` (they failed in a worker cell, with its traceback)."""
+    import sys
+
+    from flowgym.lab.cli import main
+    from flowgym.lab.hindsight import require_scipy
+
+    monkeypatch.setitem(sys.modules, "scipy.optimize", None)  # import scipy.optimize raises ImportError
+    with pytest.raises(ImportError, match=r"pip install 'flowgym\[solve\]'"):
+        require_scipy()
+    assert main(["hindsight", "--random", "3", "--time-limit", "5"]) == 2
+    assert "needs SciPy" in capsys.readouterr().err
+    assert main(["reproduce", "--quick", "--only", "hindsight", "--quiet", "--out", str(tmp_path / "r")]) == 2
+    err = capsys.readouterr().err
+    assert "needs SciPy" in err and "Traceback" not in err and "cell" not in err
+    assert main(["reproduce", "--quick", "--only", "theory", "--quiet", "--out", str(tmp_path / "t")]) == 0

@@ -789,6 +789,16 @@ def _status(optimal: bool, value: float, gap: float, infeasible: bool = False) -
     return f"time_limit (feasible, gap {100 * gap:.2f}%)"
 
 
+def require_scipy() -> None:
+    """``ImportError`` naming the extra unless SciPy (the program's solver, HiGHS) is installed: a command checks it
+    before any work, rather than fail in a worker cell."""
+    try:
+        import scipy.optimize  # noqa: F401
+    except ImportError:
+        raise ImportError("the hindsight program needs SciPy (its HiGHS solver): pip install 'flowgym[solve]'") \
+            from None
+
+
 def solve_hindsight(
     arrival: Sequence[int] | np.ndarray,
     prompt_len: Sequence[int] | np.ndarray,
@@ -842,6 +852,7 @@ def solve_hindsight(
     if objective in _MAXIMISE and horizon is None:
         raise ValueError(f"objective {objective!r} counts what finishes by a horizon T: give horizon=T")
     deadline = t0 + float(time_limit)
+    require_scipy()
     n = a.size
     types = _Types(a, l, o)
     T = int(horizon) if horizon is not None else None
@@ -1229,6 +1240,8 @@ def compare_to_hindsight(
 
     res = dict(results or {})
     todo = [k for k in objectives if k not in res]
+    if todo:
+        require_scipy()
     solves = [_SolveCell(a, l, o, M, k, T if k in _MAXIMISE else None, time_limit) for k in todo]
     runs = [_AgentCell(ag, a, l, o, M, cls) for ag in agents]
     with using(backend) as be:

@@ -678,6 +678,10 @@ def reproduce(*, quick: bool = False, only: Sequence[str] | None = None, out: st
     if out:
         os.makedirs(out, exist_ok=True)
     needed = list(dict.fromkeys(c.setting for c in claims))
+    if any(cs.settings[sid].kind == "hindsight" for sid in needed):  # before any setting runs, not in a cell
+        from flowgym.lab.hindsight import require_scipy
+
+        require_scipy()
     data = {}
     for sid in needed:
         data[sid] = run_setting(cs.settings[sid], quick=quick, out=out, backend=backend, log=log)

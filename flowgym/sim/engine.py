@@ -1,7 +1,7 @@
 """The token-level engine: one slot of LLM serving under a KV-cache budget ``M``.
 
-This module implements ``shared/spec/model.md`` exactly, with no Gymnasium in
-sight. A slot ``t`` runs five phases in this order:
+This module implements the project's contract (``shared/spec/model.md``, restated with every reading in
+``docs/model.md``) exactly, with no Gymnasium in sight. A slot ``t`` runs five phases in this order:
 
 1. **Arrive.** Requests with ``a_i == t`` join the waiting queue; one with
    ``l_i + o_i > M`` can never complete and is *rejected* (counted, never queued).
@@ -111,7 +111,7 @@ def check_time_model(workload_timed: bool, timed: bool) -> None:
 
 
 class Engine:
-    """The slot-by-slot simulator of ``shared/spec/model.md``.
+    """The slot-by-slot simulator of the contract (``shared/spec/model.md``; ``docs/model.md``).
 
     Args:
         M: KV-cache budget in tokens.

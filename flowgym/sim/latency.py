@@ -173,7 +173,8 @@ class CallableLatency(LatencyModel):
         return repr(getattr(fn, "__qualname__", None) or getattr(type(fn), "__qualname__", repr(fn)))
 
 
-#: Named presets. Each carries its provenance (``shared/data/README.md``).
+#: Named presets. Each carries its provenance in the comment above it (from ``shared/data/README.md``, which the
+#: repository does not ship; ``docs/model.md`` lists them).
 PRESETS: dict[str, dict[str, Any]] = {
     # Fitted to Vidur's public profiles of Llama-2-70B, tensor-parallel 2, on A100
     # (mean error about 3%): ms = 55.4 + 0.339 P + 0.166 D + 1.16e-4 K.

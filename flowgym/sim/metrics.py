@@ -1,4 +1,4 @@
-"""The metrics of ``shared/spec/model.md`` over a horizon of ``T`` slots."""
+"""The metrics of the contract (``shared/spec/model.md``; ``docs/model.md``) over a horizon of ``T`` slots."""
 
 from __future__ import annotations
 
