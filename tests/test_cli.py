@@ -542,3 +542,10 @@ def test_train_cli_takes_each_flag_that_acts(flags, monkeypatch):
     with pytest.raises(SystemExit, match="7"):
         main(["train", "--scenario", "adaptive-mix", "--quiet", *flags])
     assert len(seen) == 1
+
+
+def test_run_takes_a_budget_of_zero_and_the_largest(capsys):
+    """The ends of --budget's range: 0 (nothing admitted) and the largest action space run."""
+    for b in ("0", "1000000000"):
+        assert main(["run", "--budget", b, "--horizon", "5", "--json"]) == 0
+        assert json.loads(capsys.readouterr().out)["budget"] == int(b)

@@ -371,3 +371,13 @@ def test_the_tables_kv_usage_is_each_agents_first_seed_u_over_m():
              "workload": {"kind": "trace", "timed": True, "arrival": [0.0, 0.5], "prompt_len": [5, 5],
                           "output_len": [3, 3]}}
     assert evaluate([FlowControl(b=4)], timed, seeds=[0], horizons=None).time_unit == "s"
+
+
+def test_lower_bounds_take_a_horizon_of_one_slot_and_refuse_zero():
+    from flowgym.lab.evaluation import lower_bounds
+
+    env = get_scenario("adaptive-high").env_kwargs()
+    row = lower_bounds(AgentSpec("mc"), env, [900], [1])[0]
+    assert (row["horizon"], row["T"], row["bound"]) == (1, 1, 1.0)  # one slot: every request waits it
+    with pytest.raises(ValueError, match="horizons must be positive integers"):
+        lower_bounds(AgentSpec("mc"), env, [900], [0])
