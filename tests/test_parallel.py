@@ -129,6 +129,15 @@ def test_a_dead_worker_process_is_reported_without_blaming_one_cell_and_the_back
         assert len(evaluate([AgentSpec("mc")], ENV, [900, 901], [100], backend=be).rows) == 2
 
 
+def test_a_dead_workers_message_names_five_cells_and_counts_the_rest():
+    from flowgym.lab.parallel import _died
+
+    five = _died(RuntimeError("gone"), [f"c{i}" for i in range(5)])
+    assert five == "a worker process died (gone); one of the 5 cells not finished was running in it: c0; c1; c2; c3; c4"
+    six = _died(RuntimeError("gone"), [f"c{i}" for i in range(6)])
+    assert six.endswith("one of the 6 cells not finished was running in it: c0; c1; c2; c3; c4 and 1 more")
+
+
 def test_a_failing_cell_is_reported_while_a_long_one_still_runs():
     """The process backend ends its workers on the first error instead of waiting for the cells they run (here one
     of ten minutes)."""
@@ -247,6 +256,8 @@ def test_ray_running_already_bounds_the_cells_in_flight_and_refuses_an_address()
         with make_backend("ray", workers=1) as be:
             spans = sorted(be.map(_timed, [0, 1, 2]))
         assert all(a[1] <= b[0] for a, b in zip(spans, spans[1:]))  # one after the other
+        with make_backend("ray") as be:  # no workers: the session's own size decides
+            assert len(be.map(_timed, [0, 1])) == 2
         assert ray.is_initialized()  # the session it found is left running
     finally:
         ray.shutdown()

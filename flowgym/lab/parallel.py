@@ -79,6 +79,14 @@ class Backend:
         self.close()
 
 
+def _died(err: BaseException, left: Sequence[str]) -> str:
+    """The message of a dead worker process: a pool cannot tell which of the cells ``left`` (unfinished) was in it,
+    so it names them all, the first five in full."""
+    more = f" and {len(left) - 5} more" if len(left) > 5 else ""
+    return (f"a worker process died ({err}); one of the {len(left)} cells not finished was running in it: "
+            f"{'; '.join(left[:5])}{more}")
+
+
 class ProcessBackend(Backend):
     """A pool of local worker processes (``spawn``), created at the first map and kept until :meth:`close`."""
 
@@ -120,10 +128,7 @@ class ProcessBackend(Backend):
                     if isinstance(err, BrokenProcessPool):  # every cell not done fails with it: no culprit known
                         left = sorted(futures[g] for g in futures if g in pending or g in finished
                                       and g.exception() is not None)
-                        names = "; ".join(_describe(cells[j]) for j in left[:5])
-                        more = f" and {len(left) - 5} more" if len(left) > 5 else ""
-                        raise CellError(f"a worker process died ({err}); one of the {len(left)} cells not finished "
-                                        f"was running in it: {names}{more}") from None
+                        raise CellError(_died(err, [_describe(cells[j]) for j in left])) from None
                     raise CellError(f"cell {_describe(cells[i])} failed in a worker process: "
                                     f"{type(err).__name__}: {err}") from None
                 out[i] = f.result()
