@@ -222,6 +222,8 @@ def test_replay_that_evicts_forever_says_so_not_that_the_budget_is_too_small():
 
 
 def test_replay_with_classes_wants_one_budget_per_class():
+    r = flowgym.replay([0, 0, 0], [1, 1, 1], [2, 2, 2], M=100, budgets=[1, 2], classes=[0, 1, 1], horizon=5)
+    assert r["finish"].tolist() == [2, 2, 2]  # class 0 admits one, class 1 two: all at slot 0
     with pytest.raises(ValueError, match="one budget per class"):
         flowgym.replay([0, 0], [1, 1], [1, 1], M=10, budgets=[[1, 2]], classes=[0, 1], horizon=3)
 

@@ -327,6 +327,32 @@ def test_policy_file_that_inflates_past_the_cap_is_refused_before_torch_reads_it
 
 
 @needs_sb3
+def test_policy_file_size_is_the_sum_of_its_members_and_the_cap_itself_is_allowed(tmp_path, monkeypatch):
+    """Two members each under the cap but over it together are refused (a sum, not the largest); a file exactly at
+    the cap loads."""
+    import zipfile
+
+    import torch
+
+    import flowgym.agents.learned as learned
+
+    d = _copy(tmp_path)
+    size = sum(i.file_size for i in zipfile.ZipFile(d / "policy.pt").infolist())
+    numbers = learned.MAX_ARRAY_ELEMENTS * 8  # the cap is this plus POLICY_INDEX_BYTES, set below to land on a size
+    monkeypatch.setattr(learned, "POLICY_INDEX_BYTES", size - numbers)
+    learned.LearnedBudget(str(d))  # exactly at the cap
+    monkeypatch.setattr(learned, "POLICY_INDEX_BYTES", size - 1 - numbers)
+    with pytest.raises(ValueError, match=rf"holds {size} bytes uncompressed, more than {size - 1}"):
+        learned.LearnedBudget(str(d))
+    state = torch.load(d / "policy.pt", weights_only=True)
+    torch.save({**state, "a": torch.zeros(1 << 14), "b": torch.zeros(1 << 14)}, d / "policy.pt")  # 64 KB each
+    two = sum(i.file_size for i in zipfile.ZipFile(d / "policy.pt").infolist())
+    monkeypatch.setattr(learned, "POLICY_INDEX_BYTES", two - (1 << 15) - numbers)  # above each member, below the sum
+    with pytest.raises(ValueError, match=rf"holds {two} bytes uncompressed"):
+        learned.LearnedBudget(str(d))
+
+
+@needs_sb3
 @pytest.mark.parametrize("kind,what", [("sparse", "a torch.sparse_coo tensor"), ("meta", "a tensor on device 'meta'")])
 def test_sparse_and_meta_tensors_are_refused_by_name(tmp_path, kind, what):
     import torch
@@ -350,4 +376,25 @@ def test_an_integer_too_long_to_read_is_named_as_not_json(tmp_path):
     text = (d / "flowgym_agent.json").read_text().rstrip()
     (d / "flowgym_agent.json").write_text(text[:-1] + ', "x": ' + "1" * 5000 + "}")  # Python reads 4300 digits
     with pytest.raises(ValueError, match=r"flowgym_agent.json in .* is not JSON \(ValueError: Exceeds the limit"):
+        LearnedBudget(str(d))
+
+
+@needs_sb3
+@pytest.mark.parametrize("value, says", [
+    ("int", "does not hold a mapping of names to tensors"),
+    ("int64", "holds torch.int64 values; expected real floating-point weights"),
+    ("complex", "holds torch.complex64 values; expected real floating-point weights"),
+])
+def test_policy_tensors_must_be_real_floats(tmp_path, value, says):
+    import torch
+
+    from flowgym.agents.learned import LearnedBudget
+
+    d = _copy(tmp_path)
+    state = torch.load(d / "policy.pt", weights_only=True)
+    key = next(iter(state))
+    state[key] = {"int": 3, "int64": state[key].to(torch.int64),
+                  "complex": state[key].to(torch.complex64)}[value]
+    torch.save(state, d / "policy.pt")
+    with pytest.raises(ValueError, match=re.escape(says)):
         LearnedBudget(str(d))

@@ -161,6 +161,30 @@ def test_claim_verdicts_on_synthetic_numbers(tmp_path):
     assert "seeds" not in evaluate_claim(nw, d).line()  # every seed paired: the line as before
 
 
+def test_claim_verdicts_at_their_edges(tmp_path):
+    """A tie is not better but is not worse; one seed decides nothing either way but 'not worse'; a metric with no
+    value on any seed holds neither; a throughput's difference and interval are oriented as its values are."""
+    text = (TINY_SETTING
+            + _claim(id="b", setting="tiny", kind="compare", agent="A", baselines=["B"], check=None,
+                     metrics=["avg_latency"])
+            + _claim(id="nw", setting="tiny", kind="compare", agent="A", baselines=["B"], check=None,
+                     metrics=["avg_latency"], comparison="not_worse")
+            + _claim(id="tp", setting="tiny", kind="compare", agent="A", baselines=["B"], check=None,
+                     metrics=["request_throughput"]))
+    better, nw, tp = load_claims(_write(tmp_path, text)).claims
+    tie = _rows({"A": [{"avg_latency": 10.0 + s} for s in range(3)], "B": [{"avg_latency": 10.0 + s} for s in range(3)]})
+    assert evaluate_claim(better, tie).verdict == FAILS and evaluate_claim(nw, tie).verdict == HOLDS
+    one = _rows({"A": [{"avg_latency": 10.0}], "B": [{"avg_latency": 12.0}]})
+    assert evaluate_claim(better, one).verdict == FAILS and evaluate_claim(nw, one).verdict == HOLDS
+    nan = float("nan")
+    none = _rows({"A": [{"avg_latency": nan} for _ in range(3)], "B": [{"avg_latency": 12.0} for _ in range(3)]})
+    assert evaluate_claim(better, none).verdict == FAILS and evaluate_claim(nw, none).verdict == FAILS
+    more = _rows({"A": [{"request_throughput": 5.0 + 0.1 * s} for s in range(3)],
+                  "B": [{"request_throughput": 4.0} for _ in range(3)]})
+    x = evaluate_claim(tp, more).details[0]
+    assert x["holds"] and x["diff"] == pytest.approx(1.1) and 0 < x["diff_lo"] < 1.1 < x["diff_hi"]
+
+
 def test_ratio_and_theory_claims(tmp_path):
     cs = load_claims()
     ratio = next(c for c in cs.claims if c.id == "hindsight-mcsf")

@@ -114,6 +114,7 @@ class ProcessBackend(Backend):
         pool = self._get()
         futures = {pool.submit(_call, fn, c): i for i, c in enumerate(cells)}
         out: list[Any] = [None] * len(cells)
+        done_ok: set[int] = set()
         pending = set(futures)
         while pending:
             finished, pending = wait(pending, return_when=FIRST_EXCEPTION)
@@ -126,12 +127,12 @@ class ProcessBackend(Backend):
                     if isinstance(err, CellError):
                         raise err
                     if isinstance(err, BrokenProcessPool):  # every cell not done fails with it: no culprit known
-                        left = sorted(futures[g] for g in futures if g in pending or g in finished
-                                      and g.exception() is not None)
+                        left = [j for j in range(len(cells)) if j not in done_ok]
                         raise CellError(_died(err, [_describe(cells[j]) for j in left])) from None
                     raise CellError(f"cell {_describe(cells[i])} failed in a worker process: "
                                     f"{type(err).__name__}: {err}") from None
                 out[i] = f.result()
+                done_ok.add(i)
                 if done is not None:
                     done(cells[i])
         return out
