@@ -629,3 +629,12 @@ def test_batched_get_attr_and_call_answer_as_the_sync_fallback_does():
             fast.get_attr(name)
     with pytest.raises(AttributeError, match="cannot set 'M'"):
         fast.set_attr("M", 5)
+
+
+def test_a_seed_of_bytes_or_text_is_refused_not_read_as_a_list():
+    """``b"ab"`` iterates as the integers 97, 98 and ``"ab"`` as letters: neither is a list of seeds."""
+    env = gym.make_vec("FlowControl-v0", num_envs=2, horizon=5)
+    for bad in (b"ab", "ab", 1.5, np.array(3)):
+        with pytest.raises(ValueError, match="seed must be an int, None or a list of 2 seeds, got"):
+            env.reset(seed=bad)
+    env.close()
