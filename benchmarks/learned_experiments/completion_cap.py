@@ -30,7 +30,6 @@ The cap changes the environment's mapping of an action to a budget (``_unrounded
 from __future__ import annotations
 
 import argparse
-import math
 import multiprocessing as mp
 import os
 import sys
@@ -38,7 +37,8 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from anchors import scenario, seeds_of, tuned_rate_switch  # noqa: E402
+from anchors import scenario, seeds_of, tuned_rate_switch  # noqa: E402  (puts benchmarks/ on the path too)
+from _args import positive_float  # noqa: E402
 from bench_learned import held_out  # noqa: E402
 from fractional import print_ratio_table  # noqa: E402
 
@@ -98,21 +98,11 @@ def _job(task: tuple[str, str, int, dict[str, Any]]) -> tuple[str, str, float]:
         spaces._unrounded_budget = _UNROUNDED
 
 
-def _cap(text: str) -> float:
-    try:
-        v = float(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"a cap (multiple of the completion rate), got {text!r}") from None
-    if not (math.isfinite(v) and v > 0):
-        raise argparse.ArgumentTypeError(f"a cap must be a finite positive number, got {text!r}")
-    return v
-
-
 def main(argv: Sequence[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--rate-switch", required=True, help="bench_learned.py's JSON (the tuned rate-switch parameters)")
-    ap.add_argument("--caps", type=_cap, nargs="+", default=[1.0, 1.25, 1.5, 2.0], help="multiples of the completion rate")
-    ap.add_argument("--headroom", type=_cap, nargs="+", default=[],
+    ap.add_argument("--caps", type=positive_float, nargs="+", default=[1.0, 1.25, 1.5, 2.0], help="multiples of the completion rate")
+    ap.add_argument("--headroom", type=positive_float, nargs="+", default=[],
                     help="instead of (or beside) --caps: caps by the cache's free room, c x free / s")
     ap.add_argument("--workers", type=int, default=2)
     args = ap.parse_args(argv)
