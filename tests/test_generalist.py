@@ -814,6 +814,7 @@ def _bench_learned_module():
     (["--scenarios", "H4-short-phases", "--seeds", "0"], "--seeds must be at least 1, got 0"),
     (["--scenarios", "H4-short-phases", "--tune-seeds", "0"], "--tune-seeds must be at least 1"),
     (["--scenarios", "H4-short-phases", "--backend", "threads"], "invalid choice: 'threads'"),
+    (["--scenarios", "H4-short-phases", "--seeds", "1001"], "report seeds 0..N-1 must stay below the tuning seeds"),
 ])
 def test_benchmark_refuses_bad_options_before_tuning(argv, match, capsys):
     import re
@@ -1551,3 +1552,12 @@ def test_the_experiment_helpers_say_which_ratio_they_give():
     assert c.ratio_ci([1.0, 10.0], [2.0, 5.0])[0] == pytest.approx(1.25)
     r, lo, hi = c.ratio_boot([2.0], [1.0])
     assert r == 2.0 and math.isnan(lo) and math.isnan(hi)
+
+
+def test_the_benchmark_tunes_its_references_over_every_budget_to_16():
+    """The grid the best fixed budget and the rate-switch's high are tuned over has every budget to 16 (adaptive-high's
+    best is 13, which the coarse grid of the tables before 2026-11-29 missed); fine_grid.py reruns over that grid."""
+    mod = _bench_learned_module()
+    assert set(range(1, 17)) <= set(mod.FIXED_GRID) and 13 not in mod.COARSE_GRID
+    assert mod.FIXED_GRID == sorted(mod.FIXED_GRID) and max(mod.FIXED_GRID) == max(mod.COARSE_GRID) == 256
+    assert _experiment("fine_grid").FINE_GRID == _experiment("fine_grid").bl.FIXED_GRID
