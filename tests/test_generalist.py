@@ -1561,3 +1561,11 @@ def test_the_benchmark_tunes_its_references_over_every_budget_to_16():
     assert set(range(1, 17)) <= set(mod.FIXED_GRID) and 13 not in mod.COARSE_GRID
     assert mod.FIXED_GRID == sorted(mod.FIXED_GRID) and max(mod.FIXED_GRID) == max(mod.COARSE_GRID) == 256
     assert _experiment("fine_grid").FINE_GRID == _experiment("fine_grid").bl.FIXED_GRID
+
+
+def test_the_benchmarks_goal_rule_at_its_lines():
+    """One rule for bench_learned.py and fine_grid.py: within 2% of the best fixed budget on a stationary load, else
+    at most 0.90x it and 1.00x the tuned rate-switch (the lines themselves count as met)."""
+    g = _bench_learned_module().goal_met
+    assert g(True, 1.02, 9.0) and not g(True, 1.0201, 0.5)
+    assert g(False, 0.90, 1.00) and not g(False, 0.9001, 0.5) and not g(False, 0.5, 1.0001)

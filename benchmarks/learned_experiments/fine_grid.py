@@ -49,9 +49,8 @@ def fine(name: str, seeds: list[int], tune_seeds: list[int], backend: str = "ser
     r_fixed = bl.ratio_ci(per["learned"], per["best fixed"])
     r_rs = bl.ratio_ci(per["learned"], per["rate-switch"])
     stationary = bl.is_stationary(kw)
-    met = r_fixed[0] <= 1.02 if stationary else (r_fixed[0] <= 0.90 and r_rs[0] <= 1.00)
     return {"scenario": name, "b": b, "rate_switch": rs, "fixed": r_fixed, "rs": r_rs, "stationary": stationary,
-            "goal": "met" if met else "missed"}
+            "goal": "met" if bl.goal_met(stationary, r_fixed[0], r_rs[0]) else "missed"}
 
 
 def main(argv: Sequence[str] | None = None) -> int:

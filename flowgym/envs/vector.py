@@ -28,6 +28,7 @@ from gymnasium.vector import AutoresetMode, SyncVectorEnv, VectorEnv
 from gymnasium.vector.utils import batch_space
 
 from flowgym.sim import kernels
+from flowgym.sim._checks import is_count
 from flowgym.sim._seeding import reseed
 from flowgym.sim.batched import BatchedEngine, BudgetError, unsupported
 from flowgym.envs.flow_control import DEFAULT_REWARD_WEIGHTS, FlowControlConfig, FlowControlEnv
@@ -493,7 +494,7 @@ def _seed_list(seed: int | Sequence[int | None] | None, n: int) -> list[int | No
         if len(seeds) != n:
             raise ValueError(f"seed must be an int, None or a list of {n} seeds, got {len(seeds)} seeds")
     for i, s in enumerate(seeds):
-        if s is not None and (not _is_int(s) or s < 0):
+        if s is not None and not is_count(s):
             raise ValueError(f"seed must be an int, None or a list of {n} seeds, each a non-negative int or None; "
                              f"got {seed!r} (seed {s!r} of environment {i})")
     return [None if s is None else int(s) for s in seeds]
@@ -501,7 +502,7 @@ def _seed_list(seed: int | Sequence[int | None] | None, n: int) -> list[int | No
 
 def _env_index(i: Any, n: int) -> int:
     """``i`` as an environment index in ``[0, n)``, else ``ValueError`` (a float or a bool is not an index)."""
-    if isinstance(i, (bool, np.bool_)) or not isinstance(i, (int, np.integer)) or not 0 <= i < n:
+    if not _is_int(i) or not 0 <= i < n:
         raise ValueError(f"i must be an environment index in [0, {n}), got {i!r}")
     return int(i)
 
