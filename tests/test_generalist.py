@@ -1491,6 +1491,32 @@ def test_the_completion_cap_experiment_caps_the_rate_anchor_only():
     assert spaces._unrounded_budget is cc._UNROUNDED and vh not in (v0, v)
 
 
+def test_the_stationary_sweep_probe_reports_what_each_agent_admits(monkeypatch, capsys):
+    """stationary_sweep.py --probe: one row per agent (the model, then each budget in order); the row's
+    figures are the episodes' own; a fixed budget ``b`` admits at most ``b`` a slot; a wrong name, a budget
+    without --probe or a budget of 0 is refused by name."""
+    st = _experiment("stationary_sweep")
+    monkeypatch.setattr(st, "HORIZON", 300)
+    kw = dict(st.scenarios()["mid M=8192 rho=1.3"], horizon=300)
+    lines = st.probe(kw, [2, 3], [8000])
+    rows = [line.strip("|").split("|") for line in lines[2:]]
+    assert [r[0].strip() for r in rows] == ["learned (generalist)", "flow-control b=2", "flow-control b=3"]
+    ep = run_episode(make_agent("flow-control", b=3), kw, 8000, 300)
+    assert float(rows[2][1]) == pytest.approx(ep.metrics(300)["mean_time_in_system"], abs=0.05)
+    assert float(rows[2][2]) == ep.series["evicted"].sum()
+    assert float(rows[2][3]) == pytest.approx(ep.series["admitted"].mean(), abs=0.005)
+    assert 2.0 < float(rows[2][3]) <= 3.0 and float(rows[1][3]) <= 2.0  # never above the budget
+    with pytest.raises(SystemExit):
+        st.main(["--probe", "chat M=1 rho=9", "--budgets", "4"])
+    assert "--probe: no load named 'chat M=1 rho=9'" in capsys.readouterr().err
+    with pytest.raises(SystemExit):
+        st.main(["--budgets", "4"])
+    assert "--probe and --budgets go together" in capsys.readouterr().err
+    with pytest.raises(SystemExit):
+        st.main(["--probe", "chat M=8192 rho=0.6", "--budgets", "0"])
+    assert "--budgets" in capsys.readouterr().err
+
+
 def test_the_estimator_experiment_computes_each_estimate_of_the_work():
     """benchmarks/learned_experiments/estimator.py: on one length pair ``(l, o)`` the corrected and the direct
     estimates of ``E[w]`` are ``l o + o (o + 1) / 2`` exactly and the package's is ``l o + o^2 / 2`` (its known

@@ -12,6 +12,12 @@ reports on them too); the ratio of mean time in system with its 95% paired boots
     python benchmarks/learned_experiments/stationary_sweep.py [--model DIR] [--seeds 10] [--backend process]
 
 About 15 minutes on one core. Results: docs/training.md, "Beyond the report scenarios".
+
+``--probe NAME --budgets B ...`` looks inside one of the sweep's loads instead: the model and each fixed
+budget on the first ``--seeds`` report seeds, with the mean time in system, the evictions per episode and the
+requests admitted per slot (where the model admits more or less than the best budget)::
+
+    python benchmarks/learned_experiments/stationary_sweep.py --probe "chat M=32768 rho=1.05" --budgets 48 52 56 60 64 --seeds 3
 """
 
 from __future__ import annotations
@@ -26,9 +32,11 @@ from typing import Any
 import numpy as np
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+from _args import at_least  # noqa: E402
 from bench_learned import FIXED_GRID, _rate, ratio_ci  # noqa: E402
 
-from flowgym.lab.evaluation import evaluate, tune  # noqa: E402
+from flowgym.agents import make_agent  # noqa: E402
+from flowgym.lab.evaluation import evaluate, run_episode, tune  # noqa: E402
 from flowgym.lab.scenarios import AgentSpec  # noqa: E402
 
 #: The request mixes: three (prompt, output) pairs each, equally likely.
@@ -55,13 +63,41 @@ def scenarios() -> dict[str, dict[str, Any]]:
     return out
 
 
+def probe(kw: dict[str, Any], budgets: list[int], seeds: list[int], model: str | None = None) -> list[str]:
+    """A table of the model and each fixed budget on one load: mean time in system, evictions per episode and
+    requests admitted per slot, each the mean over ``seeds`` (the sweep's horizon)."""
+    agents = [make_agent("learned", **({} if model is None else {"path": model}))]
+    agents += [make_agent("flow-control", b=b) for b in budgets]
+    lines = ["| agent | time in system | evictions | admitted a slot |", "|---|---:|---:|---:|"]
+    for agent in agents:
+        eps = [run_episode(agent, kw, seed, HORIZON) for seed in seeds]
+        tis = np.mean([ep.metrics(HORIZON)["mean_time_in_system"] for ep in eps])
+        evicted = np.mean([ep.series["evicted"].sum() for ep in eps])
+        admitted = np.mean([ep.series["admitted"].mean() for ep in eps])
+        lines.append(f"| {agent.label()} | {tis:.1f} | {evicted:.0f} | {admitted:.2f} |")
+    return lines
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--model", default=None, help="model directory (default: the shipped generalist)")
-    ap.add_argument("--seeds", type=int, default=10, help="report seeds 8000.. (default 10)")
+    ap.add_argument("--seeds", type=at_least(1), default=10, help="report seeds 8000.. (default 10)")
     ap.add_argument("--backend", default="serial", help="serial (default) or process")
+    ap.add_argument("--probe", default=None, metavar="NAME",
+                    help="one load of the sweep (e.g. 'chat M=32768 rho=1.05'): the model and --budgets, per agent "
+                    "the mean time in system, evictions per episode and admissions per slot")
+    ap.add_argument("--budgets", type=at_least(1), nargs="+", default=None, help="fixed budgets for --probe")
     args = ap.parse_args(argv)
     seeds = list(range(8000, 8000 + args.seeds))
+    if args.probe is not None or args.budgets is not None:
+        if args.probe is None or args.budgets is None:
+            ap.error("--probe and --budgets go together")
+        sc = scenarios()
+        if args.probe not in sc:
+            ap.error(f"--probe: no load named {args.probe!r}; the sweep's are: {', '.join(sc)}")
+        for line in probe(sc[args.probe], args.budgets, seeds, args.model):
+            print(line)
+        return 0
     print("| scenario | best fixed b | learned TIS | / best fixed | goal (<= 1.02) |")
     print("|---|---:|---:|---:|---|")
     logs, met = [], 0
