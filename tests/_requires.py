@@ -15,7 +15,8 @@ def _have(*modules: str) -> bool:
 HAVE_SB3 = _have("stable_baselines3", "sb3_contrib", "torch")
 needs_sb3 = pytest.mark.skipif(
     not HAVE_SB3,
-    reason="needs Stable-Baselines3 and torch: pip install 'flowgym[train]' (CPU torch first: see README)",
+    reason='needs Stable-Baselines3 and torch: pip install -e ".[train]" in the checkout (CPU torch first: see README)',
 )
 #: matplotlib (figures, the 'human' render mode).
-needs_matplotlib = pytest.mark.skipif(not _have("matplotlib"), reason="needs matplotlib: pip install 'flowgym[plot]'")
+needs_matplotlib = pytest.mark.skipif(not _have("matplotlib"),
+                                      reason='needs matplotlib: pip install -e ".[plot]" in the checkout')

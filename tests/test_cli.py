@@ -109,6 +109,48 @@ def test_help_texts(capsys):
         assert len(line.split()) > 2 or "default" in run.split(flag, 1)[1][:200]
 
 
+def test_install_hints_name_the_checkout_not_the_pypi_name(capsys):
+    """``pip install 'flowgym[train]'`` installs PyPI's ``flowgym``, an unrelated project: the hints install the
+    extras from the checkout, quoted for zsh, as the README does."""
+    flat = {cmd: " ".join(_help(list(cmd), capsys).split()) for cmd in ((), ("train",), ("compare",), ("reproduce",))}
+    for cmd, text in flat.items():
+        assert "pip install 'flowgym" not in text and "pip install flowgym" not in text, cmd
+    hint = 'pip install -e ".[{}]" in the flowgym checkout'
+    assert f"SB3 algorithms with {hint.format('train')}" in flat[()]
+    assert f"needs {hint.format('train')}" in flat[("train",)]
+    assert f"best evaluated against the tuned baselines ({hint.format('ray')};" in flat[("train",)]
+    for cmd in (("compare",), ("reproduce",)):
+        assert f"--address; {hint.format('ray')})" in flat[cmd]
+
+
+def test_train_help_states_the_multipliers_default_of_each_path(monkeypatch, capsys):
+    """``--multipliers``' default is the config's that trains: ARS's (with or without --scenario) and the SB3
+    generalist's are 0.5..4, an SB3 run on the scenario itself (TrainConfig) 0.25..8. The help said 0.5..4 for
+    all; each default it states is checked against the config the command builds."""
+    seen = []
+    monkeypatch.setattr("flowgym.lab.cli._train_flags_without_effect", lambda args, cfg: seen.append(cfg) or "stop")
+    runs = {"ars": [], "ars on a scenario": ["--scenario", "adaptive-mix", "--algo", "ars"],
+            "sb3 on a distribution": ["--algo", "ppo"],
+            "sb3 on the scenario": ["--scenario", "adaptive-mix", "--action", "multiplier"],
+            "sb3, distribution none": ["--distribution", "none", "--algo", "ppo", "--action", "multiplier"]}
+    got = {}
+    for what, argv in runs.items():
+        assert main(["train", *argv, "--quiet"]) == 2, what
+        got[what] = ",".join(f"{k:g}" for k in seen[-1].multipliers)
+    capsys.readouterr()
+    assert got["sb3 on the scenario"] == "0.25,0.5,0.75,1,1.25,1.5,2,3,4,6,8" != got["ars"]
+    text = " ".join(_help(["train"], capsys).split())
+    text = text.split("--multipliers MULTIPLIERS the multipliers", 1)[1].split("--multiplier-of", 1)[0]
+    parts = text.split("Default: ", 1)[1].split("; ")
+    assert len(parts) == 2, parts
+    ars_part, scenario_part = parts
+    assert ars_part.startswith(got["ars"] + " with --algo ars (on a scenario too)")
+    assert got["ars on a scenario"] == got["sb3 on a distribution"] == got["ars"]
+    assert "an SB3 algorithm on a distribution" in ars_part
+    assert scenario_part.startswith(got["sb3 on the scenario"] + " with an SB3 algorithm")
+    assert got["sb3, distribution none"] == got["sb3 on the scenario"] and "--distribution none" in scenario_part
+
+
 def test_run_json_ends_with_a_newline(capsys):
     assert main(["run", "--horizon", "20", "--json"]) == 0
     assert capsys.readouterr().out.endswith("}\n")

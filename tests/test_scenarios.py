@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import copy
 import json
 
 import pytest
@@ -9,8 +10,11 @@ import pytest
 from flowgym.lab import _toml
 from flowgym.lab.evaluation import evaluate
 from flowgym.lab.scenarios import (
+    AGENT_KEYS,
+    FILE_KEYS,
     SCENARIOS,
     AgentSpec,
+    Scenario,
     get_scenario,
     load_scenario,
     parse_seeds,
@@ -303,3 +307,151 @@ def test_scenario_show_checks_each_agent_against_the_env(tmp_path, capsys):
     n = text.count("[[agents]]")
     assert f"agents[{n}]: agent 'flow-control b=(4, 4)' cannot run on this scenario" in err and "Traceback" not in err
     assert main(["scenario", "show", "paper-synthetic-known"]) == 0
+
+
+# --------------------------------------------------------------------------- JSON null: the key left out
+
+
+def _null_base():
+    """A scenario's data with every top-level key and every agent key set to something other than its default."""
+    data = get_scenario("paper-synthetic-unknown").to_dict()
+    data.update(finite=False, horizons=[300, 600], tune_horizon=200, tune_env={"max_budget": 512})
+    assert set(data) == set(FILE_KEYS) and set(data["agents"][0]) == set(AGENT_KEYS)
+    return data
+
+
+def _outcome(path, **kw):
+    """The scenario a file loads to, or the error it is refused with."""
+    try:
+        return load_scenario(path, **kw)
+    except ValueError as e:
+        return f"refused: {e}"
+
+
+def _null_and_absent(tmp_path, data, put, **kw):
+    """What the file loads to with ``put(data, None)`` and with ``put(data, DROP)``, at one path."""
+    path = tmp_path / "n.json"
+    out = []
+    for value in (None, _DROP):
+        d = copy.deepcopy(data)
+        put(d, value)
+        path.write_text(json.dumps(d))
+        out.append(_outcome(path, **kw))
+    return out, path
+
+
+_DROP = object()
+
+
+def _set(table, key, value):
+    if value is _DROP:
+        del table[key]
+    else:
+        table[key] = value
+
+
+@pytest.mark.parametrize("key", list(FILE_KEYS))
+def test_a_json_null_at_the_top_loads_as_the_key_left_out(key, tmp_path):
+    """docs/scenarios.md: a JSON ``null`` at the top is read as the key left out. ``rate``, ``description``,
+    ``tune_env``, ``train`` and ``finite`` refused it (``rate must be a table ..., got None``); a required key set to
+    null is missing, as when left out."""
+    data = _null_base()
+    if key == "rate":  # without a rate table the description may not stand for the rate
+        data["description"] = "no rate here"
+    (null, absent), path = _null_and_absent(tmp_path, data, lambda d, v: _set(d, key, v))
+    assert null == absent  # the whole Scenario: every field, to_dict's data and the source
+    if key in ("name", "env", "agents"):
+        assert absent == f"refused: {path}: missing key {key!r} ({FILE_KEYS[key]})"
+    else:
+        assert isinstance(null, Scenario), null
+        assert key not in null.to_dict()  # nothing to write back as null (TOML has none)
+        assert _toml.loads(scenario_text(str(path))) == null.to_dict()
+
+
+def test_a_null_rate_table_is_no_rate_table_also_for_a_rate_argument(tmp_path):
+    data = _null_base()
+    data["description"] = "no rate here"
+    (null, absent), path = _null_and_absent(tmp_path, data, lambda d, v: _set(d, "rate", v), rate=2.0)
+    assert null == absent == f"refused: {path}: this scenario has no rate table, so --rate/rate= cannot change it"
+    # with {rate:g} in the description, both are refused for the same reason
+    data["description"] = "lambda={rate:g}"
+    (null, absent), path = _null_and_absent(tmp_path, data, lambda d, v: _set(d, "rate", v))
+    assert null == absent and "this scenario has no rate table" in null
+
+
+@pytest.mark.parametrize("key", AGENT_KEYS)
+def test_a_json_null_in_an_agents_table_loads_as_the_key_left_out(key, tmp_path):
+    """An agent's ``"params": null`` was refused (``params must be a table, got None``); now it, and a null label,
+    tune or name, is the key left out (a missing name is refused as not an agent, as before)."""
+    data = _null_base()
+    (null, absent), path = _null_and_absent(tmp_path, data, lambda d, v: _set(d["agents"][0], key, v))
+    assert null == absent
+    if key == "name":
+        assert absent.startswith(f"refused: {path}: agents[0].name: None is not an agent; allowed: ")
+    else:
+        assert isinstance(null, Scenario), null
+        assert key not in null.to_dict()["agents"][0]
+        spec = null.agents[0]
+        assert {"label": spec.label is None, "params": spec.params == {}, "tune": spec.tune is None}[key]
+
+
+def test_nulls_are_dropped_from_a_copy_of_the_callers_data():
+    data = _null_base()
+    data["train"] = None
+    data["agents"][0]["params"] = None
+    sc = get_scenario(data)
+    assert data["train"] is None and data["agents"][0]["params"] is None  # the caller's dict is not changed
+    assert sc.learned_max_budget is None and sc.agents[0].params == {} and "train" not in sc.to_dict()
+
+
+@pytest.mark.parametrize("table, key, value, says", [
+    ("top", "name", 5, "name must be a non-empty string, got 5"),
+    ("top", "description", 3, "description must be a string, got 3"),
+    ("top", "env", 5, "env must be a table of FlowControl-v0 arguments, got 5"),
+    ("top", "agents", 5, "agents must be a non-empty array of tables"),
+    ("top", "rate", 5, "rate must be a table (default, meaning, set, scale), got 5"),
+    ("top", "finite", "yes", "finite must be true or false, got 'yes'"),
+    ("top", "horizons", "x", "horizons must be a non-empty array of positive integers"),
+    ("top", "tune_horizon", "x", "tune_horizon must be a positive integer"),
+    ("top", "tune_env", [], "tune_env must be a table, got []"),
+    ("top", "train", "x", "train must be a table (max_budget, budget_levels), got 'x'"),
+    ("top", "run_time", 5, "run_time must be a string, got 5"),
+    ("top", "speed", None, "unknown key 'speed'; allowed keys: "),  # an unknown key, null or not
+    ("agent", "name", 5, "agents[0].name: 5 is not an agent"),
+    ("agent", "label", 5, "agents[0].label must be a non-empty string, got 5"),
+    ("agent", "params", [], "agents[0].params must be a table, got []"),
+    ("agent", "tune", 5, "agents[0].tune must be a table"),
+    ("agent", "prams", None, "agents[0]: unknown key 'prams'; allowed: name, label, params, tune"),
+])
+def test_a_wrong_non_null_value_is_still_refused_naming_its_field(table, key, value, says, tmp_path):
+    data = _null_base()
+    (data if table == "top" else data["agents"][0])[key] = value
+    path = tmp_path / "w.json"
+    path.write_text(json.dumps(data))
+    with pytest.raises(ValueError) as e:
+        load_scenario(path)
+    assert str(e.value).startswith(f"{path}: {says}"), e.value
+
+
+def test_the_docs_from_python_snippet_trains_at_the_rate_it_loads(monkeypatch):
+    """docs/scenarios.md "From Python": ``sc.to_dict()`` is the file's data at its default rate, so the snippet's
+    ``TrainConfig`` must carry ``rate=1.2`` itself; it trained at the default rate. The snippet runs here with
+    ``train`` replaced by a capture (nothing is trained)."""
+    import re
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parents[1]
+    doc = (root / "docs" / "scenarios.md").read_text()
+    code = re.search(r"## From Python\n\n```python\n(.*?)```", doc, re.S).group(1)
+    seen = []
+    monkeypatch.setattr("flowgym.lab.train.train", seen.append)
+    monkeypatch.chdir(root)
+    exec(compile(code, "docs/scenarios.md", "exec"), {})
+    (cfg,) = seen
+    built = get_scenario(cfg.scenario, rate=cfg.rate).env_kwargs()
+    streams = built["workload"]["streams"]
+    default = load_scenario(root / "examples" / "scenarios" / "bursty-chat.toml").env_kwargs()["workload"]["streams"]
+    assert (streams[0]["rate"]["base"], streams[0]["rate"]["burst"], streams[1]["rate"]) == pytest.approx(
+        (1.2 * default[0]["rate"]["base"], 1.2 * default[0]["rate"]["burst"], 1.2 * default[1]["rate"]))
+    assert built == get_scenario("examples/scenarios/bursty-chat.toml", rate=1.2).env_kwargs() != \
+        get_scenario(cfg.scenario).env_kwargs()

@@ -571,8 +571,8 @@ def _add_backend_args(p: argparse.ArgumentParser, what: str) -> None:
     """--backend, --workers and --address of a command whose cells are ``what``."""
     p.add_argument("--backend", choices=["serial", "process", "ray"], default="serial",
                    help=f"where {what} run: serial (this process, default), process (--workers local processes), "
-                   "ray (a local Ray cluster, or the one at --address; pip install 'flowgym[ray]'); the results are "
-                   "the same on every backend (docs/scaling.md)")
+                   "ray (a local Ray cluster, or the one at --address; pip install -e \".[ray]\" in the flowgym "
+                   "checkout); the results are the same on every backend (docs/scaling.md)")
     p.add_argument("--workers", type=int, default=None,
                    help="worker processes (process) or CPUs of the local Ray cluster (default: the cores)")
     p.add_argument("--address", default=None, help="an existing Ray cluster (e.g. auto, ray://head:10001)")
@@ -973,7 +973,7 @@ def build_parser() -> argparse.ArgumentParser:
     t = sub.add_parser(
         "train", formatter_class=_HelpFormatter,
         help="train a learned activation budget (the generalist by random search; SB3 algorithms with "
-        "pip install 'flowgym[train]')",
+        "pip install -e \".[train]\" in the flowgym checkout)",
         description="With no --scenario, train the generalist (the shipped default learned agent): augmented "
         "random search (--algo ars, flowgym.lab.ars) of a linear policy of the scale-free load features on "
         "random-mix workloads, its action two multipliers (of the arrival rate and of the safe budget M/E[w], the budget the larger product), every candidate policy of an update "
@@ -981,9 +981,9 @@ def build_parser() -> argparse.ArgumentParser:
         f"about {GENERALIST_TRAIN_MINUTES} minutes on 2 CPU cores, numpy only. With --scenario (or --algo ppo, "
         "a2c, ...), an SB3 agent (PPO by default) with vectorised environments, VecNormalize (saved with the "
         "model), evaluation on separate seeds during training and a progress bar "
-        f"(about {DEFAULT_TRAIN_MINUTES} minutes on a scenario; needs pip install 'flowgym[train]'). Either "
-        "way it then evaluates the model against the scenario's baselines (fixed budget tuned by grid "
-        "search) on seeds 0..N-1 and writes a model directory that 'flowgym compare --agents "
+        f"(about {DEFAULT_TRAIN_MINUTES} minutes on a scenario; needs pip install -e \".[train]\" in the flowgym "
+        "checkout). Either way it then evaluates the model against the scenario's baselines (fixed budget tuned by "
+        "grid search) on seeds 0..N-1 and writes a model directory that 'flowgym compare --agents "
         "\"learned:path=DIR\"' and flowgym.agents.LearnedBudget load. See docs/training.md.",
     )
     d = _train_defaults()
@@ -1010,9 +1010,20 @@ def build_parser() -> argparse.ArgumentParser:
                    "log-multiplier: one float in [-1, 1] (two with --multiplier-of max or max-head, three with max-drain), a "
                    "multiplier between the "
                    "smallest and largest of --multipliers on a log scale (a Gaussian policy)")
+    def ks(multipliers: Sequence[float]) -> str:
+        return ",".join(f"{k:g}" for k in multipliers)
+
+    # the default is the config's that trains: ARSConfig (--algo ars), TrainConfig.generalist (an SB3 algorithm on a
+    # distribution) or TrainConfig (an SB3 algorithm on the scenario itself)
+    ars_k, dist_k, scenario_k = ARSConfig().multipliers, g.multipliers, d.multipliers
+    on_dist = "an SB3 algorithm on a distribution (no --scenario, or a --distribution other than none)"
+    by_path = (f"{ks(ars_k)} with --algo ars (on a scenario too) and with {on_dist}" if ars_k == dist_k else
+               f"{ks(ars_k)} with --algo ars (on a scenario too); {ks(dist_k)} with {on_dist}")
     t.add_argument("--multipliers", type=_float_list("--multipliers"), default=None,
-                   help="the multipliers of --action multiplier, or the range of log-multiplier (default " + ",".join(f"{k:g}" for k in g.multipliers)
-                   + ")")
+                   help="the multipliers of --action multiplier, or the range of log-multiplier (their smallest and "
+                   f"largest). Default: {by_path}; {ks(scenario_k)} with an SB3 algorithm (PPO, the default with "
+                   "--scenario) trained on the scenario itself (--scenario without --distribution, or --distribution "
+                   "none)")
     t.add_argument("--multiplier-of", choices=list(MULTIPLIER_OF), default=None,
                    help="what a multiplier action multiplies: the online safe budget M/E[w], the arrival rate "
                    "(PPO's generalist), both (twice the actions), the smaller of the two, or max (log-multiplier "
@@ -1093,7 +1104,8 @@ def build_parser() -> argparse.ArgumentParser:
     t.add_argument("--backend", choices=["serial", "ray"], default="serial",
                    help="serial: one training run (default); ray: a Ray Tune search of --trials runs over seeds and "
                    "the settings that matter (flowgym.lab.train.SEARCH_SPACE), the worst stopped early (ASHA), the "
-                   "best evaluated against the tuned baselines (pip install 'flowgym[ray]'; docs/scaling.md)")
+                   "best evaluated against the tuned baselines (pip install -e \".[ray]\" in the flowgym checkout; "
+                   "docs/scaling.md)")
     t.add_argument("--trials", type=int, default=None, help="trials of a --backend ray search (default 4)")
     t.add_argument("--workers", type=int, default=None, help="CPUs of the local Ray cluster (default: the cores); with --algo ars, processes running "
                    "episodes (default 2; the result does not depend on it)")

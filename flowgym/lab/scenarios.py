@@ -85,6 +85,8 @@ FILE_KEYS = {
     "train": "learned-budget defaults: max_budget and/or budget_levels (a table)",
     "run_time": "measured wall time of its default compare (a string)",
 }
+#: Keys of an agent's table in a scenario file.
+AGENT_KEYS = ("name", "label", "params", "tune")
 
 
 @dataclass
@@ -267,6 +269,7 @@ class Scenario:
         if not isinstance(data, dict):
             raise ValueError(f"{where}: a scenario is a table of keys ({', '.join(FILE_KEYS)}), "
                              f"got {type(data).__name__}")
+        data = _without_nulls(data)
         unknown = sorted(set(data) - set(FILE_KEYS))
         if unknown:
             raise ValueError(f"{where}: unknown key {unknown[0]!r}; allowed keys: {', '.join(FILE_KEYS)}")
@@ -353,6 +356,18 @@ class Scenario:
                    run_time=run_time, horizons=horizons, tune_horizon=tune_horizon, rate=value, data=copy.deepcopy(data), source=where)
 
 
+def _without_nulls(data: dict[str, Any]) -> dict[str, Any]:
+    """``data`` with a JSON ``null`` at the top or in an agent's table read as the key left out (its default), before
+    anything is validated: ``"rate": null`` is a scenario without a rate table, an agent's ``"params": null`` one
+    without parameters, and a required key (``name``, ``env``, ``agents``, an agent's ``name``) set to null is
+    missing. An unknown key stays, to be refused by name, null or not."""
+    out = {k: v for k, v in data.items() if v is not None or k not in FILE_KEYS}
+    if isinstance(out.get("agents"), list):
+        out["agents"] = [{k: v for k, v in a.items() if v is not None or k not in AGENT_KEYS}
+                         if isinstance(a, dict) else a for a in out["agents"]]
+    return out
+
+
 def _table_list(v: Any, where: str) -> list[Any]:
     if not isinstance(v, list) or not v:
         raise ValueError(f"{where} must be a non-empty array of tables ([[agents]] in TOML)")
@@ -364,9 +379,9 @@ def _agent_from(a: Any, where: str) -> AgentSpec:
 
     if not isinstance(a, dict):
         raise ValueError(f"{where} must be a table with name, and optionally label, params, tune; got {a!r}")
-    unknown = sorted(set(a) - {"name", "label", "params", "tune"})
+    unknown = sorted(set(a) - set(AGENT_KEYS))
     if unknown:
-        raise ValueError(f"{where}: unknown key {unknown[0]!r}; allowed: name, label, params, tune")
+        raise ValueError(f"{where}: unknown key {unknown[0]!r}; allowed: {', '.join(AGENT_KEYS)}")
     name = a.get("name")
     if not isinstance(name, str) or name not in AGENTS:
         raise ValueError(f"{where}.name: {name!r} is not an agent; allowed: {', '.join(AGENTS)}")
@@ -609,9 +624,8 @@ def scenario_text(name: str, fmt: str = "toml") -> str:
     for key in ("env", "tune_env"):
         if isinstance(data.get(key), dict):
             data[key] = {k: v for k, v in data[key].items() if v is not None or k not in none_default}
-    # a JSON null at the top or in an agent's table is read as the key left out (its default): so it is written
-    data = {k: v for k, v in data.items() if v is not None}
-    data["agents"] = [{k: v for k, v in a.items() if v is not None} for a in data["agents"]]
+    # a JSON null at the top or in an agent's table is read as the key left out (its default): from_dict dropped it
+    # before validating, so to_dict has none there and the TOML leaves the key out
     return _toml.dumps(data, f"flowgym scenario {data['name']!r}; format: docs/scenarios.md")
 
 
