@@ -1515,6 +1515,13 @@ def test_the_stationary_sweep_probe_reports_what_each_agent_admits(monkeypatch, 
     with pytest.raises(SystemExit):
         st.main(["--probe", "chat M=8192 rho=0.6", "--budgets", "0"])
     assert "--budgets" in capsys.readouterr().err
+    # the second grid: 32 other loads, none of the first grid's, each builds; an unknown set is named
+    blind = st.scenarios("blind")
+    assert len(blind) == 32 and not set(blind) & set(st.scenarios())
+    for kw in list(blind.values())[::5]:
+        FlowControlEnv(**kw).reset(seed=0)
+    with pytest.raises(ValueError, match="no set 'nope'"):
+        st.scenarios("nope")
 
 
 def test_the_estimator_experiment_computes_each_estimate_of_the_work():

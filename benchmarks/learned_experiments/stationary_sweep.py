@@ -10,6 +10,7 @@ budget run on the report seeds 8000.. (used by no training, selection or tuning;
 reports on them too); the ratio of mean time in system with its 95% paired bootstrap interval::
 
     python benchmarks/learned_experiments/stationary_sweep.py [--model DIR] [--seeds 10] [--backend process]
+    python benchmarks/learned_experiments/stationary_sweep.py --set blind   # a second grid, report seeds 8100..
 
 About 15 minutes on one core. Results: docs/training.md, "Beyond the report scenarios".
 
@@ -48,14 +49,30 @@ MIXES = {
 }
 CACHES = (8192, 32768)
 LOADS = (0.6, 0.9, 1.05, 1.3)
+#: A second grid (``--set blind``), defined on 2026-11-29 after the first grid had judged models and before it judged
+#: any other: other request mixes, other caches, loads packed near capacity, its own report seeds 8100...
+BLIND_MIXES = {
+    "short": [[8, 4], [8, 8], [8, 12]],
+    "code": [[200, 50], [400, 100], [600, 150]],
+    "reasoning": [[100, 300], [100, 500], [100, 700]],
+    "rag": [[1500, 20], [2000, 40], [3000, 60]],
+}
+BLIND_CACHES = (16384, 65536)
+BLIND_LOADS = (0.75, 0.95, 1.1, 1.2)
+#: The first report seed of each set.
+FIRST_SEED = {"sweep": 8000, "blind": 8100}
 TUNE_SEEDS = [1000, 1001]
 HORIZON = 4000
 
 
-def scenarios() -> dict[str, dict[str, Any]]:
-    """The sweep's environment arguments by name (``mix/M/rho``)."""
+def scenarios(which: str = "sweep") -> dict[str, dict[str, Any]]:
+    """The environment arguments by name (``mix/M/rho``) of the sweep (``"sweep"``) or of the second grid
+    (``"blind"``)."""
+    if which not in FIRST_SEED:
+        raise ValueError(f"no set {which!r}; the sets are: {', '.join(FIRST_SEED)}")
+    mixes, caches, loads = (MIXES, CACHES, LOADS) if which == "sweep" else (BLIND_MIXES, BLIND_CACHES, BLIND_LOADS)
     out = {}
-    for (mix, pairs), M, rho in itertools.product(MIXES.items(), CACHES, LOADS):
+    for (mix, pairs), M, rho in itertools.product(mixes.items(), caches, loads):
         out[f"{mix} M={M} rho={rho:g}"] = {
             "M": M, "output_length_known": False, "horizon": HORIZON,
             "workload": {"kind": "iid", "rate": _rate(rho, M, pairs),
@@ -81,18 +98,20 @@ def probe(kw: dict[str, Any], budgets: list[int], seeds: list[int], model: str |
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--model", default=None, help="model directory (default: the shipped generalist)")
-    ap.add_argument("--seeds", type=at_least(1), default=10, help="report seeds 8000.. (default 10)")
+    ap.add_argument("--set", dest="which", choices=list(FIRST_SEED), default="sweep",
+                    help="the grid: sweep (default; report seeds 8000..) or blind (a second grid; seeds 8100..)")
+    ap.add_argument("--seeds", type=at_least(1), default=10, help="report seeds of the set (default 10)")
     ap.add_argument("--backend", default="serial", help="serial (default) or process")
     ap.add_argument("--probe", default=None, metavar="NAME",
                     help="one load of the sweep (e.g. 'chat M=32768 rho=1.05'): the model and --budgets, per agent "
                     "the mean time in system, evictions per episode and admissions per slot")
     ap.add_argument("--budgets", type=at_least(1), nargs="+", default=None, help="fixed budgets for --probe")
     args = ap.parse_args(argv)
-    seeds = list(range(8000, 8000 + args.seeds))
+    seeds = list(range(FIRST_SEED[args.which], FIRST_SEED[args.which] + args.seeds))
     if args.probe is not None or args.budgets is not None:
         if args.probe is None or args.budgets is None:
             ap.error("--probe and --budgets go together")
-        sc = scenarios()
+        sc = scenarios(args.which)
         if args.probe not in sc:
             ap.error(f"--probe: no load named {args.probe!r}; the sweep's are: {', '.join(sc)}")
         for line in probe(sc[args.probe], args.budgets, seeds, args.model):
@@ -101,7 +120,7 @@ def main(argv: list[str] | None = None) -> int:
     print("| scenario | best fixed b | learned TIS | / best fixed | goal (<= 1.02) |")
     print("|---|---:|---:|---:|---|")
     logs, met = [], 0
-    for name, kw in scenarios().items():
+    for name, kw in scenarios(args.which).items():
         b, _ = tune(AgentSpec("flow-control", {}, tune=("b", FIXED_GRID)), kw, TUNE_SEEDS, HORIZON,
                     backend=args.backend)
         specs = [AgentSpec("learned", {} if args.model is None else {"path": args.model}, label="learned"),
