@@ -13,8 +13,9 @@ Parts:
 * ``diff``: each difference between the modes switched on alone, from the bridge
   (:data:`~flowgym.sim.vllm.BRIDGE_OPTIONS`, which reproduces the paper) to vLLM V1's defaults.
 * ``behaviours``: the watermark (fewer preemptions, longer time to first token); a very long
-  prompt admitted on its first chunk (V1) loops through preemption where full-prompt
-  reservation (V0) does not; recompute cost of the victim orders (least-computed, LIFO, random).
+  prompt admitted on its first chunk alone (older V1) loops through preemption where V1's
+  full-sequence gate and full-prompt reservation (V0) do not; recompute cost of the victim orders
+  (least-computed, LIFO, random).
 
 Every figure is one seeded run (same seed, same numbers).
 """
@@ -116,7 +117,8 @@ def behaviours() -> None:
         print(f"| {wm:g} | {m['num_preemptions']} | {m['time_to_first_token_p50']:.1f} | "
               f"{m['time_to_first_token_p99']:.1f} | {m['avg_latency']:.2f} |")
 
-    print("\n### A very long prompt: first chunk only (V1) vs full-prompt reservation (V0)\n")
+    print("\n### A very long prompt: the full-sequence gate (V1) vs first chunk only (older V1) vs full-prompt "
+          "reservation (V0)\n")
     # 60 short requests decoding, then a 6000-token prompt, in a 8192-token cache (512 blocks)
     n = 60
     arrival = [0] * n + [5]
@@ -124,10 +126,12 @@ def behaviours() -> None:
     output = [60] * n + [10]
     print("| admission | preemptions | recomputed tokens | long request's preemptions | long request's TTFT |"
           "\n|---|---:|---:|---:|---:|")
-    for name, full in (("first chunk (V1)", False), ("full prompt (V0)", True)):
+    for name, opts in (("first chunk, whole prompt's blocks free (V1, `reserve_full_isl=True`)", {}),
+                       ("first chunk only (older V1, `reserve_full_isl=False`)", {"reserve_full_isl": False}),
+                       ("full prompt (V0, `reserve_full_prompt=True`)", {"reserve_full_prompt": True})):
         env = FlowControlEnv(M=8192, workload=Trace(arrival, prompt, output), horizon=None, max_budget=1024,
-                             engine="vllm-v1", engine_options={"max_num_seqs": None, "reserve_full_prompt": full,
-                                                               "max_num_batched_tokens": 512})
+                             engine="vllm-v1", engine_options={"max_num_seqs": None, "max_num_batched_tokens": 512,
+                                                               **opts})
         env.reset(seed=0)
         done = False
         while not done:

@@ -1440,37 +1440,6 @@ def test_vllm_step_retried_after_a_latency_callable_raises_is_the_same_run():
         assert got[2] == 1 and got[:2] == base[:2]
 
 
-def test_vllm_a_preempted_head_the_watermark_never_admits_is_warned_and_named():
-    """A request admitted on arrival, preempted after j tokens, can need more blocks to recompute l + j than the
-    watermark leaves: it then waits at the head for good and admission stops behind it (vLLM V0 drops it). This
-    was silent; now a RuntimeWarning names the row once, and engine.stalled_head holds it."""
-    import warnings
-
-    kw = dict(engine="vllm-v1", M=1000, horizon=None,
-              workload={"kind": "trace", "arrival": [0, 0, 5], "prompt_len": [200, 200, 10], "output_len": [700, 700, 5]})
-    env = gym.make("FlowControl-v0", engine_options={"block_size": 1, "watermark": 0.6, "max_num_batched_tokens": None},
-                   **kw).unwrapped
-    env.reset(seed=0)
-    with pytest.warns(RuntimeWarning, match=r"request row 1, preempted after 301 tokens, needs 501 blocks to recompute, "
-                                            r"more than the 400 the watermark \(0\.6\) leaves"):
-        for _ in range(400):
-            env.step(10)
-    assert env.engine.stalled_head == 1 and env.engine.n_queued == 2
-    with warnings.catch_warnings():
-        warnings.simplefilter("error")  # once a run: no second warning
-        for _ in range(50):
-            env.step(10)
-    # without the watermark the same trace runs to its end, unwarned
-    env = gym.make("FlowControl-v0", engine_options={"block_size": 1, "max_num_batched_tokens": None}, **kw).unwrapped
-    env.reset(seed=0)
-    with warnings.catch_warnings():
-        warnings.simplefilter("error", RuntimeWarning)
-        for _ in range(5000):
-            if env.step(10)[2]:
-                break
-    assert env.engine.stalled_head == -1 and (env.request_log()["finish"] > 0).all()
-
-
 def test_vllm_a_one_token_last_chunk_of_a_recompute_is_a_prefill_not_a_decode():
     """A recompute prefilled in chunks of 10 whose last chunk is one token was counted as a decode (its step's
     P, D, K and prefill_tokens), as it looks like one: one token, all but one computed, tokens generated before.

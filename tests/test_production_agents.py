@@ -395,3 +395,45 @@ def test_trt_one_request_below_the_cap_admits_one():
     ag = _ready(GuaranteedNoEvict(max_num_requests=3))
     v = FakeView(active=[(1, 0, 1)] * 2, queue=[(1, 0, 1)] * 5, num_blocks=1000)
     assert ag.act(None, v) == 1 and v.queue_calls == [1]
+
+
+# ---------------------------------------------------------------- the real view's accounting in the paper mode
+
+
+def test_the_paper_mode_view_counts_the_decode_slot_and_each_active_requests_next_token():
+    """The paper mode's view: blocks of one token and a lookahead of 1 (a request holds l + j + 1 tokens while it
+    generates its (j + 1)-th), and the free room M - demand = M - (held + n_active). Four requests (l = 10,
+    o = 20, 40, 60, 30), two at t = 0 and two at t = 1, M = 246: slot 0 starts the first two (B_t = 2), each
+    generates one token: held 2 (10 + 1) = 22, n_active 2, free 246 - 24 = 222; blocks_for(69) = 70."""
+    trace = {"kind": "trace", "arrival": [0, 0, 1, 1], "prompt_len": [10, 10, 10, 10], "output_len": [20, 40, 60, 30]}
+    env = gym.make("FlowControl-v0", workload=trace, M=246, max_budget=16).unwrapped
+    env.reset(seed=0)
+    env.step(2)
+    v = env.view()
+    assert (v.held_tokens, v.n_active, v.demand) == (22, 2, 24)
+    assert v.free_blocks == 222 and v.lookahead == 1 and v.blocks_for(69) == 70
+
+
+def test_trt_first_slot_in_the_paper_mode_one_token_below_the_boundary():
+    """The trace of test_trt_first_slot_in_the_paper_mode_by_hand, M = 209: each request needs blocks_for(10 + 60
+    - 1) = 70 (its peak l + max_tokens, the decode slot included): cumsum 70, 140, 210 > 209: two (without the
+    decode slot, 69 each: 207 <= 209 would take three)."""
+    trace = {"kind": "trace", "arrival": [0, 0, 0, 0], "prompt_len": [10, 10, 10, 10], "output_len": [20, 40, 60, 30]}
+    assert _first_action("trt-no-evict", workload=trace, M=209, max_budget=16) == 2
+
+
+def test_sglang_second_slot_in_the_paper_mode_reads_the_free_room_net_of_the_decode_slots():
+    """The trace of the view test, M = 246, sglang-reserve at its defaults. Slot 0: empty batch, rem = 246,
+    costs l + max_tokens = 70, 70: cumsum 140 < 246: both start. Slot 1: the ratio decays once (two decoding):
+    0.7 - (0.7 - 0.098) / 600 = 0.69899667; the running requests reserve (60 - 1) 0.69899667 each, 82.4816 in
+    all; rem = free 222 - 82.4816 = 139.518: of the new heads' cumsum 70, 140 only the first is below: one.
+    (Counting free as M - held = 224, without each active request's decode slot, rem 141.5 would take two.)"""
+    trace = {"kind": "trace", "arrival": [0, 0, 1, 1], "prompt_len": [10, 10, 10, 10], "output_len": [20, 40, 60, 30]}
+    env = gym.make("FlowControl-v0", workload=trace, M=246, max_budget=16).unwrapped
+    obs, _ = env.reset(seed=0)
+    ag = make_agent("sglang-reserve")
+    ag.reset(env.config, seed=0)
+    first = ag.act(obs, env.view())
+    obs, *_ = env.step(first)
+    assert first == 2 and ag.act(obs, env.view()) == 1
+    assert ag.ratio == pytest.approx(0.7 - (0.7 - 0.098) / 600)

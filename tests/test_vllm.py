@@ -146,13 +146,18 @@ def test_unchunked_prefill_waits_for_the_budget():
 
 def test_what_could_never_be_admitted_is_refused_or_rejected():
     """Review (2026-11-28): an unchunked prefill longer than the step's token budget (a long prompt, or the
-    recompute of a preempted request) waited at the head forever, and so did a request whose admission needs
-    more blocks than the watermark leaves in an empty cache. The first is refused as vLLM refuses it, the
-    second rejected on arrival (V0's AllocStatus.NEVER); integer options beyond 2**53 are named."""
+    recompute of a preempted request) waited at the head forever: it is refused as vLLM refuses it. A request
+    whose admission needs more blocks than the watermark leaves was rejected on arrival (V0's AllocStatus.NEVER);
+    vLLM V1's watermark applies only while some request runs (allocate_slots(has_scheduled_reqs=
+    bool(self.running))), so it is admitted into the empty cache and nothing waits at the head for good (review
+    2026-11-29). Integer options beyond 2**53 are named."""
     import gymnasium as gym
 
     with pytest.raises(ValueError, match=r"max_num_batched_tokens \(64\) is smaller than M \(150"):
         VllmEngine(150, Trace([0], [40], [100]), options={"chunked_prefill": False, "max_num_batched_tokens": 64})
+    # bs = 1, NB = 100, watermark 50 blocks. Request 0 (l=60, o=10) at step 0: nothing runs, no watermark:
+    # 60 <= 100, admitted (its tokens at steps 0..9: finish 10). Request 1 (l=20, o=5) at step 1: 0 runs,
+    # 20 + 50 > 100 - 61 free: it waits until 0 is done, then is admitted at step 10 (tokens 10..14: finish 15).
     for opts in ({"watermark": 0.5, "reserve_full_prompt": True, "block_size": 1}, {"watermark": 0.5, "block_size": 1}):
         eng = VllmEngine(100, Trace([0, 1], [60, 20], [10, 5]), options=opts)
         eng.reset(np.random.default_rng(0))
@@ -160,13 +165,15 @@ def test_what_could_never_be_admitted_is_refused_or_rejected():
             eng.arrive()
             eng.serve(1)
         log = eng.request_log()
-        assert log["rejected"].tolist() == [True, False] and log["finish"][1] > 0 and eng.n_queued == 0
-    for opts in ({"watermark": 0.3, "block_size": 1},  # 60 <= 100 - 30
-                 {"watermark": 0.5, "block_size": 1, "admission": "count", "max_num_batched_tokens": None}):
-        ok = VllmEngine(100, Trace([0], [60], [10]), options=opts)  # count mode checks no blocks: it starts the head
-        ok.reset(np.random.default_rng(0))
-        ok.arrive()
-        assert ok.serve(1).admitted == 1 and not ok.request_log()["rejected"][0]
+        assert log["rejected"].tolist() == [False, False] and eng.n_queued == 0
+        assert log["finish"].tolist() == [10, 15] and log["first_token"].tolist() == [1, 11]
+    ok = VllmEngine(100, Trace([0], [60], [10]), options={"watermark": 0.3, "block_size": 1})
+    ok.reset(np.random.default_rng(0))
+    ok.arrive()
+    assert ok.serve(1).admitted == 1 and not ok.request_log()["rejected"][0]
+    with pytest.raises(ValueError, match="engine_options watermark=0.5 needs admission='blocks'"):
+        VllmEngine(100, Trace([0], [60], [10]), options={"watermark": 0.5, "block_size": 1, "admission": "count",
+                                                          "max_num_batched_tokens": None})
     for eo, name in (({"max_num_batched_tokens": 2**64}, "max_num_batched_tokens"),
                      ({"lookahead_tokens": 2**63 - 1}, "lookahead_tokens"), ({"max_tokens": 2**60}, "max_tokens")):
         with pytest.raises(ValueError, match=f"engine_options {name} must be at most 2\\*\\*53"):
@@ -191,7 +198,9 @@ def test_watermark_and_full_prompt_reservation_refuse_what_v1_admits():
     assert _one(full, [2])[0].admitted == 1  # 5 blocks: the first prompt's 3 blocks, then 2 < 3 free
     wm = VllmEngine(96, Trace([0, 0], [40, 40], [3, 3]), options={"block_size": 16, "max_num_batched_tokens": None,
                                                                   "watermark": 0.2})
-    assert _one(wm, [2])[0].admitted == 1  # 6 blocks, 1 kept free: 3 + 3 > 5
+    # 6 blocks, int(0.2 * 6) = 1 kept free once a request runs: the first enters the empty cache (3 <= 6); for
+    # the second the first is running: 3 + 1 > 3 free
+    assert _one(wm, [2])[0].admitted == 1
 
 
 def test_block_rounding_rejects_what_never_fits():

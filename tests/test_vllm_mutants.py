@@ -570,8 +570,10 @@ def test_serving_metrics_by_hand_in_slots():
     step 5: C decodes (5 blocks) and finishes.                 running 0, waiting 0
     Time to first token: A 1 - 0 = 1, B 3 - 1 = 2, C 5 - 1 = 4: mean 7/3, p50 2, p99 (numpy's
     linear interpolation at rank 0.99 * 2 = 1.98) 2 + 0.98 * (4 - 2) = 3.96. Running mean 3/6,
-    waiting mean 4/6; blocks 4, 5, 4, 5, 4, 5: usage mean 4.5 / 100, max 5 / 100. Every request's
-    one gap is 1 step."""
+    waiting mean 4/6; blocks held in each step 4, 5, 4, 5, 4, 5 (the paper's usage), but at the end of
+    steps 1, 3, 5 the request that finished has freed its blocks (vLLM frees them before it records
+    kv_cache_usage): 4, 0, 4, 0, 4, 0, usage mean 2 / 100, max 4 / 100. Every request's one gap is 1
+    step."""
     eng = _eng(100, Trace([0, 1, 1], [4, 4, 4], [2, 2, 2]), block_size=1, **UNLIMITED)
     for b in (1, 0, 1, 0, 1, 0):
         _step(eng, b)
@@ -583,10 +585,11 @@ def test_serving_metrics_by_hand_in_slots():
     assert m["time_to_first_token_p99"] == pytest.approx(3.96)
     assert m["num_requests_running_mean"] == pytest.approx(0.5)
     assert m["num_requests_waiting_mean"] == pytest.approx(4 / 6)
-    assert m["kv_cache_usage_perc_mean"] == pytest.approx(0.045)
-    assert m["kv_cache_usage_perc_max"] == pytest.approx(0.05)
+    assert m["kv_cache_usage_perc_mean"] == pytest.approx(0.02)
+    assert m["kv_cache_usage_perc_max"] == pytest.approx(0.04)
     assert m["inter_token_latency_p50"] == m["inter_token_latency_p99"] == 1.0
-    assert eng.step_series()["used_blocks"].tolist() == [4, 5, 4, 5, 4, 5]
+    assert eng.step_series()["used_blocks"].tolist() == [4, 0, 4, 0, 4, 0]
+    assert eng.series()["usage"].tolist() == [4, 5, 4, 5, 4, 5]
 
 
 def _stall_case(timed: bool):
@@ -694,3 +697,46 @@ def test_count_admission_heads_preempted_by_least_progress_keep_the_step_within_
     st = _step(eng, 2)
     assert st.evicted == 1 and st.usage == 6 and st.completed == 1
     assert eng.active_ids().tolist() == [0] and eng.queue_ids().tolist() == [2]
+
+
+# ---------------------------------------------------------------- survivors of the 2026-11-29 review
+
+
+def test_the_watermark_is_int_of_its_fraction_of_the_blocks():
+    """vLLM: watermark_blocks = int(watermark * num_blocks). bs = 1, NB = 10, watermark 0.15: int(1.5) = 1
+    block (ceil would keep 2). A (l = 3, o = 5) starts at step 0 (3 blocks). B (l = 5, o = 2) arrives at step 1:
+    A decodes (4 blocks), 6 free; A runs, so the watermark applies: B's 5 blocks + 1 <= 6: admitted (with 2
+    kept free, 7 > 6 would refuse it)."""
+    eng = _eng(10, Trace([0, 1], [3, 5], [5, 2]), block_size=1, watermark=0.15, **UNLIMITED)
+    assert eng.watermark_blocks == 1
+    assert _step(eng, 1).admitted == 1
+    st = _step(eng, 1)
+    assert st.admitted == 1 and eng.active_blocks().tolist() == [4, 5]
+
+
+def test_inter_token_latency_percentiles_are_the_nearest_rank_at_a_tie():
+    """Nearest rank: the order statistic at rank ceil(q n). The stall case with B's output cut to 2 tokens
+    (bs = 1, thr = 4, least-computed, NB = 14; F (3, 2), B (2, 2), E (8, 1) at step 0): step 0 as there; step 1:
+    F 4 + B 3 + E 8 = 15 > 14: B (2 computed) is preempted; F samples token 2 (gap 1) and finishes, E finishes.
+    Step 2: B is readmitted (3 tokens) and samples token 2: gap 2, done. Gaps 1, 2: n = 2, p50 at rank
+    ceil(1.0) = 1: 1 (the count reaching exactly q n = 1 is enough; the next bin would give 2); p99 at rank 2: 2."""
+    eng = _eng(14, Trace([0, 0, 0], [3, 2, 8], [2, 2, 1]), block_size=1, long_prefill_token_threshold=4,
+               preempt_order="least-computed", **UNLIMITED)
+    out = [_step(eng, 3) for _ in range(3)]
+    assert [s.evicted for s in out] == [0, 1, 0] and eng.request_log()["finish"].tolist() == [2, 3, 2]
+    m = eng.serving_metrics()
+    assert m["inter_token_latency_p50"] == 1.0 and m["inter_token_latency_p99"] == 2.0
+
+
+def test_a_victims_recomputed_tokens_include_the_output_tokens_it_had_computed():
+    """bs = 1, NB = 12, no budgets. A and B (l = 2, o = 10; 11 blocks at their last step) start at step 0 and sample
+    token 1. At step k each has k output tokens and k + 1 computed, and needs 2 + k blocks: 2(2 + k) > 12 first
+    at k = 5: B (the newest: 5 output tokens, 6 computed, its prompt's 2 and 4 output tokens' KV) is preempted:
+    6 tokens dropped, not just its prompt's 2; readmitted once A is done, it prefills l + j = 2 + 5 = 7 tokens."""
+    eng = _eng(12, Trace([0, 0], [2, 2], [10, 10]), block_size=1, reserve_full_isl=False, **UNLIMITED)
+    out = [_step(eng, 2) for _ in range(6)]
+    assert [s.evicted for s in out] == [0, 0, 0, 0, 0, 1] and eng.gen[1] == 5
+    assert eng.recomputed_tokens == 6 and eng.step_series()["recomputed_tokens"][5] == 6
+    for _ in range(20):
+        _step(eng, 2)
+    assert eng.step_series()["prefill_tokens"].tolist().count(7) == 1 and eng.request_log()["finish"][1] > 0

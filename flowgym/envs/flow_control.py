@@ -185,7 +185,7 @@ class FlowControlConfig:
     engine: str = "paper"
     #: Options of ``engine="vllm-v1"`` (:class:`~flowgym.sim.vllm.VllmOptions`: ``block_size``,
     #: ``max_num_seqs``, ``max_num_batched_tokens``, ``long_prefill_token_threshold``,
-    #: ``chunked_prefill``, ``admission``, ``reserve_full_prompt``, ``watermark``, ``preemption``,
+    #: ``chunked_prefill``, ``admission``, ``reserve_full_isl``, ``reserve_full_prompt``, ``watermark``, ``preemption``,
     #: ``preempt_order``, ``requeue``, ``lookahead_tokens``, ``max_tokens``); empty for ``"paper"``.
     engine_options: dict[str, Any] = field(default_factory=dict)
 
@@ -537,13 +537,14 @@ class FlowControlEnv(gym.Env[Any, Any]):
     ``max_num_batched_tokens`` (2048); a request that needs a block when none is free
     preempts the most recently admitted running request, which keeps its output tokens and
     goes back to the front of the queue to be prefilled again over ``l + j`` tokens
-    (recompute); then, if nobody was preempted, queue heads are admitted while blocks for
-    their first prefill chunk are free, up to ``max_num_seqs`` (256) running requests, long
+    (recompute); then, if nobody was preempted, queue heads are admitted while the blocks of
+    their whole sequence are free (vLLM's ``scheduler_reserve_full_isl``; only the first prefill
+    chunk's are allocated), up to ``max_num_seqs`` (256) running requests, long
     prompts prefilled in chunks. The action ``B_t`` caps the admissions of the step. Options
     in ``engine_options`` (:class:`~flowgym.sim.vllm.VllmOptions`): ``block_size``,
     ``max_num_seqs``, ``max_num_batched_tokens`` (``None``: unlimited),
     ``long_prefill_token_threshold``, ``chunked_prefill``, ``admission`` (``"blocks"`` or
-    ``"count"``, the paper's), ``reserve_full_prompt``, ``watermark``, ``preemption``
+    ``"count"``, the paper's), ``reserve_full_isl``, ``reserve_full_prompt``, ``watermark``, ``preemption``
     (``"recompute"`` or ``"discard"``, the paper's), ``preempt_order`` (``"lifo"``,
     ``"least-progress"``, ``"least-computed"``, ``"random"``), ``requeue`` (``"front"`` or
     ``"back"``), ``lookahead_tokens``, ``max_tokens``. The mode needs ``eviction="lifo"``,

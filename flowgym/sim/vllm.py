@@ -8,7 +8,8 @@ block-granular KV cache (``vllm/v1/core/kv_cache_manager.py``, ``KVCacheManager.
 scheduler step (a slot, or one batch iteration in continuous time):
 
 1. **Arrive** (unchanged): requests join the back of the waiting queue. A request that could
-   never fit (``ceil((l + o - 1 + lookahead) / block_size) > num_blocks``) is rejected.
+   never fit (``ceil((l + o - 1 + lookahead) / block_size) > num_blocks``) is rejected. Its
+   ``max_tokens`` keeps ``l + max_tokens`` within ``max_model_len`` (``M`` in whole blocks).
 2. **Running requests first** (``schedule()``, "First, schedule the RUNNING requests"): in
    running order (admission order), each running request asks for its next tokens:
    ``num_tokens - num_computed_tokens`` (one for a decode, the rest of the prompt for a
@@ -25,17 +26,24 @@ scheduler step (a slot, or one batch iteration in continuous time):
    preempted nobody (``if not preempted_reqs``): queue heads are admitted in order while
    ``len(running) < max_num_seqs``, token budget is left (a prompt longer than the rest is
    prefilled in chunks; with ``chunked_prefill=False`` it waits) and ``allocate_slots`` finds
-   free blocks for the first chunk (``reserve_full_prompt=True``: for the whole prompt, as
-   vLLM V0's ``BlockSpaceManager.can_allocate``; ``watermark``: keeping that fraction of all
-   blocks free, V0's ``watermark_blocks``). The first head that does not fit stops admission.
-   The agent's action ``B_t`` bounds the number admitted this step, so every agent and the
-   learned budget run unchanged.
+   free blocks: the blocks of the whole sequence ``l + j`` must be free (``reserve_full_isl``,
+   V1's ``full_sequence_must_fit`` gate, on by default) though only the first chunk's are
+   allocated (``reserve_full_prompt=True``: the whole prompt's, as vLLM V0's
+   ``BlockSpaceManager.can_allocate``); ``watermark`` keeps that fraction of all blocks free,
+   while some request runs (V1's ``has_scheduled_reqs``). The first head that does not fit
+   stops admission. The agent's action ``B_t`` bounds the number admitted this step; agents
+   that need another eviction rule or queue order than vLLM's (``alpha-greedy``, ``a-min``,
+   ``mc-sf``) are refused, naming the option.
 4. **Execute**: every scheduled request computes its tokens; one whose computed tokens reach
    ``num_tokens`` samples its next output token (a prefill that completes samples the first
    one). A request reaching ``o`` output tokens finishes at the end of the step and frees its
    blocks.
 5. **Record**: ``usage`` is the allocated blocks times ``block_size`` (KV tokens of cache in use,
-   after preemption, before completions), plus the serving records of :data:`STEP_FIELDS`.
+   after preemption, before completions, as the paper counts it), plus the serving records of
+   :data:`STEP_FIELDS` (``used_blocks`` after completions, as vLLM's ``kv_cache_usage``).
+
+The rules follow vLLM's ``main`` at commit ``003df2961dd8830c317a61f9745ccd557da9fa06``
+(``vllm/v1/core/sched/scheduler.py``, ``vllm/v1/core/kv_cache_manager.py``).
 
 Continuous time charges each step through the latency model: ``P`` = prefill tokens scheduled
 (first prefills, chunks and recompute prefills), ``D`` = decoding requests, ``K`` = their
@@ -45,8 +53,8 @@ context (``l + j``), ``B`` = requests scheduled.
 holds ``l + j + 1`` tokens while generating its ``j + 1``-th, as in ``docs/model.md``),
 ``max_num_seqs=None`` and ``max_num_batched_tokens=None`` (unlimited), ``admission="count"``
 (the ``B_t`` queue heads start before the running requests are scheduled, as the paper
-admits before evicting) and ``preemption="discard"`` (a preempted request loses its output
-tokens), this mode reproduces the paper mode's request log exactly (``tests/test_vllm.py``):
+admits before evicting; no admission gate applies) and ``preemption="discard"`` (a preempted
+request loses its output tokens), this mode reproduces the paper mode's request log exactly (``tests/test_vllm.py``):
 LIFO popping while the running requests are served in order keeps the longest prefix of the
 running list that fits, which is the paper's LIFO eviction. :data:`BRIDGE_OPTIONS` holds them.
 
@@ -101,7 +109,8 @@ VLLM_MODE = "vllm-v1"
 #: Victim orders of the ``vllm-v1`` mode.
 PREEMPT_ORDERS = ("lifo", "least-progress", "least-computed", "random")
 _BIG = 1 << 62
-#: Per-step serving records of the ``vllm-v1`` mode (``VllmEngine.step_series()``).
+#: Per-step serving records of the ``vllm-v1`` mode (``VllmEngine.step_series()``; ``used_blocks`` after the
+#: step's completions).
 STEP_FIELDS = ("refused", "prefill_tokens", "decode_requests", "recomputed_tokens", "scheduled", "used_blocks",
                "generated")
 
@@ -141,13 +150,25 @@ class VllmOptions:
     chunked_prefill: bool = True
     #: ``"blocks"`` (vLLM): admit waiting heads that fit in free blocks, after the running
     #: requests, never on a step that preempted. ``"count"``: the ``B_t`` heads start before
-    #: the running requests are scheduled, whatever the cache holds (the paper's admission).
+    #: the running requests are scheduled, whatever the cache holds (the paper's admission; it
+    #: checks no blocks, so ``watermark`` and ``reserve_full_prompt`` are refused with it and
+    #: ``reserve_full_isl`` does not apply).
     admission: str = "blocks"
-    #: Admission reserves blocks for the whole prompt (vLLM V0 ``can_allocate``) instead of
-    #: the first chunk only (V1 ``allocate_slots``).
+    #: vLLM V1's admission gate (``SchedulerConfig.scheduler_reserve_full_isl``, default ``True``;
+    #: ``allocate_slots(full_sequence_must_fit=True)``): a waiting request is admitted only if
+    #: the blocks of its whole current sequence, ``ceil((l + j) / block_size)`` (its prompt, plus
+    #: the output tokens a preempted request kept), and the watermark fit in the free blocks;
+    #: only its first chunk's blocks are allocated. ``False``: the first chunk alone must fit
+    #: (vLLM V1 before the gate).
+    reserve_full_isl: bool = True
+    #: Admission allocates blocks for the whole prompt (vLLM V0 ``can_allocate``/``allocate``)
+    #: instead of the first chunk only (V1 ``allocate_slots``).
     reserve_full_prompt: bool = False
-    #: Fraction of all blocks admission keeps free (V0 ``--watermark``, default there 0.01;
-    #: V1 has none: 0).
+    #: Fraction of all blocks admission keeps free (vLLM V1 ``SchedulerConfig.watermark``,
+    #: default 0; ``watermark_blocks = int(watermark * num_blocks)``). As in V1's
+    #: ``allocate_slots(has_scheduled_reqs=bool(self.running))`` it applies only while some request
+    #: is running (one admitted earlier in the same step counts): the first admission into an
+    #: empty cache ignores it.
     watermark: float = 0.0
     #: ``"recompute"`` (vLLM V1): a preempted request keeps its output tokens and is prefilled
     #: again over ``l + j``. ``"discard"``: it loses them (the paper's eviction).
@@ -162,7 +183,10 @@ class VllmOptions:
     lookahead_tokens: int = 0
     #: ``max_tokens`` of requests whose workload sets none: ``"default"``
     #: (:func:`default_max_tokens`), ``"output"`` (the true output: a perfect client) or an
-    #: integer cap (at least the request's output).
+    #: integer cap. An integer is lowered to ``max_model_len - l`` where the prompt leaves less
+    #: room (:attr:`VllmEngine.max_model_len`; as :func:`default_max_tokens` caps vLLM's default;
+    #: vLLM's server would refuse such a request) and raised to the request's output ``o`` where
+    #: smaller (the cap bounds the output).
     max_tokens: Any = "default"
 
     @classmethod
@@ -207,7 +231,7 @@ class VllmOptions:
             v = getattr(self, name)
             if v is not None and v > MAX_COUNT:
                 raise ValueError(f"engine_options {name} must be at most 2**53, got {v!r}")
-        for name in ("chunked_prefill", "reserve_full_prompt"):
+        for name in ("chunked_prefill", "reserve_full_isl", "reserve_full_prompt"):
             if not isinstance(getattr(self, name), bool):
                 raise ValueError(f"engine_options {name} must be True or False, got {getattr(self, name)!r}")
         w = self.watermark
@@ -226,6 +250,13 @@ class VllmOptions:
         if self.admission == "count" and self.max_num_batched_tokens is not None:
             raise ValueError("engine_options admission='count' starts the B_t heads whatever the step holds: it needs "
                              "max_num_batched_tokens=None (unlimited)")
+        if self.admission == "count":  # count mode checks no blocks: these would be ignored silently
+            if w != 0:
+                raise ValueError(f"engine_options watermark={w!r} needs admission='blocks': admission='count' starts "
+                                 "the B_t heads whatever the cache holds and keeps no blocks free")
+            if self.reserve_full_prompt:
+                raise ValueError("engine_options reserve_full_prompt=True needs admission='blocks': admission='count' "
+                                 "starts the B_t heads whatever the cache holds and reserves no blocks")
 
 
 #: The options under which ``vllm-v1`` reproduces the paper's model exactly (the bridge).
@@ -329,6 +360,10 @@ class VllmEngine(Engine):
         if self.num_blocks < 1:
             raise ValueError(f"engine_options block_size={bs} is larger than the KV budget M={self.M}: no block fits")
         self.lookahead = int(opts.lookahead_tokens)
+        #: The longest sequence (prompt + output) served: ``M`` rounded down to whole blocks (vLLM refuses a
+        #: ``max_model_len`` whose blocks exceed the cache), less ``lookahead - 1`` when the lookahead slots of
+        #: its last step would not fit otherwise. ``prompt + max_tokens`` of every request stays within it.
+        self.max_model_len = min(self.M, self.num_blocks * bs - max(self.lookahead - 1, 0))
         self.watermark_blocks = int(opts.watermark * self.num_blocks)
         self._seq_cap = _BIG if opts.max_num_seqs is None else int(opts.max_num_seqs)
         self._tok_cap = _BIG if opts.max_num_batched_tokens is None else int(opts.max_num_batched_tokens)
@@ -339,7 +374,16 @@ class VllmEngine(Engine):
             raise ValueError(f"engine_options max_num_batched_tokens ({self._tok_cap}) is smaller than M ({self.M}, "
                              "the longest sequence) with chunked_prefill=False: a longer prefill could never be "
                              "scheduled (vLLM refuses the same); raise it to at least M or enable chunked_prefill")
+        check = getattr(workload, "check_max_tokens", None)
+        if callable(check):  # a trace's max_tokens column: a row beyond max_model_len is refused, naming it
+            check(self.max_model_len, self._max_model_len_text())
         self.jit = False
+
+    def _max_model_len_text(self) -> str:
+        """``max_model_len`` and where it comes from, for error messages."""
+        return (f"max_model_len {self.max_model_len} (M = {self.M} tokens in {self.num_blocks} blocks of {self.block_size}"
+                + (f", lookahead {self.lookahead}" if self.lookahead > 1 else "")
+                + "); vLLM refuses a request whose prompt + max_tokens exceeds max_model_len")
 
     # ------------------------------------------------------------------ setup
 
@@ -371,9 +415,6 @@ class VllmEngine(Engine):
         self.recomputed_tokens = 0
         self.prefill_tokens = 0
         self.last_evicted = 0
-        #: Row of the first preempted request found at the queue head whose recompute could never pass the
-        #: watermark (it and every request behind it then wait for good; vLLM V0 would drop it); -1: none.
-        self.stalled_head = -1
         self._steps: list[tuple[int, ...]] = []
         # inter-token gaps: integer slots in slot mode; in continuous time round(1000 ln(seconds))
         self._itl_counts = np.zeros(0, _I64)
@@ -394,55 +435,30 @@ class VllmEngine(Engine):
         l, o = req.prompt_len, req.output_len
         mt = getattr(req, "max_tokens", None)
         opt = self.options.max_tokens
+        L = self.max_model_len
         if mt is None:
             if opt == "default":
-                mt = default_max_tokens(l, o, self.workload.max_output_tokens(), self.M)
+                mt = default_max_tokens(l, o, self.workload.max_output_tokens(), L)
             elif opt == "output":
                 mt = o
-            else:
-                mt = np.maximum(int(opt), o)
+            else:  # the client's cap, lowered to what max_model_len leaves after the prompt, never below o
+                mt = np.maximum(np.minimum(int(opt), L - l), o)
+        else:
+            over = np.flatnonzero(l + mt > L)
+            if over.size:  # a workload's own caps (a Trace checks its column on construction)
+                i = int(over[0])
+                raise ValueError(f"request {rows.start + i}: prompt_len {int(l[i])} + max_tokens {int(mt[i])} = "
+                                 f"{int(l[i] + mt[i])} exceeds {self._max_model_len_text()}")
         self.max_tokens[rows] = mt
         self.gen[rows] = 0
         self.first_token[rows] = np.nan
         self.last_token[rows] = np.nan
         self.first_token_step[rows] = -1
-        # a request needs ceil((l + o - 1 + lookahead) / block_size) blocks at its last step
-        bs, la, opts = self.block_size, self.lookahead, self.options
-        too_long = _ceil_div(l + o - 1 + la, bs) > self.num_blocks
-        if opts.admission != "blocks":  # count mode starts the heads with no block or watermark check
-            return too_long
-        # admission by blocks must also fit below the watermark in an empty cache (vLLM V0's AllocStatus.NEVER)
-        return too_long | (self._empty_cache_blocks(l) > self.num_blocks - self.watermark_blocks)
-
-    def _empty_cache_blocks(self, ntok: Any) -> Any:
-        """Blocks that admitting a request of ``ntok`` tokens to compute (a prompt, or a recompute's ``l + j``)
-        takes in an empty cache: those of its first chunk, or of all ``ntok`` with ``reserve_full_prompt``."""
-        opts = self.options
-        if opts.reserve_full_prompt:
-            first = ntok
-        else:
-            first = np.minimum(ntok, self._thr) if self._thr else ntok
-            if opts.chunked_prefill:
-                first = np.minimum(first, self._tok_cap)
-        return _ceil_div(first + self.lookahead, self.block_size)
+        # a request needs ceil((l + o - 1 + lookahead) / block_size) blocks at its last step. Nothing else can keep
+        # it out: with the V1 watermark (none while nothing runs) every such request is admitted into an empty cache
+        return _ceil_div(l + o - 1 + self.lookahead, self.block_size) > self.num_blocks
 
     # ------------------------------------------------------------------ queue
-
-    def _check_stall(self, head: int, ntok: int) -> None:
-        """Warn (once a run) when the queue head is a preempted request whose recompute of ``ntok`` tokens needs
-        more blocks in an empty cache than the watermark leaves: :meth:`_on_sample`'s rejection test, which an
-        arrival passed, applied to ``l + j``. vLLM V0 drops such a request (``AllocStatus.NEVER``); here it stays
-        at the head, and admission stops behind it for good."""
-        need = int(self._empty_cache_blocks(ntok))
-        if need > self.num_blocks - self.watermark_blocks:
-            import warnings
-
-            self.stalled_head = head
-            warnings.warn(f"vllm-v1: request row {head}, preempted after {int(self.gen[head])} tokens, needs {need} "
-                          f"blocks to recompute, more than the {self.num_blocks - self.watermark_blocks} the watermark "
-                          f"({self.options.watermark:g}) leaves: it waits at the queue head for good, and every request "
-                          "behind it too (vLLM V0 would drop it; this emulation does not). Lower the watermark or "
-                          "raise M.", RuntimeWarning, stacklevel=3)
 
     def _peek(self, budget: Any) -> np.ndarray:
         """The queue heads the budget allows, in admission order (per-class lanes in class order)."""
@@ -564,13 +580,18 @@ class VllmEngine(Engine):
             else:
                 c_s = c_new
                 ok = c_new <= rem
-            c_blk = _ceil_div(c_s + la, bs)
+            c_blk = _ceil_div(c_s + la, bs)  # allocated: the first chunk and the lookahead slots
             if opts.reserve_full_prompt:
                 c_blk = np.maximum(c_blk, _ceil_div(c_ntok + la, bs))
-            if self.watermark_blocks and self.stalled_head < 0 and cand.size:
-                self._check_stall(int(cand[0]), int(c_ntok[0]))
-            free = NB - int(need.sum()) - self.watermark_blocks
-            ok &= np.cumsum(c_blk) <= free
+            # KVCacheManager.allocate_slots: the watermark only while a request runs (has_scheduled_reqs=
+            # bool(self.running): one admitted before in this step counts); with reserve_full_isl the whole
+            # sequence, l + j tokens (no lookahead), must fit too (full_sequence_must_fit), though only c_blk
+            # is allocated. Free blocks before candidate i: NB - need - the blocks of candidates 0..i-1.
+            wm = np.full(cand.size, self.watermark_blocks, _I64)
+            if rid.size == 0 and cand.size:
+                wm[0] = 0
+            gate = np.maximum(c_blk, _ceil_div(c_ntok, bs)) if opts.reserve_full_isl else c_blk
+            ok &= (np.cumsum(c_blk) - c_blk) + gate + wm <= NB - int(need.sum())
             k = int(np.argmin(ok)) if not ok.all() else k
             adm, adm_s, adm_blk = cand[:k].copy(), c_s[:k], c_blk[:k]
         n_refused = n_allowed - int(adm.size) - int(adm0.size)
@@ -662,7 +683,9 @@ class VllmEngine(Engine):
         self.total_refused += n_refused
         self.last_evicted = n_ev
         st = SlotStats(t, used * bs, n_adm, n_ev, wasted, n_done, self.n_queued, self.n_active)
-        self._steps.append((n_refused, P, D, int(comp[vpos].sum()) if n_ev else 0, Bn, used, int(sid.size)))
+        # used_blocks after completions: vLLM frees a finished request's blocks before make_stats
+        self._steps.append((n_refused, P, D, int(comp[vpos].sum()) if n_ev else 0, Bn, self.used_blocks,
+                            int(sid.size)))
         self._pending.append(st)
         self.t = t + 1
         if len(self._pending) == 256:
@@ -758,7 +781,8 @@ class VllmEngine(Engine):
         the cache, the token budget or ``max_num_seqs`` did not), ``prefill_tokens``, ``decode_requests``,
         ``recomputed_tokens`` (KV tokens preemption dropped: prefilled again with ``preemption="recompute"``;
         with ``"discard"`` the prompt's are prefilled again and the output's regenerated, also counted in
-        ``wasted_tokens``), ``scheduled`` requests, ``used_blocks``, ``generated`` tokens (sampled: a step
+        ``wasted_tokens``), ``scheduled`` requests, ``used_blocks`` (held at the end of the step: the blocks of the
+        requests that finished in it are free, as in vLLM's stats), ``generated`` tokens (sampled: a step
         of prefill only samples none, so the paper's ``active + completed`` would overcount them; the metrics'
         ``generated_token_throughput`` reads this)."""
         a = np.asarray(self._steps, dtype=_I64).reshape(-1, len(STEP_FIELDS))
@@ -805,7 +829,8 @@ class VllmEngine(Engine):
           percentiles use (55 gaps of 1 and one of 8: p99 8, where ``np.percentile`` gives 4.15).
         * ``num_requests_running_mean``, ``num_requests_waiting_mean`` (``vllm:num_requests_running``,
           ``vllm:num_requests_waiting``): means over steps.
-        * ``kv_cache_usage_perc_mean/max`` (``vllm:kv_cache_usage_perc``): allocated blocks / blocks.
+        * ``kv_cache_usage_perc_mean/max`` (``vllm:kv_cache_usage_perc``): blocks held at the end of each step
+          (after its completions) / blocks.
         * ``prefill_tokens`` (computed, recomputes included) and ``generation_tokens``
           (``vllm:generation_tokens_total``).
 

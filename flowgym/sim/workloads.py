@@ -1082,6 +1082,8 @@ class Trace(Workload):
         else:
             c = np.full(n, -1, dtype=np.int64)
         mt = None
+        #: the max_tokens column's name and the input rows' numbers, for :meth:`check_max_tokens`'s message
+        self._mt_where = (name.get("max_tokens", "max_tokens"), _rows)
         if max_tokens is not None:
             mt = _trace_column(name.get("max_tokens", "max_tokens"), max_tokens, allow_zero=False, rows=_rows)
             if len(mt) != n:
@@ -1112,6 +1114,31 @@ class Trace(Workload):
                 m = int(num_classes)
             self.classes = self._class_lengths(m)
         self._source = _source
+
+    def check_max_tokens(self, limit: int, what: str) -> None:
+        """``TraceError`` naming the column, the first row and its values when a row's ``prompt_len + max_tokens``
+        exceeds ``limit`` (the ``vllm-v1`` mode's ``max_model_len``, described by ``what``); nothing without a
+        ``max_tokens`` column."""
+        if self.max_tokens is None:
+            return
+        over = np.flatnonzero(self.prompt_len + self.max_tokens > int(limit))
+        if over.size:
+            j = int(over[np.argmin(self.row[over])])  # the first in input order
+            i = int(self.row[j])
+            col, rows = self._mt_where
+            path = self._source.get("path") if self._source else None
+            if rows is None and path is not None:  # read by pyarrow: the csv-module path numbers the rows
+                try:
+                    with open(path, newline="", encoding="utf-8-sig") as fh:
+                        rows = np.asarray(_csv_columns(fh, path, {"max_tokens": col})[1], dtype=np.int64)
+                except (OSError, UnicodeDecodeError, TraceError):
+                    rows = None
+                if rows is not None and rows.size != len(self):
+                    rows = None
+            where = f"row {int(rows[i])}" if rows is not None else f"index {i}"
+            l, mt = int(self.prompt_len[j]), int(self.max_tokens[j])
+            raise TraceError(f"{f'trace CSV {path!r}: ' if path is not None else ''}column {col!r}, {where}: prompt_len "
+                             f"{l} + max_tokens {mt} = {l + mt} exceeds {what}")
 
     def _class_lengths(self, m: int) -> np.ndarray:
         out = np.zeros((m, 2), dtype=np.int64)
