@@ -90,7 +90,7 @@ def require_sb3() -> None:
     except ImportError as e:
         raise ImportError(
             f"training and learned agents need Stable-Baselines3 and torch ({e}); "
-            "install them with: pip install 'flowgym[train]'"
+            "install them with: pip install -e '.[train]' in the flowgym checkout"
         ) from None
 
 

@@ -208,7 +208,7 @@ def main() -> None:
               + ("   (goal >= 0.5)" if jit == paths[0][0] else ""))
         print(f"  FlowControl-v0 (known lengths, {label:8s})   {s_known:9.0f}    {s_known / s_cart:6.3f}")
     if not kernels.AVAILABLE:
-        print("  (numba not installed: no compiled figures; pip install 'flowgym[fast]')")
+        print("  (numba not installed: no compiled figures; pip install -e '.[fast]' in the flowgym checkout)")
 
     print("\nvector environments (gym.make_vec)            env steps/s  / CartPoleVectorEnv")
     ratios = {}

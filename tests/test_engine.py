@@ -251,7 +251,7 @@ def test_keyed_lane_grows_past_its_capacity(jit):
     from flowgym.sim.rules import Lane
 
     if jit and not kernels.AVAILABLE:
-        pytest.skip("numba is not installed (pip install 'flowgym[fast]')")
+        pytest.skip("numba is not installed (pip install -e '.[fast]' in the flowgym checkout)")
     lane = Lane(keyed=True, capacity=4, jit=jit)
     rng = np.random.default_rng(0)
     keys = rng.permutation(40).astype(np.int64) * 10

@@ -419,7 +419,7 @@ def test_render_human_without_matplotlib_names_the_extra(monkeypatch):
 
     monkeypatch.setitem(sys.modules, "matplotlib", None)
     monkeypatch.setitem(sys.modules, "matplotlib.pyplot", None)
-    with pytest.raises(ImportError, match=r"flowgym\[plot\]"):
+    with pytest.raises(ImportError, match=r"pip install -e '\.\[plot\]' in the flowgym checkout"):
         gym.make("FlowControl-v0", render_mode="human")
 
 

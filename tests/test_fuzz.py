@@ -102,7 +102,7 @@ def test_random_configurations_are_refused_by_name_or_run_within_their_spaces(cf
     env.metrics()
 
 
-@pytest.mark.skipif(not kernels.AVAILABLE, reason="numba is not installed (pip install 'flowgym[fast]')")
+@pytest.mark.skipif(not kernels.AVAILABLE, reason="numba is not installed (pip install -e '.[fast]' in the flowgym checkout)")
 @FUZZ
 @given(cfg=configs(), seed=st.integers(0, 2**32), budgets=st.lists(st.integers(0, 64), min_size=1, max_size=100))
 def test_compiled_and_numpy_paths_agree_on_random_configurations(cfg, seed, budgets):

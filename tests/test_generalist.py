@@ -774,7 +774,7 @@ def test_train_cli_ppo_generalist_and_scenario_defaults(monkeypatch):
         raise SystemExit(0)
 
     monkeypatch.setattr(train_mod, "train", fake_train)
-    pytest.importorskip("stable_baselines3", reason="needs Stable-Baselines3: pip install 'flowgym[train]'")
+    pytest.importorskip("stable_baselines3", reason="needs Stable-Baselines3: pip install -e '.[train]' in the flowgym checkout")
     with pytest.raises(SystemExit):  # PPO's generalist (the shipped one is --algo ars's: tests/test_ars.py)
         main(["train", "--quiet", "--algo", "ppo"])
     cfg = seen["cfg"]

@@ -503,7 +503,7 @@ def test_degenerate_normalisation_and_huge_weights_are_named(tmp_path):
 # --------------------------------------------------------------------------- large traces
 
 
-@pytest.mark.skipif(importlib.util.find_spec("pyarrow") is None, reason="needs pyarrow: pip install 'flowgym[fastcsv]'")
+@pytest.mark.skipif(importlib.util.find_spec("pyarrow") is None, reason="needs pyarrow: pip install -e '.[fastcsv]' in the flowgym checkout")
 def test_fast_csv_reader_gives_the_reference_trace(tmp_path, monkeypatch):
     import flowgym.sim.workloads as wl
 
@@ -635,7 +635,7 @@ def test_reward_weights_that_would_overflow_the_reward_are_refused():
 
 
 def test_sb3_vec_env_refuses_a_batch_of_the_wrong_shape():
-    pytest.importorskip("stable_baselines3", reason="needs Stable-Baselines3: pip install 'flowgym[train]'")
+    pytest.importorskip("stable_baselines3", reason="needs Stable-Baselines3: pip install -e '.[train]' in the flowgym checkout")
     from flowgym.envs.sb3 import FlowControlSB3VecEnv
 
     venv = FlowControlSB3VecEnv(3)
@@ -676,7 +676,7 @@ def test_bool_budgets_are_refused_by_the_sb3_adapter_and_the_log_multiplier_acti
     env.reset(seed=0)
     with pytest.raises(ValueError, match=r"action \[True, 0.5\] is not in the action space Box.*it holds a bool"):
         env.step([True, 0.5])  # the message shows the action given, not None
-    pytest.importorskip("stable_baselines3", reason="needs Stable-Baselines3: pip install 'flowgym[train]'")
+    pytest.importorskip("stable_baselines3", reason="needs Stable-Baselines3: pip install -e '.[train]' in the flowgym checkout")
     from flowgym.envs.sb3 import FlowControlSB3VecEnv
 
     venv = FlowControlSB3VecEnv(3)
@@ -1025,7 +1025,7 @@ def test_trace_with_a_wanted_column_twice_is_refused(tmp_path):
 
 
 def test_metric_plots_name_iterations_and_seconds_in_continuous_time(tmp_path, monkeypatch):
-    pytest.importorskip("matplotlib", reason="needs matplotlib: pip install 'flowgym[plot]'")
+    pytest.importorskip("matplotlib", reason="needs matplotlib: pip install -e '.[plot]' in the flowgym checkout")
     from flowgym.lab import plots
     from flowgym.lab.evaluation import TABLE_METRICS, ResultTable
 
@@ -1069,7 +1069,7 @@ def test_review_of_the_review_fixes(tmp_path, capsys):
     with pytest.raises(ValueError, match="at most 1e\\+06 seeds in all"):
         parse_seeds("0-999999,1000000-1000001")
     assert main(["run", "--horizon", "20", "--json", "--seed", str(2**60)]) == 0
-    pytest.importorskip("stable_baselines3", reason="needs Stable-Baselines3: pip install 'flowgym[train]'")
+    pytest.importorskip("stable_baselines3", reason="needs Stable-Baselines3: pip install -e '.[train]' in the flowgym checkout")
     from flowgym.envs.sb3 import FlowControlSB3VecEnv
 
     venv = FlowControlSB3VecEnv(3)

@@ -318,7 +318,7 @@ def test_without_scipy_the_commands_name_the_extra_before_any_work(monkeypatch, 
     from flowgym.lab.hindsight import require_scipy
 
     monkeypatch.setitem(sys.modules, "scipy.optimize", None)  # import scipy.optimize raises ImportError
-    with pytest.raises(ImportError, match=r"pip install 'flowgym\[solve\]'"):
+    with pytest.raises(ImportError, match=r"pip install -e '\.\[solve\]' in the flowgym checkout"):
         require_scipy()
     assert main(["hindsight", "--random", "3", "--time-limit", "5"]) == 2
     assert "needs SciPy" in capsys.readouterr().err

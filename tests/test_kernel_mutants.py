@@ -12,7 +12,7 @@ import pytest
 
 from flowgym.sim import kernels
 
-pytestmark = pytest.mark.skipif(not kernels.AVAILABLE, reason="numba is not installed (pip install 'flowgym[fast]')")
+pytestmark = pytest.mark.skipif(not kernels.AVAILABLE, reason="numba is not installed (pip install -e '.[fast]' in the flowgym checkout)")
 
 
 @pytest.fixture(scope="module", autouse=True)

@@ -33,7 +33,7 @@ import reference_model  # noqa: E402
 from test_semantics import traces  # noqa: E402
 from test_vector import BATCHED, FALLBACK, assert_same  # noqa: E402
 
-pytestmark = pytest.mark.skipif(not kernels.AVAILABLE, reason="numba is not installed (pip install 'flowgym[fast]')")
+pytestmark = pytest.mark.skipif(not kernels.AVAILABLE, reason="numba is not installed (pip install -e '.[fast]' in the flowgym checkout)")
 
 CONFIGS = {**BATCHED, **{f"fallback-{k}": v for k, v in FALLBACK.items()},
            "per-class-saturated": {"output_length_known": True, "per_class_budget": True, "max_budget": 6, "M": 900,

@@ -23,7 +23,7 @@ sys.path.insert(0, str(REPO / "tools"))
 import check_layers  # noqa: E402
 
 needs_linter = pytest.mark.skipif(importlib.util.find_spec("importlinter") is None,
-                                  reason="import-linter is not installed (pip install 'flowgym[test]')")
+                                  reason="import-linter is not installed (pip install -e '.[test]' in the flowgym checkout)")
 
 
 def _packages() -> tuple[list[str], dict[str, str]]:

@@ -14,7 +14,7 @@ from flowgym.lab.parallel import CellError, make_backend
 from flowgym.lab.scenarios import AgentSpec, get_scenario
 
 needs_ray = pytest.mark.skipif(importlib.util.find_spec("ray") is None,
-                               reason="needs Ray: pip install 'flowgym[ray]'")
+                               reason="needs Ray: pip install -e '.[ray]' in the flowgym checkout")
 
 ENV = get_scenario("adaptive-switch").env_kwargs()
 AGENTS = [AgentSpec("flow-control", {"b": 12}, label="fc"), AgentSpec("mc"), AgentSpec("random", {"low": 0, "high": 20})]
@@ -286,7 +286,7 @@ def test_training_search_on_ray_end_to_end(tmp_path):
     from _requires import HAVE_SB3
 
     if not HAVE_SB3:
-        pytest.skip("needs Stable-Baselines3 and torch: pip install 'flowgym[train]'")
+        pytest.skip("needs Stable-Baselines3 and torch: pip install -e '.[train]' in the flowgym checkout")
     import csv
     import json
 
@@ -309,7 +309,7 @@ def test_training_search_on_ray_end_to_end(tmp_path):
 
 
 def test_hindsight_comparison_on_a_backend():
-    pytest.importorskip("scipy", reason="needs SciPy: pip install 'flowgym[solve]'")
+    pytest.importorskip("scipy", reason="needs SciPy: pip install -e '.[solve]' in the flowgym checkout")
     from flowgym.lab.hindsight import compare_to_hindsight
 
     rng = np.random.default_rng(3)

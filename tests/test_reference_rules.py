@@ -55,7 +55,7 @@ PROPERTY = settings(max_examples=EXAMPLES, deadline=None, derandomize=not os.env
 def engine_path(path: str):
     """``flowgym.replay`` builds its own engine: switch the default path (kernels or numpy)."""
     if path == "compiled" and not kernels.AVAILABLE:
-        pytest.skip("numba is not installed (pip install 'flowgym[fast]')")
+        pytest.skip("numba is not installed (pip install -e '.[fast]' in the flowgym checkout)")
     old = kernels.ENABLED
     kernels.ENABLED = path == "compiled"
     try:
@@ -243,7 +243,7 @@ def test_property_engine_agrees_with_reference(order, eviction, path, case):
 def _engine_run(path, arrival, prompt_len, output_len, *, M, budgets, eviction, queue_order, estimate_floor,
                 horizon):
     if path == "compiled" and not kernels.AVAILABLE:
-        pytest.skip("numba is not installed (pip install 'flowgym[fast]')")
+        pytest.skip("numba is not installed (pip install -e '.[fast]' in the flowgym checkout)")
     trace = flowgym.Trace(arrival, prompt_len, output_len)
     eng = Engine(M, trace, eviction=eviction, queue_order=queue_order, estimate_floor=estimate_floor)
     eng.jit = path == "compiled"

@@ -381,7 +381,7 @@ def test_off_policy_algorithms_do_not_get_the_rollout_length():
 
 def test_missing_sb3_says_which_extra(monkeypatch):
     monkeypatch.setitem(sys.modules, "stable_baselines3", None)
-    with pytest.raises(ImportError, match=r"flowgym\[train\]"):
+    with pytest.raises(ImportError, match=r"pip install -e '\.\[train\]' in the flowgym checkout"):
         require_sb3()
 
 

@@ -412,7 +412,7 @@ def test_import_flowgym_does_not_import_sb3():
 
 
 def test_sb3_adapter_refuses_reset_options_as_dummy_vec_env_does():
-    pytest.importorskip("stable_baselines3", reason="needs Stable-Baselines3: pip install 'flowgym[train]'")
+    pytest.importorskip("stable_baselines3", reason="needs Stable-Baselines3: pip install -e '.[train]' in the flowgym checkout")
     from stable_baselines3.common.vec_env import DummyVecEnv
 
     from flowgym.envs.sb3 import FlowControlSB3VecEnv
@@ -429,7 +429,7 @@ def test_sb3_adapter_refuses_reset_options_as_dummy_vec_env_does():
 
 @pytest.mark.parametrize("observation", ["dict", "flat"])
 def test_sb3_adapter_equals_dummy_vec_env(observation):
-    pytest.importorskip("stable_baselines3", reason="needs Stable-Baselines3: pip install 'flowgym[train]'")
+    pytest.importorskip("stable_baselines3", reason="needs Stable-Baselines3: pip install -e '.[train]' in the flowgym checkout")
     from stable_baselines3.common.vec_env import DummyVecEnv
 
     from flowgym.envs.sb3 import FlowControlSB3VecEnv
@@ -460,7 +460,7 @@ def test_sb3_adapter_equals_dummy_vec_env(observation):
 
 
 def test_sb3_adapter_api_and_errors():
-    pytest.importorskip("stable_baselines3", reason="needs Stable-Baselines3: pip install 'flowgym[train]'")
+    pytest.importorskip("stable_baselines3", reason="needs Stable-Baselines3: pip install -e '.[train]' in the flowgym checkout")
     from flowgym.envs.sb3 import FlowControlSB3VecEnv
 
     venv = FlowControlSB3VecEnv(2, horizon=10, step_info=True)
@@ -488,7 +488,7 @@ def test_sb3_adapter_api_and_errors():
 
 
 def test_sb3_adapter_step_before_reset_is_refused_as_the_vector_env_does():
-    pytest.importorskip("stable_baselines3", reason="needs Stable-Baselines3: pip install 'flowgym[train]'")
+    pytest.importorskip("stable_baselines3", reason="needs Stable-Baselines3: pip install -e '.[train]' in the flowgym checkout")
     from flowgym.envs.sb3 import FlowControlSB3VecEnv
 
     venv = FlowControlSB3VecEnv(2, horizon=5)
@@ -503,7 +503,7 @@ def test_sb3_adapter_step_before_reset_is_refused_as_the_vector_env_does():
 
 @pytest.mark.parametrize("observation,policy", [("flat", "MlpPolicy"), ("dict", "MultiInputPolicy")])
 def test_sb3_ppo_trains_on_the_adapter(observation, policy):
-    pytest.importorskip("stable_baselines3", reason="needs Stable-Baselines3: pip install 'flowgym[train]'")
+    pytest.importorskip("stable_baselines3", reason="needs Stable-Baselines3: pip install -e '.[train]' in the flowgym checkout")
     from stable_baselines3 import PPO
 
     from flowgym.envs.sb3 import FlowControlSB3VecEnv

@@ -214,7 +214,7 @@ class HumanWindow:
         try:
             import matplotlib.pyplot as plt
         except ImportError:
-            raise ImportError("render_mode='human' shows frames with matplotlib: pip install 'flowgym[plot]' "
+            raise ImportError("render_mode='human' shows frames with matplotlib: pip install -e '.[plot]' in the flowgym checkout "
                               "(or use render_mode='rgb_array' for frames as arrays)") from None
         self._plt = plt
         self._fps = float(fps)

@@ -38,7 +38,7 @@ try:
     from stable_baselines3.common.vec_env.base_vec_env import VecEnv, VecEnvIndices, VecEnvStepReturn
 except ImportError as e:  # pragma: no cover - depends on the installation
     raise ImportError(
-        "flowgym.envs.sb3 needs stable-baselines3: pip install 'flowgym[train]'"
+        "flowgym.envs.sb3 needs stable-baselines3: pip install -e '.[train]' in the flowgym checkout"
     ) from e
 
 from flowgym.envs.spaces import _holds_bool

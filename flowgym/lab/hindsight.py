@@ -66,7 +66,7 @@ requests planned at ``t``, and checks that every request finishes at
 ``s_i + o_i``, that nothing is evicted and that ``U_t <= M``: the program and the
 simulator mean the same thing.
 
-Needs SciPy (``pip install flowgym[solve]``); HiGHS ships with it.
+Needs SciPy (``pip install -e '.[solve]' in the flowgym checkout``); HiGHS ships with it.
 """
 
 from __future__ import annotations
@@ -795,7 +795,7 @@ def require_scipy() -> None:
     try:
         import scipy.optimize  # noqa: F401
     except ImportError:
-        raise ImportError("the hindsight program needs SciPy (its HiGHS solver): pip install 'flowgym[solve]'") \
+        raise ImportError("the hindsight program needs SciPy (its HiGHS solver): pip install -e '.[solve]' in the flowgym checkout") \
             from None
 
 

@@ -15,7 +15,7 @@ Backends:
 * ``process``: a pool of ``workers`` local processes (the standard library's
   ``concurrent.futures`` with the ``spawn`` start method; each worker imports flowgym, so
   ``gym.make("FlowControl-v0")`` works there).
-* ``ray``: Ray tasks (``pip install 'flowgym[ray]'``), on a local Ray cluster started for
+* ``ray``: Ray tasks (``pip install -e '.[ray]' in the flowgym checkout``), on a local Ray cluster started for
   the run, or on an existing one at ``address`` (``"auto"``, ``"ray://host:10001"``, ...).
 
 A cell that raises in a worker surfaces as :class:`CellError` naming the cell; nothing is
@@ -169,7 +169,7 @@ class RayBackend(Backend):
         try:
             import ray
         except ImportError:
-            raise ImportError("the ray backend needs Ray: pip install 'flowgym[ray]'") from None
+            raise ImportError("the ray backend needs Ray: pip install -e '.[ray]' in the flowgym checkout") from None
         self._ray = ray
         self.address = address
         self.workers = workers

@@ -1,4 +1,4 @@
-"""Figures in the paper's layout (needs matplotlib: ``pip install flowgym[plot]``)."""
+"""Figures in the paper's layout (needs matplotlib: ``pip install -e '.[plot]' in the flowgym checkout``)."""
 
 from __future__ import annotations
 
@@ -32,7 +32,7 @@ def _plt() -> Any:
         matplotlib.use("Agg")
         import matplotlib.pyplot as plt
     except ImportError as e:  # pragma: no cover - depends on the install
-        raise ImportError("plots need matplotlib: pip install 'flowgym[plot]'") from e
+        raise ImportError("plots need matplotlib: pip install -e '.[plot]' in the flowgym checkout") from e
     return plt
 
 

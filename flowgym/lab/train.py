@@ -863,7 +863,7 @@ def train(cfg: TrainConfig | None = None, *, on_eval: Any = None, **overrides: A
         try:
             plot_curves(rec.rows, os.path.join(out, "curves.png"), title=f"{cfg.algo.upper()} on {sc.name}")
         except ImportError:
-            print("note: matplotlib is not installed; curves.png skipped (pip install 'flowgym[plot]')",
+            print("note: matplotlib is not installed; curves.png skipped (pip install -e '.[plot]' in the flowgym checkout)",
                   file=sys.stderr)
     res = TrainResult(out, steps, wall, steps / wall if wall > 0 else float("nan"), rec.rows, selected)
     if cfg.final_eval_seeds > 0:
@@ -1173,7 +1173,7 @@ def train_search(cfg: TrainConfig, trials: int, *, address: str | None = None, w
         from ray import tune
         from ray.tune.schedulers import ASHAScheduler
     except ImportError:
-        raise ImportError("training on Ray needs Ray Tune: pip install 'flowgym[ray]'") from None
+        raise ImportError("training on Ray needs Ray Tune: pip install -e '.[ray]' in the flowgym checkout") from None
     from flowgym.lab.parallel import make_backend
     from flowgym.lab.scenarios import SCENARIOS, get_scenario
 
