@@ -173,6 +173,27 @@ def test_timed_env_passes_check_env_and_observes_duration():
     assert 11.0 < obs["arrival_rate"][0] < 29.0
 
 
+def test_arrival_rate_counts_the_idle_jumps():
+    """One request every 10 s, served in 0.15 s: the server is idle most of the time and jumps from one
+    arrival to the next. The observed rate is a moving average over time (``rate_window`` seconds), so each
+    arrival is averaged over the time since the last count, the jump included: 0.1 per second. Counted
+    over the iteration's duration alone (0.05 s), it would read about 1.3 per second."""
+    n = 200
+    tr = Trace(np.arange(n) * 10.0, [5] * n, [3] * n, timed=True)
+    env = FlowControlEnv(M=1000, workload=tr, horizon=None, time_model={"kind": "linear", "c0": 0.05},
+                         rate_window=100.0, observation="dict")
+    env.reset(seed=0)
+    seen = []
+    done = False
+    while not done:
+        obs, _, te, tr_, info = env.step(4)
+        done = te or tr_
+        if info["time"] > 1000.0 and not done:  # ten rate windows in: the start-up from 0 has faded
+            seen.append(float(obs["arrival_rate"][0]))
+    assert len(seen) > 250
+    assert 0.099 < min(seen) and max(seen) < 0.101
+
+
 def test_discrete_mode_has_no_time_keys():
     env = FlowControlEnv()
     env.reset(seed=0)

@@ -26,9 +26,9 @@ import flowgym
 A, L, O = [0, 0, 1, 1, 3], [2, 3, 8, 4, 1], [2, 3, 3, 4, 5]
 
 
-def run(timed: bool):
+def run(timed: bool, offset: float = 0.0, env_out: list | None = None):
     if timed:  # iterations of 0.5 s, arrivals at half the slot numbers: the same schedule, in seconds
-        tr = flowgym.Trace([a / 2 for a in A], L, O, timed=True)
+        tr = flowgym.Trace([offset + a / 2 for a in A], L, O, timed=True)
         env = flowgym.FlowControlEnv(workload=tr, M=10, horizon=6, time_model={"kind": "linear", "c0": 0.5})
     else:
         env = flowgym.FlowControlEnv(workload=flowgym.Trace(A, L, O), M=10, horizon=6)
@@ -37,6 +37,8 @@ def run(timed: bool):
     while not done:
         _, _, te, tr_, _ = env.step(2)
         done = te or tr_
+    if env_out is not None:
+        env_out.append(env)
     return env.metrics()
 
 
@@ -77,6 +79,30 @@ def test_every_metric_in_continuous_time():
     assert m["generated_token_throughput"] == pytest.approx(10 / 3.0)
     assert (m["evictions"], m["overflow_events"], m["wasted_tokens"]) == (3, 3, 2)
     assert m["mean_kv_usage"] == pytest.approx(0.75) and m["max_kv_usage"] == 0.9  # per iteration
+
+
+@pytest.mark.parametrize("offset", [7.25, 1_700_000_000.0])
+def test_a_trace_in_its_own_time_base_counts_from_its_first_arrival(offset):
+    """The same schedule with every arrival ``offset`` seconds later (7.25 s, or Unix time): the run starts at
+    the first arrival, so every metric is the one above (elapsed 3.0 s from 7.25 s to 10.25 s, not 10.25 s);
+    the request log keeps the trace's times: f_0 = offset + 1.0, f_1 = offset + 1.5."""
+    envs: list = []
+    m, m0 = run(timed=True, offset=offset, env_out=envs), run(timed=True)
+    assert m["elapsed"] == m0["elapsed"] == pytest.approx(3.0) and m["request_throughput"] == m0["request_throughput"]
+    for k in ("avg_latency", "p95_latency", "mean_time_in_system", "token_throughput", "generated_token_throughput",
+              "completed", "arrived", "rejected", "unfinished", "evictions", "wasted_tokens", "mean_kv_usage"):
+        assert m[k] == m0[k], k
+    log = envs[0].request_log()
+    assert log["arrival_time"].tolist() == [offset + a / 2 for a in A]
+    assert log["finish_time"][:2].tolist() == [offset + 1.0, offset + 1.5]
+    np.testing.assert_allclose(envs[0].series()["time"], offset + 0.5 * np.arange(1, 7), rtol=0, atol=1e-12)
+    assert envs[0].series()["elapsed"].tolist() == [0.5, 1.0, 1.5, 2.0, 2.5, 3.0]
+    # a series without "elapsed" (one built by hand, or of an older run) counts from 0 of its time base
+    from flowgym.sim.metrics import compute_metrics
+
+    old = {k: v for k, v in envs[0].series().items() if k != "elapsed"}
+    assert compute_metrics(log, old, 10)["elapsed"] == offset + 3.0
+    assert compute_metrics(log, old, 10)["request_throughput"] == 2 / (offset + 3.0)
 
 
 def test_a_request_finishing_at_the_horizon_is_completed():

@@ -127,3 +127,59 @@ def test_arrival_times_stay_below_the_end_of_their_window(schedule):
     # the next chunk when the clock reaches t1, and the compiled loop relies on it)
     t = schedule.sample_times(_RoundingUp(), 60.0, 120.0)
     assert t.size == 3 and np.all(t < 120.0) and np.all(t == np.nextafter(120.0, 0.0))
+
+
+# ----------------------------------------------------------------- zero-rate stretches
+
+
+def test_zero_until_by_hand():
+    s = Steps([0, 100, 250, 400], [0.0, 0.0, 2.0, 0.0])
+    assert s.zero_until(0.0) == 250.0 and s.zero_until(120.0) == 250.0  # two zero steps in a row: one stretch
+    assert s.zero_until(250.0) == 250.0 and s.zero_until(300.0) == 300.0  # rate 2: no stretch starts there
+    assert s.zero_until(400.0) == math.inf and s.zero_until(1e12) == math.inf  # 0 from 400 on, forever
+    assert Steps([0, 1e9], [0.0, 5.0]).zero_until(60.0) == 1e9
+    assert Constant(0.0).zero_until(3.0) == math.inf and Constant(0.5).zero_until(3.0) == 3.0
+    assert Sinusoid(1.0, 1.0, 10.0).zero_until(7.5) == 7.5  # zero at isolated instants only: none known
+    assert Steps([0, 5], [0.0, 0.0], period=10).zero_until(3.0) == math.inf
+    # periodic: rate 0 on [20, 90) of every 100; the stretch ends a rounding margin before 90 of the same cycle
+    p = Steps([0, 20, 90], [1.0, 0.0, 3.0], period=100)
+    z = p.zero_until(1030.0)
+    assert 1090.0 - 1e-5 < z < 1090.0
+    assert p.zero_until(1010.0) == 1010.0 and p.zero_until(1095.0) == 1095.0
+    # a stretch across the end of a cycle (bursts at 80..90 of every 100, base 0) is cut there, then found again
+    b = Bursts(0.0, 4.0, every=100.0, duration=10.0, start=80.0)
+    assert 1080.0 - 1e-5 < b.zero_until(1000.5) < 1080.0
+    assert 1100.0 - 1e-5 < b.zero_until(1095.0) < 1100.0
+    assert 1180.0 - 1e-5 < b.zero_until(1100.5) < 1180.0
+
+
+@pytest.mark.parametrize("seed", range(6))
+def test_every_window_of_a_zero_stretch_integrates_to_exactly_zero(seed):
+    """What the engine relies on to skip a stretch: each window inside ``[t, zero_until(t)]`` integrates to
+    ``0.0`` exactly (not a rounding residue, which ``Generator.poisson`` would draw for), so sampling it draws
+    nothing from the generator; and the rate there is 0. Random schedules, with and without periods, at
+    times up to 1e12 (where reducing to a cycle rounds)."""
+    rng = np.random.default_rng(seed)
+    checked = 0
+    for _ in range(60):
+        n = int(rng.integers(1, 6))
+        times = np.concatenate([[0.0], np.sort(rng.choice(np.arange(1, 10_000), n - 1, replace=False)) * 0.37])
+        rates = np.where(rng.random(n) < 0.5, 0.0, rng.uniform(0.1, 5.0, n))
+        period = float(times[-1] + rng.uniform(0.5, 500.0)) if rng.random() < 0.6 else None
+        s = Steps(times.tolist(), rates.tolist(), period=period)
+        for t in rng.uniform(0, 1, 20) * 10.0 ** rng.uniform(0, 12, 20):
+            t = float(t)
+            z = s.zero_until(t)
+            assert z >= t
+            if z == t:
+                continue
+            hi = min(z, t + 1e6)
+            pts = np.sort(np.concatenate([[t, hi], t + (hi - t) * rng.random(40)]))
+            assert np.all(s.integral(pts[:-1], pts[1:]) == 0.0)
+            assert float(s.integral(t, hi)) == 0.0
+            assert np.all(s.rate(pts[:-1]) == 0.0)
+            g = np.random.default_rng(0)
+            before = g.bit_generator.state
+            assert s.sample_times(g, t, hi).size == 0 and g.bit_generator.state == before  # nothing drawn
+            checked += 1
+    assert checked > 50

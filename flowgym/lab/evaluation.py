@@ -445,7 +445,8 @@ class ResultTable:
 
     def to_csv(self, path: str) -> None:
         """Per-seed rows and summary rows (``seed`` = ``mean``) in one CSV; ``T`` (the slots run) and ``elapsed``
-        (the clock at the horizon: seconds in continuous time) on the per-seed rows, ``n`` (seeds) on the summary's;
+        (the seconds run by the horizon, in continuous time from the run's start: 0 for a generated workload, a trace's
+        first arrival) on the per-seed rows, ``n`` (seeds) on the summary's;
         the serving metrics too for a ``vllm-v1`` run (:attr:`metric_names`)."""
         names = self.metric_names
         cols = (["agent", "horizon", "seed"] + list(names) + [m + "_ci" for m in names]

@@ -52,11 +52,25 @@ from flowgym.sim.rules import (
 from flowgym.sim.latency import JailletLatency, LinearLatency, make_latency_model
 from flowgym.sim.metrics import metrics_at
 from flowgym.sim.admission import ADMISSION_KINDS, ADMISSION_LENGTHS, AdmissionRule
+from flowgym.sim.rates import Bursts, Constant, Steps
 from flowgym.sim.rules import FIFO, EstimateEviction, EvictAll, LIFOEviction, ShortestEstimateFirst, ShortestOutputFirst
 from flowgym.sim.streaming import StreamTotals
-from flowgym.sim.workloads import CHUNK_SECONDS, MIN_TIMED_RATE, Trace, Workload, make_workload
+from flowgym.sim.workloads import (
+    CHUNK_SECONDS,
+    MIN_TIMED_RATE,
+    EmpiricalLengths,
+    IIDPoisson,
+    LengthDistribution,
+    LogNormalLengths,
+    Mixture,
+    NamedLengths,
+    Trace,
+    Workload,
+    make_workload,
+)
 
-__all__ = ["Engine", "SlotStats", "check_time_model", "EVICTION_RULES", "QUEUE_ORDERS", "RECORD_MODES", "replay"]
+__all__ = ["Engine", "SlotStats", "check_time_model", "trace_time_origin", "EVICTION_RULES", "QUEUE_ORDERS",
+           "RECORD_MODES", "replay"]
 
 _I64 = np.int64
 _ID_BITS = 32  # keyed queue orders: key = (primary << 32) | id (flowgym.sim.rules)
@@ -66,6 +80,13 @@ _ID_BITS = 32  # keyed queue orders: key = (primary << 32) | id (flowgym.sim.rul
 RECORD_MODES = ("full", "stream")
 #: Fewest finished or rejected rows the streaming mode drops at once.
 _RECYCLE_MIN = 4096
+#: The request table's columns (one entry per request drawn).
+_TABLE = ("arrival", "prompt", "output", "cls", "finish", "evictions", "rejected", "estimate", "arrival_time")
+#: Schedules whose :meth:`~flowgym.sim.rates.RateSchedule.zero_until` the engine trusts to skip
+#: zero-rate stretches (their sampling of a window whose integral is 0 draws nothing).
+_QUIET_SCHEDULES = (Constant, Steps, Bursts)
+#: Length distributions that draw nothing from the generator for zero requests.
+_QUIET_LENGTHS = (EmpiricalLengths, LogNormalLengths)
 
 
 #: Iterations of one call of the compiled loop before it returns to Python (then goes on).
@@ -97,6 +118,30 @@ class SlotStats(NamedTuple):
 
 
 # --------------------------------------------------------------------------- engine
+
+
+def trace_time_origin(arrival: np.ndarray) -> float:
+    """The start of a timed trace's run in its own time base: its first arrival, rounded down to a
+    multiple of the float spacing at its last arrival (``math.ulp``; a power of two), so that
+    ``a - origin`` is exact for every arrival ``a`` (a multiple of that spacing, between 0 and ``a``) and
+    ``(a - origin) + origin == a``. For Unix timestamps (about 1.7e9 s) that is at most 2.4e-7 s below
+    the first arrival; 0 for a trace that starts at 0 (or is empty).
+
+    ``arrival``: the trace's arrival times in seconds, sorted ascending, all ``>= 0``."""
+    if arrival.size == 0:
+        return 0.0
+    a0 = float(arrival[0])
+    if not a0 > 0:
+        return 0.0
+    u = math.ulp(float(arrival[-1]))
+    return math.floor(a0 / u) * u
+
+
+def _quiet_lengths(lengths: LengthDistribution) -> bool:
+    """Whether ``lengths.sample(rng, 0)`` is known to draw nothing from ``rng`` (the built-in kinds)."""
+    if type(lengths) is NamedLengths:
+        lengths = lengths.dist
+    return type(lengths) in _QUIET_LENGTHS
 
 
 def check_time_model(workload_timed: bool, timed: bool) -> None:
@@ -148,7 +193,22 @@ class Engine:
             projection; defaults to
             ``flowgym.sim.kernels.ENABLED`` (numba installed, ``FLOWGYM_JIT`` not ``0``).
             Read at :meth:`reset`; results are the same either way.
+        time_origin: continuous time: where the run starts, in the workload's time base (seconds):
+            0 for a generated workload (its rate schedule starts there), a timed
+            :class:`~flowgym.sim.workloads.Trace`'s first arrival for a trace (:func:`trace_time_origin`:
+            rounded down by at most the float spacing at its last arrival). The throughputs of
+            :meth:`metrics` divide by the seconds from it to the end of the last iteration (``elapsed``),
+            so a trace shifted by a constant (e.g. Unix timestamps) has the same metrics. The engine
+            runs its clock from it (a trace's arrivals shifted by it inside, exactly), so the
+            clock keeps its resolution at large timestamps; :attr:`now`, ``series()["time"]`` and the
+            request log's ``arrival_time`` and ``finish_time`` stay in the workload's time base.
     """
+
+    #: the clock inside (seconds from :attr:`time_origin` when the clock is rebased, see :meth:`_rebases_clock`)
+    _now: float = 0.0
+    #: what :attr:`now` adds to the clock inside: :attr:`time_origin`, or 0 when the clock is not rebased
+    _shift: float = 0.0
+    time_origin: float = 0.0
 
     def __init__(
         self,
@@ -179,6 +239,10 @@ class Engine:
         self.time_model = None if time_model is None else make_latency_model(time_model)
         self.timed = self.time_model is not None
         check_time_model(self.workload.timed, self.timed)
+        self.time_origin = 0.0
+        if self.timed and isinstance(self.workload, Trace):
+            self.time_origin = trace_time_origin(self.workload.arrival)
+        self._shift = self.time_origin if self._rebases_clock() else 0.0
         if self.timed and not isinstance(self.workload, Trace):  # an idle server draws chunks until a request comes
             lam = self.workload.arrival_rate()
             if lam is not None and 0 < lam < MIN_TIMED_RATE:
@@ -208,11 +272,28 @@ class Engine:
 
     # ------------------------------------------------------------------ setup
 
+    @property
+    def now(self) -> float:
+        """Continuous time: the start of the current iteration in seconds, in the workload's time base
+        (the clock inside plus :attr:`time_origin` when it runs from there)."""
+        return self._now + self._shift
+
+    @now.setter
+    def now(self, value: float) -> None:
+        self._now = value - self._shift
+
+    def _rebases_clock(self) -> bool:
+        """Whether this engine runs its clock from :attr:`time_origin` (a timed trace's arrivals
+        shifted by it inside). The paper's engine does, and so does the ``vllm-v1`` mode (its token
+        times on the clock inside, ``_shift`` added where it reports them); a subclass that keeps
+        times of its own on :attr:`now` keeps the workload's base by returning False."""
+        return type(self) is Engine
+
     def reset(self, rng: np.random.Generator) -> None:
         """Empty the system and start a new run at slot 0, drawing requests from ``rng``."""
         if self.jit:
             if not kernels.AVAILABLE:
-                raise RuntimeError("Engine.jit=True needs numba: pip install 'flowgym[fast]'")
+                raise RuntimeError("Engine.jit=True needs numba: pip install -e '.[fast]' in the flowgym checkout")
             kernels.load()
         self._use_jit = bool(self.jit)
         # the built-in eviction rules run compiled (a subclass or another rule: its select())
@@ -230,6 +311,8 @@ class Engine:
         self.rejected = np.empty(cap, bool)
         self.estimate = np.empty(cap, _I64)  # output estimates (lower bounds), when tracked
         self.arrival_time = np.empty(cap, np.float64)  # seconds when timed, else the arrival slot
+        # the arrival times on the clock inside (arrival_time - time_origin): arrival_time itself unless rebased
+        self._arel = np.empty(cap, np.float64) if self._shift else self.arrival_time
         self.n_req = 0  # requests generated (some not arrived yet)
         self.n_arrived = 0  # ids < n_arrived have arrived
         self._gen_t = 0  # next slot to generate
@@ -239,7 +322,7 @@ class Engine:
         self._chunk_t0 = 0
         self._chunk_base = 0
         self._total_requests = self.workload.total_requests
-        self.now = 0.0  # continuous time: start of the current iteration (seconds)
+        self._now = 0.0  # continuous time: start of the current iteration (seconds on the clock inside)
         self.last_duration = 0.0
         self._ev_new_n = self._ev_new_prompt = 0  # admitted this slot, then evicted
         self._clock = np.zeros(256, np.float64)  # end time of each iteration (from slot _clock_base on)
@@ -299,25 +382,32 @@ class Engine:
         if need <= cap:
             return
         new_cap = max(2 * cap, need)
-        for name in ("arrival", "prompt", "output", "cls", "finish", "evictions", "rejected", "estimate",
-                     "arrival_time"):
+        for name in self._table_names():
             old = getattr(self, name)
             new = np.empty(new_cap, old.dtype)
             new[: self.n_req] = old[: self.n_req]
             setattr(self, name, new)
+        if not self._shift:
+            self._arel = self.arrival_time
+
+    def _table_names(self) -> tuple[str, ...]:
+        """The request table's columns (with the arrival times inside when the clock is rebased)."""
+        return _TABLE + ("_arel",) if self._shift else _TABLE
 
     def _generate(self) -> None:
         """Draw the next chunk of requests from the workload."""
         assert self._rng is not None, "call reset() first"
         t0 = self._gen_t
         t1 = t0 + self.workload.chunk_span
-        req = self.workload.sample(self._rng, t0, t1)
+        req = self._sample(t0, t1)
         k = req.arrival.size
         base = self.n_req
         self._grow_table(base + k)
         s = slice(base, base + k)
         if self.timed:
             self.arrival_time[s] = req.arrival
+            if self._shift:
+                self._arel[s] = req.arrival - self._shift  # exact (trace_time_origin)
             self.arrival[s] = -1  # the iteration it joins, set on arrival
         else:
             self.arrival[s] = req.arrival
@@ -338,6 +428,55 @@ class Engine:
         self._bounds = (base + np.searchsorted(req.arrival, np.arange(t0, t1 + 1), side="left")).tolist()
         self._rej_cum = np.concatenate([[0], np.cumsum(rej)]).tolist()
         self._tok_cum = np.concatenate([[0], np.cumsum(np.where(rej, 0, req.prompt_len))]).tolist()
+
+    def _sample(self, t0: float, t1: float) -> Any:
+        """The workload's requests arriving in ``[t0, t1)`` on the clock inside (arrival times in the
+        workload's base). A rebased trace is cut at the rows whose ``arrival - time_origin`` (exact)
+        crosses ``t0`` and ``t1``, and sampled between those rows' own arrival times."""
+        if not self._shift:
+            return self.workload.sample(self._rng, t0, t1)
+        a = self.workload.arrival  # type: ignore[attr-defined]
+        lo, hi = self._trace_row(t0), self._trace_row(t1)
+        a0 = float(a[lo]) if lo < a.size else math.inf
+        a1 = float(a[hi]) if hi < a.size else math.inf
+        return self.workload.sample(self._rng, a0, a1)  # type: ignore[arg-type]
+
+    def _trace_row(self, t: float) -> int:
+        """A rebased trace: the first row whose ``arrival - time_origin >= t`` (``t + time_origin``
+        rounds; each difference is exact, so the search is corrected by them)."""
+        a, o = self.workload.arrival, self._shift  # type: ignore[attr-defined]
+        n = a.size
+        i = int(np.searchsorted(a, t + o, side="left"))
+        while i > 0 and a[i - 1] - o >= t:
+            i = int(np.searchsorted(a, a[i - 1], side="left"))
+        while i < n and a[i] - o < t:
+            i = int(np.searchsorted(a, a[i], side="right"))
+        return i
+
+    def _next_arrival(self, t: float) -> float | None:
+        """:meth:`Workload.next_arrival` on the clock inside (``None`` for a random workload)."""
+        if not self._shift:
+            return self.workload.next_arrival(t)
+        i = self._trace_row(t)
+        a = self.workload.arrival  # type: ignore[attr-defined]
+        return float(a[i]) - self._shift if i < a.size else math.inf
+
+    def _zero_until(self, t: float) -> float:
+        """A generated timed workload: the end of a stretch from ``t`` in which no request can arrive
+        and drawing a chunk takes nothing from the generator (every stream's rate schedule is in a
+        zero-rate stretch: :meth:`~flowgym.sim.rates.RateSchedule.zero_until`); ``t`` when there is
+        none or the workload is not one whose draws are known to be empty there."""
+        w = self.workload
+        streams = w.streams if type(w) is Mixture else [w]
+        z = math.inf
+        for s in streams:
+            if (type(s) is not IIDPoisson or not s.timed or type(s.schedule) not in _QUIET_SCHEDULES
+                    or not _quiet_lengths(s.lengths)):
+                return t
+            z = min(z, s.schedule.zero_until(t))
+            if not z > t:
+                return t
+        return z
 
     def _on_sample(self, req: Any, rows: slice, rejected: np.ndarray) -> np.ndarray:
         """Hook for engine modes: a chunk of requests ``req`` fills table ``rows``; returns the
@@ -384,14 +523,23 @@ class Engine:
 
     def _skip_empty_chunks(self, until: float) -> None:
         """Move the next chunk's start past chunks that hold no request, up to the one holding
-        ``until`` or the next arrival, whichever is first (deterministic workloads only, see
-        :meth:`Workload.next_arrival`; chunk windows stay the multiples of the chunk span, so what
-        is generated does not change). An idle gap then costs one chunk whatever its length."""
-        nxt = self.workload.next_arrival(self._gen_t)
+        ``until`` or the next arrival, whichever is first: for a deterministic workload (see
+        :meth:`Workload.next_arrival`) up to its next arrival, for a generated one past a zero-rate
+        stretch of its schedule (:meth:`_zero_until`: those chunks draw nothing from the generator).
+        Chunk windows stay the multiples of the chunk span, so what is generated does not change.
+        An idle gap then costs one chunk whatever its length."""
+        nxt = self._next_arrival(self._gen_t)
         if nxt is None:
+            # a random workload's first chunk is always drawn: it resets the workload's own state
+            # there (a finite IIDPoisson's count of the requests made)
+            if self._gen_t <= 0:
+                return
+            nxt = self._zero_until(self._gen_t)
+        target = min(nxt, until)
+        if not math.isfinite(target):
             return
         span = self.workload.chunk_span
-        k = math.floor(min(nxt, until) / span)
+        k = math.floor(target / span)
         if k * span > self._gen_t:
             self._gen_t = k * span
 
@@ -403,16 +551,16 @@ class Engine:
 
     def _arrive_timed(self) -> int:
         """Continuous time: requests with arrival time <= now join; an idle server jumps ahead."""
-        self._generate_through(self.now)
+        self._generate_through(self._now)
         lo = self.n_arrived
         if self.n_queued == 0 and self.n_active == 0:  # idle: jump to the next arrival
             while lo >= self.n_req and not self._workload_done():
                 self._skip_empty_chunks(math.inf)
                 self._generate()
-            if lo < self.n_req and self.arrival_time[lo] > self.now:
-                self.now = float(self.arrival_time[lo])
-                self._generate_through(self.now)
-        hi = lo + int(np.searchsorted(self.arrival_time[lo : self.n_req], self.now, side="right"))
+            if lo < self.n_req and self._arel[lo] > self._now:
+                self._now = float(self._arel[lo])
+                self._generate_through(self._now)
+        hi = lo + int(np.searchsorted(self._arel[lo : self.n_req], self._now, side="right"))
         k = hi - lo
         self.n_arrived = hi
         self.last_arrivals = k
@@ -755,14 +903,14 @@ class Engine:
             S[kernels.S_QHEAD], S[kernels.S_QTAIL] = lane.head, lane.tail
             S[kernels.S_HORIZON] = -1 if horizon is None else int(horizon)
             S[kernels.S_LIMIT] = min(limit - ran, _RUN_SLICE)  # back to Python now and then (Ctrl-C works)
-            F[0], F[1] = self.now, self.last_duration
+            F[0], F[1] = self._now, self.last_duration
             # every request drawn: no chunk left to draw (a schedule whose rate ends at 0 still
             # has requests in the chunks before that)
             done = self._total_requests is not None and self._id_base + self.n_req >= self._total_requests
             F[2] = math.inf if done else self._gen_t
             t0 = self.t
             status = kernels.run_timed(
-                S, F, pol, float(rule.limit), lat, self.arrival, self.arrival_time, self.prompt, self.output,
+                S, F, pol, float(rule.limit), lat, self.arrival, self._arel, self.prompt, self.output,
                 self.finish, self.evictions, self.rejected, self.estimate, self.track_estimates, keyed,
                 keyed, lane.buf, lane.kbuf, self._a_id, self._a_start, self._a_fin, self._cal_n, self._cal_tok,
                 self._rec, self._clock, self._evict_code, self.M, self._ev_buf)
@@ -770,7 +918,7 @@ class Engine:
                 if name:
                     setattr(self, name, int(S[f]))
             lane.head, lane.tail = int(S[kernels.S_QHEAD]), int(S[kernels.S_QTAIL])
-            self.now, self.last_duration = float(F[0]), float(F[1])
+            self._now, self.last_duration = float(F[0]), float(F[1])
             ran += self.t - t0
             if status == kernels.RUN_DONE or (status == kernels.RUN_LIMIT and ran >= limit):
                 return ran
@@ -839,8 +987,8 @@ class Engine:
                                f"(iteration {self._previewed} previewed, {(P, D, K, self.n_active)} run): "
                                "with a callable time_model eviction rules must be deterministic")
         self.last_duration = d
-        self.now += d
-        self._clock[self.t - self._clock_base] = self.now
+        self._now += d
+        self._clock[self.t - self._clock_base] = self._now
 
     def _preview_duration(self, budget: Any) -> float:
         """This iteration's duration, computed from what admission and eviction will do, changing nothing.
@@ -902,7 +1050,7 @@ class Engine:
         if ids.size:
             f = fin[ids]
             if self.timed:
-                lat: np.ndarray = self._clock[f - 1 - self._clock_base] - self.arrival_time[ids]
+                lat: np.ndarray = self._clock[f - 1 - self._clock_base] - self._arel[ids]
             else:
                 lat = f - self.arrival[ids]
             st.fold_requests(lat, self.output[ids])
@@ -916,8 +1064,7 @@ class Engine:
             m = rows.size
             cap = self.arrival.size
             new_cap = max(1024, 2 * m) if cap > 4 * m else cap
-            for name in ("arrival", "prompt", "output", "cls", "finish", "evictions", "rejected", "estimate",
-                         "arrival_time"):
+            for name in self._table_names():
                 old = getattr(self, name)
                 kept = old[rows]
                 if new_cap != cap:
@@ -926,6 +1073,8 @@ class Engine:
                     setattr(self, name, new)
                 else:
                     old[:m] = kept
+            if not self._shift:
+                self._arel = self.arrival_time
             for lane in self.lanes:  # queued requests: renumber ids (and the id bits of keys)
                 h, tl = lane.head, lane.tail
                 if tl > h:
@@ -951,8 +1100,7 @@ class Engine:
     def memory_bytes(self) -> int:
         """Bytes held by the engine's arrays (request table, active set, queue, calendar, records)."""
         total = 0
-        for name in ("arrival", "prompt", "output", "cls", "finish", "evictions", "rejected", "estimate",
-                     "arrival_time", "_a_id", "_a_start", "_a_fin", "_clock", "_rec"):
+        for name in self._table_names() + ("_a_id", "_a_start", "_a_fin", "_clock", "_rec"):
             total += getattr(self, name).nbytes
         for lane in self.lanes:
             total += lane.buf.nbytes + (lane.kbuf.nbytes if lane.keyed else 0)
@@ -972,6 +1120,9 @@ class Engine:
         comes from the :class:`~flowgym.sim.streaming.QuantileSketch` (exact for latencies below
         65,536 slots, otherwise within relative 0.1%), and ``kv_usage`` is the usage series in
         block means of ``kv_usage_block`` slots (at most 2,048 points).
+
+        In continuous time the throughputs are per second of ``elapsed``, from :attr:`time_origin` (0
+        for a generated workload, a timed trace's first arrival) to the end of the last iteration.
         """
         if self._stream is None:
             return metrics_at(self.request_log(), self.series(), self.M, self.t)
@@ -987,13 +1138,14 @@ class Engine:
         waiting = ~(done | rej | late)  # arrived by T, not rejected, not finished
         ids = np.flatnonzero(done)
         lat_sum: int | float
-        if self.timed:
+        if self.timed:  # on the clock inside
             span = float(self._clock[T - 1 - base]) if T else 0.0
-            lat: np.ndarray = self._clock[fin[ids] - 1 - base] - self.arrival_time[ids]
+            lat: np.ndarray = self._clock[fin[ids] - 1 - base] - self._arel[ids]
             lat_sum = st.latency + float(lat.sum())
-            rest: int | float = float((span - self.arrival_time[:na][waiting]).sum())
+            rest: int | float = float((span - self._arel[:na][waiting]).sum())
+            elapsed = span - (self.time_origin - self._shift) if T else 0.0  # seconds from time_origin
         else:
-            span = float(T)
+            span = elapsed = float(T)
             lat = fin[ids] - self.arrival[ids]
             lat_sum = st.latency + int(lat.sum())
             rest = int((T - self.arrival[:na][waiting]).sum())
@@ -1007,13 +1159,13 @@ class Engine:
         nan = float("nan")
         return {
             "T": T,
-            "elapsed": span,
+            "elapsed": elapsed,
             "avg_latency": lat_sum / n_done if n_done else nan,
             "p95_latency": sketch.quantile(0.95) if n_done else nan,
             "mean_time_in_system": (lat_sum + rest) / n_ok if n_ok else nan,
-            "request_throughput": n_done / span if span else nan,
-            "token_throughput": float(out_tokens) / span if span else nan,
-            "generated_token_throughput": float(self.generated_tokens) / span if span else nan,
+            "request_throughput": n_done / elapsed if elapsed else nan,
+            "token_throughput": float(out_tokens) / elapsed if elapsed else nan,
+            "generated_token_throughput": float(self.generated_tokens) / elapsed if elapsed else nan,
             "completed": n_done,
             "arrived": arrived,
             "rejected": rejected,
@@ -1134,7 +1286,10 @@ class Engine:
         return out
 
     def series(self) -> dict[str, np.ndarray]:
-        """Per-slot records so far: one array per :class:`SlotStats` field (and ``time`` in continuous time).
+        """Per-slot records so far: one array per :class:`SlotStats` field, and in continuous time
+        ``time``, the end of each iteration in seconds of the workload's time base (that of the
+        request log's ``arrival_time`` and ``finish_time``), and ``elapsed``, the same instants in
+        seconds from :attr:`time_origin`, the run's start (the throughputs divide by its last value).
 
         With ``record="stream"`` only the last :data:`~flowgym.sim.streaming.STREAM_WINDOW`
         slots (their slot numbers in ``t``).
@@ -1144,13 +1299,19 @@ class Engine:
             rows, times = self._stream.window_rows()
             win = {name: rows[:, i].copy() for i, name in enumerate(SlotStats._fields)}
             if self.timed:
-                win["time"] = times.copy()
+                win.update(self._clock_series(times))
             return win
         rec = self._rec[: self.t]
         out = {name: rec[:, i].copy() for i, name in enumerate(SlotStats._fields)}
-        if self.timed:  # end time of each iteration (seconds)
-            out["time"] = self._clock[: self.t].copy()
+        if self.timed:
+            out.update(self._clock_series(self._clock[: self.t]))
         return out
+
+    def _clock_series(self, clock: np.ndarray) -> dict[str, np.ndarray]:
+        """``time`` and ``elapsed`` of :meth:`series` from iteration end times on the clock inside (new arrays)."""
+        off = self._shift - self.time_origin  # 0 when the clock inside runs from time_origin
+        return {"time": clock + self._shift if self._shift else clock.copy(),
+                "elapsed": clock + off if off else clock.copy()}
 
     def request_log(self) -> dict[str, np.ndarray]:
         """Per-request arrays for every request that has arrived (by id).
@@ -1158,7 +1319,8 @@ class Engine:
         Keys: ``arrival``, ``prompt_len``, ``output_len``, ``cls``, ``finish``
         (``-1`` if unfinished), ``evictions``, ``rejected``. In continuous time
         ``arrival`` and ``finish`` count iterations, and ``arrival_time`` and
-        ``finish_time`` (``nan`` if unfinished) are in seconds. Refused (``ValueError``) with
+        ``finish_time`` (``nan`` if unfinished) are in seconds of the workload's time base (a timed
+        trace's own timestamps, ``arrival_time`` exactly as given). Refused (``ValueError``) with
         ``record="stream"``.
         """
         self._refuse_in_stream("request_log()")
@@ -1181,7 +1343,7 @@ class Engine:
             return {}
         ft = np.full(finish.size, np.nan)
         done = finish > 0
-        ft[done] = self._clock[finish[done] - 1]
+        ft[done] = self._clock[finish[done] - 1] + self._shift  # in the workload's time base
         return {"arrival_time": self.arrival_time[: finish.size].copy(), "finish_time": ft}
 
 

@@ -2,7 +2,7 @@
 
 The engine's hot path is a handful of small numpy calls per slot; at the sizes
 of one slot (a few admissions, a few hundred active requests) their fixed cost
-dominates. When numba is installed (``pip install flowgym[fast]``) these
+dominates. When numba is installed (``pip install -e '.[fast]' in the flowgym checkout``) these
 kernels replace them:
 
 * :func:`fill_range`: append a slot's arrivals (consecutive ids) to a FIFO lane;
@@ -1257,7 +1257,7 @@ def load() -> None:
     try:
         import numba
     except ImportError:
-        raise RuntimeError("the compiled kernels need numba: pip install 'flowgym[fast]'") from None
+        raise RuntimeError("the compiled kernels need numba: pip install -e '.[fast]' in the flowgym checkout") from None
     njit = numba.njit(cache=True, nogil=True)
     fill_range, admit_lane, count_classes = njit(_fill_range), njit(_admit_lane), njit(_count_classes)
     histogram_into, projected_demand = njit(_histogram_into), njit(_projected_demand)

@@ -43,7 +43,14 @@ def compute_metrics(log: dict[str, np.ndarray], series: dict[str, np.ndarray], M
         request completed; latencies in slots and throughputs per slot, or in
         continuous time, when ``series`` has ``time``, in seconds and per
         second), ``T`` (slots or iterations), ``elapsed`` (slots or seconds), and the series
-        ``kv_usage`` (``U_t / M``) for plots. ``mean_time_in_system`` averages
+        ``kv_usage`` (``U_t / M``) for plots. The throughputs divide by ``elapsed``: ``T`` slots, or
+        in continuous time the seconds from the run's start to the end of its last iteration,
+        ``series["elapsed"][-1]`` (the engine's :meth:`~flowgym.sim.engine.Engine.series` measures
+        them from :attr:`~flowgym.sim.engine.Engine.time_origin`: 0 for a generated workload, a
+        timed trace's first arrival, so a trace shifted by a constant, e.g. Unix timestamps, has
+        the same throughputs); a series without ``elapsed`` counts from time 0 of ``time``. Latencies
+        and time in system are differences of the log's times and ``time``, in any one time base.
+        ``mean_time_in_system`` averages
         ``min(f_i, T) - a_i`` over every request that arrived and was not
         rejected: unlike ``avg_latency`` it charges unfinished requests, so a
         policy cannot look fast by leaving long requests waiting. Its sum over
@@ -56,10 +63,11 @@ def compute_metrics(log: dict[str, np.ndarray], series: dict[str, np.ndarray], M
     done = (finish >= 0) & (finish <= T)
     timed = "time" in series  # continuous time: latencies and throughputs in seconds
     if timed:
-        span = float(series["time"][-1]) if T else 0.0
+        span = float(series["time"][-1]) if T else 0.0  # the run's end, in the log's time base
+        elapsed = float(series["elapsed"][-1]) if T and "elapsed" in series else span  # from the run's start
         arr_t, fin_t = log["arrival_time"], log["finish_time"]
     else:
-        span = float(T)
+        span = elapsed = float(T)
         arr_t, fin_t = log["arrival"], finish
     lat = (fin_t[done] - arr_t[done]).astype(np.float64)
     n_done = int(done.sum())
@@ -74,13 +82,13 @@ def compute_metrics(log: dict[str, np.ndarray], series: dict[str, np.ndarray], M
     gen = float(series["generated"].sum() if "generated" in series else (series["active"] + series["completed"]).sum())
     out: dict[str, Any] = {
         "T": T,
-        "elapsed": span,
+        "elapsed": elapsed,
         "avg_latency": float(lat.mean()) if n_done else float("nan"),
         "p95_latency": float(np.percentile(lat, 95)) if n_done else float("nan"),
         "mean_time_in_system": in_sys / int(ok.sum()) if ok.any() else float("nan"),
-        "request_throughput": n_done / span if span else float("nan"),
-        "token_throughput": float(log["output_len"][done].sum()) / span if span else float("nan"),
-        "generated_token_throughput": gen / span if span else float("nan"),
+        "request_throughput": n_done / elapsed if elapsed else float("nan"),
+        "token_throughput": float(log["output_len"][done].sum()) / elapsed if elapsed else float("nan"),
+        "generated_token_throughput": gen / elapsed if elapsed else float("nan"),
         "completed": n_done,
         "arrived": int(finish.size),
         "rejected": rejected,

@@ -12,11 +12,16 @@ window is ``Poisson(integral)`` and their times follow the intensity.
 * :class:`Bursts` ``(base, burst, every, duration, start=0)``: ``burst`` for
   ``duration`` at the start of every ``every`` (from ``start``), else ``base``.
 
+:meth:`RateSchedule.zero_until` tells where a stretch of zero rate ends, so that an idle
+continuous-time engine skips it instead of drawing it window by window.
+
 Mapping forms: ``{"kind": "steps", "times": [...], "rates": [...]}``, etc.; a
 plain number is a constant rate.
 """
 
 from __future__ import annotations
+
+import math
 
 from collections.abc import Mapping, Sequence
 from typing import Any
@@ -53,6 +58,14 @@ class RateSchedule:
 
     def to_spec(self) -> Any:
         raise NotImplementedError
+
+    def zero_until(self, t: float) -> float:
+        """The end ``z >= t`` of a stretch ``[t, z]`` where the rate is 0 and :meth:`integral` of every
+        window inside it is exactly ``0.0`` (so sampling such a window draws nothing from the
+        generator: ``Generator.poisson(0.0)`` consumes no random number); ``inf`` when the rate stays 0
+        from ``t`` on. ``t`` itself when no such stretch starts at ``t`` (the default: none is known).
+        """
+        return float(t)
 
     def sample_times(self, rng: np.random.Generator, t0: float, t1: float) -> np.ndarray:
         """Sorted arrival times of a Poisson process with this intensity on ``[t0, t1)``."""
@@ -92,6 +105,10 @@ class Constant(RateSchedule):
 
     def mean(self) -> float:
         return self.r
+
+    def zero_until(self, t: float) -> float:
+        """``inf`` for a rate of 0 (nothing ever arrives), else ``t``."""
+        return math.inf if self.r == 0 else float(t)
 
     def sample_times(self, rng: np.random.Generator, t0: float, t1: float) -> np.ndarray:
         n = int(rng.poisson(self.r * (t1 - t0)))
@@ -148,6 +165,48 @@ class Steps(RateSchedule):
 
     def peak(self) -> float:
         return float(self.rates.max())
+
+    def zero_until(self, t: float) -> float:
+        """The end of the run of zero-rate steps that holds ``t`` (``t`` when its step's rate is positive).
+
+        Without a period it is the next positive step's time (``inf`` after the last one): inside
+        the run :meth:`integral` subtracts equal cumulative sums (the zero steps add ``0.0``), so
+        every window integrates to exactly ``0.0``. With a period the run is cut at the end of
+        ``t``'s cycle and kept a rounding margin (``2**-30`` of the cycle's end time, far above the
+        float error of reducing a time to its cycle) inside the run's ends: there every time falls
+        in the same cycle and zero step, so its cumulative sum is the same float. A run that
+        crosses a cycle's end is then found again from the next cycle on."""
+        t = float(t)
+        if not math.isfinite(t) or t < 0:
+            return t
+        times, rates = self.times, self.rates
+        n = rates.size
+        if self.period is None:
+            k = int(np.searchsorted(times, t, side="right")) - 1
+            if rates[k] > 0:
+                return t
+            j = k + 1
+            while j < n and rates[j] == 0:
+                j += 1
+            return math.inf if j == n else float(times[j])
+        P = self.period
+        if not (rates > 0).any():
+            return math.inf
+        c = math.floor(t / P)
+        margin = (abs(c) + 1) * P * 2.0**-30
+        tc = t - c * P  # t's place in its cycle (to rounding, which the margin covers)
+        if not margin <= tc <= P - margin:
+            return t
+        k = int(np.searchsorted(times, tc, side="right")) - 1
+        if rates[k] > 0 or tc < times[k] + margin:
+            return t
+        j = k + 1
+        while j < n and rates[j] == 0:
+            j += 1
+        end = (P if j == n else float(times[j])) - margin
+        if end <= tc:
+            return t
+        return max(t, c * P + end)
 
     def mean(self) -> float:
         if self.period is None:

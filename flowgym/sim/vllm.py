@@ -379,6 +379,11 @@ class VllmEngine(Engine):
             check(self.max_model_len, self._max_model_len_text())
         self.jit = False
 
+    def _rebases_clock(self) -> bool:
+        """This mode runs its clock from :attr:`time_origin` as the paper's engine does (its token times on the
+        clock inside; :meth:`request_log` reports them in the workload's time base)."""
+        return True
+
     def _max_model_len_text(self) -> str:
         """``max_model_len`` and where it comes from, for error messages."""
         return (f"max_model_len {self.max_model_len} (M = {self.M} tokens in {self.num_blocks} blocks of {self.block_size}"
@@ -647,9 +652,9 @@ class VllmEngine(Engine):
         sid = rid2[sampled]
         if self.timed:
             self.last_duration = d
-            self.now += d
-            self._clock[t - self._clock_base] = self.now
-            t_end = self.now
+            self._now += d  # the clock inside (from time_origin): token times stay on it, the log adds _shift
+            self._clock[t - self._clock_base] = self._now
+            t_end = self._now
         else:
             t_end = float(t + 1)
         g_before = gen[sid]
@@ -802,7 +807,7 @@ class VllmEngine(Engine):
         log["max_tokens"] = self.max_tokens[:n].copy()
         log["first_token"] = self.first_token_step[:n].copy()
         if self.timed:
-            log["first_token_time"] = self.first_token[:n].copy()
+            log["first_token_time"] = self.first_token[:n] + self._shift  # in the workload's time base
         return log
 
     def metrics(self) -> dict[str, Any]:
