@@ -21,18 +21,9 @@ from flowgym.sim.engine import Engine
 from flowgym.sim.vllm import Deque, VllmEngine, VllmOptions, default_max_tokens
 from flowgym.sim.workloads import Trace
 
-UNLIMITED = {"max_num_batched_tokens": None, "max_num_seqs": None}
-
-
-def _eng(M: int, trace: Trace, **options) -> VllmEngine:
-    eng = VllmEngine(M, trace, options=options)
-    eng.reset(np.random.default_rng(0))
-    return eng
-
-
-def _step(eng: VllmEngine, budget):
-    eng.arrive()
-    return eng.serve(budget)
+from tests._vllm import UNLIMITED
+from tests._vllm import vllm_engine as _eng
+from tests._vllm import vllm_step as _step
 
 
 # ---------------------------------------------------------------- token budget of running requests
