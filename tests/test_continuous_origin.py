@@ -280,6 +280,28 @@ def test_skipping_zero_rate_stretches_draws_the_same_requests(wl):
     assert np.array_equal(np.concatenate([p.output_len for p in parts])[: slow.n_req], slow.output[: slow.n_req])
 
 
+def test_no_stretch_is_skipped_for_lengths_that_draw_for_zero_requests():
+    """The skip rests on a zero-rate chunk drawing nothing from the generator; a length distribution not known to
+    draw nothing for zero requests (here one that always draws) turns it off, so the requests are those of drawing
+    every chunk (with the skip they would differ: the stream would lose the skipped chunks' draws)."""
+    from flowgym.sim.workloads import EmpiricalLengths, IIDPoisson
+
+    class Noisy(EmpiricalLengths):
+        def sample(self, rng, n):
+            rng.random()  # a draw even for n = 0
+            return super().sample(rng, n)
+
+    def workload() -> IIDPoisson:
+        return IIDPoisson({"kind": "steps", "times": [0, 3000], "rates": [0.0, 2.0]},
+                          Noisy([(20, 20), (40, 40)]), timed=True)
+
+    fast, cf = run_engine(workload(), 200)
+    slow, cs = run_engine(workload(), 200, skip=False)
+    assert cf.n == cs.n and fast.n_req == slow.n_req > 10  # nothing skipped
+    assert np.array_equal(fast.output[: fast.n_req], slow.output[: slow.n_req])
+    assert np.array_equal(fast.arrival_time[: fast.n_req], slow.arrival_time[: slow.n_req])
+
+
 def test_a_long_zero_rate_stretch_costs_one_chunk():
     """steps 0 until 1e9 s, then 5/s: reset jumps to the first arrival after drawing 3 chunks, not 1.7e7."""
     eng = Engine(4000, gap_workload(1e9), time_model="jaillet2025")

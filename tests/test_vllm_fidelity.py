@@ -56,6 +56,21 @@ def test_max_model_len_is_m_in_whole_blocks():
     assert _eng(1024, Trace([0], [1], [1]), block_size=16).max_model_len == 1024
 
 
+def test_the_rejection_rule_against_max_model_len_with_and_without_lookahead():
+    """M = 96 in blocks of 16 (6 blocks). With a lookahead of 2 (max_model_len 95) every request longer than
+    max_model_len is rejected: 90 + 7 and 89 + 7. With none (max_model_len 96) the rule is the blocks of the last
+    step, ``ceil((l + o - 1) / 16) > 6``: 90 + 7 = 97 tokens still fits (its last token is never stored) and is served,
+    one token beyond max_model_len (vLLM would refuse it; docs/serving.md says so); 91 + 7 is rejected."""
+    for la, served in ((0, [True, True, False]), (2, [False, False, False])):
+        eng = _eng(96, Trace([0, 0, 0], [90, 89, 91], [7, 7, 7]), block_size=16, lookahead_tokens=la, **UNLIMITED)
+        assert eng.max_model_len == 96 - max(la - 1, 0)
+        for _ in range(60):
+            _step(eng, 3)
+        log = eng.request_log()
+        assert list(~log["rejected"]) == served, la
+        assert list(log["finish"] > 0) == served, la
+
+
 def test_a_trace_row_whose_prompt_plus_max_tokens_exceeds_max_model_len_is_refused():
     """Review: a Trace row with l + max_tokens > M was accepted, and then trt-no-evict (which reserves
     blocks_for(l + max_tokens - 1)) and sglang-reserve never admitted it: the queue stalled behind it for

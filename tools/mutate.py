@@ -16,7 +16,7 @@ line, for a test that kills them or a reason they are equivalent (docs/testing.m
 
     python tools/mutate.py flowgym/sim/metrics.py --tests tests/test_metrics_by_hand.py tests/test_env.py
     python tools/mutate.py --preset core           # the modules and tests of docs/testing.md
-    python tools/mutate.py --preset engine --by-line --lines 349-693   # slot phases (81a9fb9; docs/testing.md)
+    python tools/mutate.py --preset engine --by-line --lines 495-851   # slot phases (2026-11-29; docs/testing.md)
     python tools/mutate.py flowgym/sim/kernels.py --tests tests/test_kernels.py --paths interpreted --by-line
 
 The standard library's ``ast`` makes the mutants (maintained mutation tools did not fit this

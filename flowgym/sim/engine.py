@@ -387,6 +387,11 @@ class Engine:
             new = np.empty(new_cap, old.dtype)
             new[: self.n_req] = old[: self.n_req]
             setattr(self, name, new)
+        self._realias()
+
+    def _realias(self) -> None:
+        """Without a rebased clock the arrival times inside are ``arrival_time`` itself: point ``_arel`` at it again
+        after the table's arrays were replaced."""
         if not self._shift:
             self._arel = self.arrival_time
 
@@ -447,6 +452,8 @@ class Engine:
         a, o = self.workload.arrival, self._shift  # type: ignore[attr-defined]
         n = a.size
         i = int(np.searchsorted(a, t + o, side="left"))
+        # defensive: rounding to nearest is monotone, so this first loop should never run (kept in case t + o and
+        # the exact differences disagree on some platform's rounding)
         while i > 0 and a[i - 1] - o >= t:
             i = int(np.searchsorted(a, a[i - 1], side="left"))
         while i < n and a[i] - o < t:
@@ -1073,8 +1080,7 @@ class Engine:
                     setattr(self, name, new)
                 else:
                     old[:m] = kept
-            if not self._shift:
-                self._arel = self.arrival_time
+            self._realias()
             for lane in self.lanes:  # queued requests: renumber ids (and the id bits of keys)
                 h, tl = lane.head, lane.tail
                 if tl > h:

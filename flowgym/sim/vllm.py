@@ -8,8 +8,11 @@ block-granular KV cache (``vllm/v1/core/kv_cache_manager.py``, ``KVCacheManager.
 scheduler step (a slot, or one batch iteration in continuous time):
 
 1. **Arrive** (unchanged): requests join the back of the waiting queue. A request that could
-   never fit (``ceil((l + o - 1 + lookahead) / block_size) > num_blocks``) is rejected. Its
-   ``max_tokens`` keeps ``l + max_tokens`` within ``max_model_len`` (``M`` in whole blocks).
+   could never fit (``ceil((l + o - 1 + lookahead) / block_size) > num_blocks``) is rejected: with a
+   lookahead, exactly the requests longer than ``max_model_len`` (``M`` in whole blocks, less
+   ``lookahead - 1``); with none (the default), a request of ``max_model_len + 1`` tokens is still
+   served, as its last token is never stored (vLLM would refuse it). Its ``max_tokens`` keeps
+   ``l + max_tokens`` within ``max_model_len`` where the request allows it (never below ``o``).
 2. **Running requests first** (``schedule()``, "First, schedule the RUNNING requests"): in
    running order (admission order), each running request asks for its next tokens:
    ``num_tokens - num_computed_tokens`` (one for a decode, the rest of the prompt for a
@@ -459,7 +462,9 @@ class VllmEngine(Engine):
         self.first_token[rows] = np.nan
         self.last_token[rows] = np.nan
         self.first_token_step[rows] = -1
-        # a request needs ceil((l + o - 1 + lookahead) / block_size) blocks at its last step. Nothing else can keep
+        # a request needs ceil((l + o - 1 + lookahead) / block_size) blocks at its last step: with lookahead >= 1 that
+        # rejects exactly l + o > max_model_len; with lookahead 0 a request of max_model_len + 1 tokens still fits
+        # (its last token is never stored) and is served (vLLM would refuse it: docs/serving.md). Nothing else can keep
         # it out: with the V1 watermark (none while nothing runs) every such request is admitted into an empty cache
         return _ceil_div(l + o - 1 + self.lookahead, self.block_size) > self.num_blocks
 
