@@ -280,6 +280,41 @@ def test_skipping_zero_rate_stretches_draws_the_same_requests(wl):
     assert np.array_equal(np.concatenate([p.output_len for p in parts])[: slow.n_req], slow.output[: slow.n_req])
 
 
+def test_a_trace_whose_first_arrival_is_below_one_second_counts_from_it():
+    """The origin is the first arrival for any positive one, below a second too: a trace starting at 0.5 s has the
+    elapsed seconds and throughput of the same trace from 0."""
+    out = []
+    for off in (0.0, 0.5):
+        env = FlowControlEnv(M=2000, workload=Trace(np.array([0.0, 0.25, 3.0]) + off, [10, 10, 10], [5, 5, 5],
+                                                    timed=True), horizon=None, time_model=LIN)
+        env.reset(seed=0)
+        assert env.engine.time_origin == off
+        done = False
+        while not done:
+            *_, te, tr, _ = env.step(4)
+            done = te or tr
+        out.append(env.metrics())
+    assert out[1]["elapsed"] == pytest.approx(out[0]["elapsed"], abs=1e-12)
+    assert out[1]["request_throughput"] == pytest.approx(out[0]["request_throughput"], rel=1e-12)
+
+
+def test_a_request_at_a_chunk_boundary_joins_when_the_idle_server_jumps_there():
+    """Arrivals at exactly 60 s and 120 s, chunk boundaries (CHUNK_SECONDS), with the server idle before each: the
+    clock jumps to the arrival and the request joins that iteration, so it starts at once (its time in system is
+    its own service time, the same as the first request's)."""
+    env = FlowControlEnv(M=2000, workload=Trace([0.0, 60.0, 120.0], [10, 10, 10], [5, 5, 5], timed=True),
+                         horizon=None, time_model=LIN)
+    env.reset(seed=0)
+    done = False
+    while not done:
+        *_, te, tr, _ = env.step(4)
+        done = te or tr
+    log = env.request_log()
+    tis = log["finish_time"] - log["arrival_time"]
+    assert (log["finish"] > 0).all()
+    assert tis[1] == pytest.approx(tis[0], abs=1e-9) and tis[2] == pytest.approx(tis[0], abs=1e-9)
+
+
 def test_no_stretch_is_skipped_for_lengths_that_draw_for_zero_requests():
     """The skip rests on a zero-rate chunk drawing nothing from the generator; a length distribution not known to
     draw nothing for zero requests (here one that always draws) turns it off, so the requests are those of drawing
