@@ -161,6 +161,16 @@ def test_a_workloads_own_caps_beyond_max_model_len_are_refused_on_arrival():
     eng = _eng(100, Capped([0], [5], [5]), block_size=1)  # 5 + 95 = 100: within it
     eng.arrive()
     assert eng.request_log()["max_tokens"].tolist() == [95]
+    eng = _eng(100, Capped([0, 0], [5, 10], [5, 5]), block_size=1)  # the second request of the chunk is named
+    with pytest.raises(ValueError, match=r"request 1: prompt_len 10 \+ max_tokens 95 = 105 exceeds"):
+        eng.arrive()
+
+
+def test_the_max_tokens_option_is_at_most_two_to_the_53():
+    """The integer option's upper end: 2**53 is accepted, 2**53 + 1 refused by name."""
+    VllmOptions(max_tokens=2**53).validate()
+    with pytest.raises(ValueError, match=r"max_tokens must be at most 2\*\*53"):
+        VllmOptions(max_tokens=2**53 + 1).validate()
 
 
 def test_the_gate_counts_no_lookahead_slots():
