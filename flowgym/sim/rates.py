@@ -22,7 +22,6 @@ plain number is a constant rate.
 from __future__ import annotations
 
 import math
-
 from collections.abc import Mapping, Sequence
 from typing import Any
 
