@@ -1508,13 +1508,16 @@ def test_the_stationary_sweep_probe_reports_what_each_agent_admits(monkeypatch, 
     assert 2.0 < float(rows[2][3]) <= 3.0 and float(rows[1][3]) <= 2.0  # never above the budget
     with pytest.raises(SystemExit):
         st.main(["--probe", "chat M=1 rho=9", "--budgets", "4"])
-    assert "--probe: no load named 'chat M=1 rho=9'" in capsys.readouterr().err
+    assert "--probe: no load named 'chat M=1 rho=9' in --set sweep" in capsys.readouterr().err
     with pytest.raises(SystemExit):
         st.main(["--budgets", "4"])
     assert "--probe and --budgets go together" in capsys.readouterr().err
     with pytest.raises(SystemExit):
         st.main(["--probe", "chat M=8192 rho=0.6", "--budgets", "0"])
     assert "--budgets" in capsys.readouterr().err
+    with pytest.raises(SystemExit):  # a model directory that is none, named before any tuning
+        st.main(["--model", "no/such/dir"])
+    assert "argument --model" in capsys.readouterr().err
     # the second grid: 32 other loads, none of the first grid's, each builds; an unknown set is named
     blind = st.scenarios("blind")
     assert len(blind) == 32 and not set(blind) & set(st.scenarios())

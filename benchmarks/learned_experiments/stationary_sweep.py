@@ -33,7 +33,7 @@ from typing import Any
 import numpy as np
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-from _args import at_least  # noqa: E402
+from _args import at_least, model_dir  # noqa: E402
 from bench_learned import FIXED_GRID, _rate, ratio_ci  # noqa: E402
 
 from flowgym.agents import make_agent  # noqa: E402
@@ -107,13 +107,14 @@ def main(argv: list[str] | None = None) -> int:
                     "the mean time in system, evictions per episode and admissions per slot")
     ap.add_argument("--budgets", type=at_least(1), nargs="+", default=None, help="fixed budgets for --probe")
     args = ap.parse_args(argv)
+    model_dir(ap, "--model", args.model, shipped=False)  # a bad directory named before any tuning
     seeds = list(range(FIRST_SEED[args.which], FIRST_SEED[args.which] + args.seeds))
     if args.probe is not None or args.budgets is not None:
         if args.probe is None or args.budgets is None:
             ap.error("--probe and --budgets go together")
         sc = scenarios(args.which)
         if args.probe not in sc:
-            ap.error(f"--probe: no load named {args.probe!r}; the sweep's are: {', '.join(sc)}")
+            ap.error(f"--probe: no load named {args.probe!r} in --set {args.which}; its loads are: {', '.join(sc)}")
         for line in probe(sc[args.probe], args.budgets, seeds, args.model):
             print(line)
         return 0
