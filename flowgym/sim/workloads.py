@@ -866,20 +866,25 @@ def _length(name: str, value: Any) -> int:
     return v
 
 
+def _row_at(rows: np.ndarray | None, i: int) -> str:
+    """How an error names a trace's row ``i``: its line in the CSV (``rows``, the reference reader's numbers) or,
+    for arrays or a file read without them, its index."""
+    return f"row {int(rows[i])}" if rows is not None else f"index {i}"
+
+
 def _trace_column(
     name: str, values: Any, *, allow_zero: bool, rows: np.ndarray | None = None, whole: bool = True
 ) -> np.ndarray:
     """Validate one column (integers, or with ``whole=False`` reals); errors name the column and the row."""
     if isinstance(values, (list, tuple)) and holds_bool(values):  # np.asarray would make True a 1
         i = next(k for k, v in enumerate(values) if holds_bool(v))
-        at = f"row {int(rows[i])}" if rows is not None else f"index {i}"
-        raise TraceError(f"column {name!r}, {at}: {values[i]!r} is not a number")
+        raise TraceError(f"column {name!r}, {_row_at(rows, i)}: {values[i]!r} is not a number")
     arr = np.asarray(values)
     if arr.ndim != 1:
         raise TraceError(f"column {name!r} must be one-dimensional, got shape {arr.shape}")
 
     def where(i: int) -> str:
-        return f"row {int(rows[i])}" if rows is not None else f"index {i}"
+        return _row_at(rows, i)
 
     def shown(i: int) -> str:  # the value as the user wrote it: 0.5, not np.float64(0.5)
         v = arr[i]
@@ -1076,7 +1081,7 @@ class Trace(Workload):
             big = np.flatnonzero(c >= MAX_CLASSES)
             if big.size:  # per-class tables are sized by the largest id
                 i = int(big[0])
-                where = f"row {int(_rows[i])}" if _rows is not None else f"index {i}"
+                where = _row_at(_rows, i)
                 raise TraceError(f"column {name['cls']!r}, {where}: class id {int(c[i])} is too large "
                                  f"(ids are 0..{MAX_CLASSES - 1}; number the classes from 0)")
         else:
@@ -1091,7 +1096,7 @@ class Trace(Workload):
             short = np.flatnonzero(mt < o)
             if short.size:
                 i = int(short[0])
-                where = f"row {int(_rows[i])}" if _rows is not None else f"index {i}"
+                where = _row_at(_rows, i)
                 raise TraceError(f"column {name.get('max_tokens', 'max_tokens')!r}, {where}: max_tokens {int(mt[i])} "
                                  f"is below the output length {int(o[i])} (the cap bounds the output)")
         order = np.argsort(a, kind="stable")
@@ -1135,7 +1140,7 @@ class Trace(Workload):
                     rows = None
                 if rows is not None and rows.size != len(self):
                     rows = None
-            where = f"row {int(rows[i])}" if rows is not None else f"index {i}"
+            where = _row_at(rows, i)
             l, mt = int(self.prompt_len[j]), int(self.max_tokens[j])
             raise TraceError(f"{f'trace CSV {path!r}: ' if path is not None else ''}column {col!r}, {where}: prompt_len "
                              f"{l} + max_tokens {mt} = {l + mt} exceeds {what}")
