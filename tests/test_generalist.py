@@ -1491,6 +1491,78 @@ def test_the_completion_cap_experiment_caps_the_rate_anchor_only():
     assert spaces._unrounded_budget is cc._UNROUNDED and vh not in (v0, v)
 
 
+def test_the_fill_floor_experiment_floors_the_budget_by_the_free_room():
+    """benchmarks/learned_experiments/fill_floor.py: the budget is ``max(the model's, c x free / s)``, capped at
+    the largest budget; a full cache leaves the model's budget; a bad ``c`` is refused by name; the
+    environment's own mapping is back after a job, and a model directory is played as given."""
+    ff = _experiment("fill_floor")
+    import types
+
+    import flowgym.envs.spaces as spaces
+
+    # free = 1000 - (400 + 10 x (50 - 10) / 2) = 400 tokens, s = 50: a floor of c x 8
+    room = types.SimpleNamespace(M=1000, mean_length=50.0, _lA=100.0, _lN=10.0, _held=400, _nact=10)
+    assert ff.free_room(room) == 400.0
+    saved = spaces._unrounded_budget
+    try:
+        ff._UNROUNDED, real = (lambda k, t, of, mb: 5.0), ff._UNROUNDED
+        assert ff.floored_budget(1.0)(None, room, "max-head", 64) == 8.0
+        assert ff.floored_budget(0.5)(None, room, "max-head", 64) == 5.0  # the model's budget is above the floor
+        assert ff.floored_budget(16.0)(None, room, "max-head", 64) == 64.0  # the largest budget still caps
+        room._held = 2000
+        assert ff.floored_budget(4.0)(None, room, "max-head", 64) == 5.0  # a full cache: the model's budget
+    finally:
+        ff._UNROUNDED = real
+        spaces._unrounded_budget = saved
+    for bad in (0.0, -1.0, 2, "2"):
+        with pytest.raises(ValueError, match="floor c"):
+            ff.floored_budget(bad)
+    _, _, v0 = ff._job(("H3-bursty-smallM", "shipped", 0, {}))
+    _, _, v = ff._job(("H3-bursty-smallM", "shipped|f=2", 0, {}))
+    assert spaces._unrounded_budget is ff._UNROUNDED and math.isfinite(v) and v > 0 and v != v0
+    from flowgym.agents.learned import DEFAULT_MODEL
+
+    _, _, vp = ff._job(("H3-bursty-smallM", DEFAULT_MODEL, 0, {}))
+    assert vp == v0  # the shipped model by its directory: the same episode
+
+
+def test_the_steady_cap_experiment_caps_only_a_steady_overload():
+    """benchmarks/learned_experiments/steady_cap.py: the rate anchor is capped at ``c x mu`` only while
+    ``|log(rate_32 / rate_512)| < eps`` (and ``rate_512 > theta x safe``); elsewhere the environment's own
+    budget; a bad rule is refused by name; the environment's mapping is back after a job."""
+    sc = _experiment("steady_cap")
+    import types
+
+    import flowgym.envs.spaces as spaces
+
+    assert sc.parse_rule("1,0.1") == (1.0, 0.1, None) and sc.parse_rule("1.5,0.2,0.9") == (1.5, 0.2, 0.9)
+    for bad in ("1", "1,0.1,1,2", "a,0.1", "0,0.1", "1,-0.1", "1,nan"):
+        with pytest.raises(ValueError, match="rule"):
+            sc.parse_rule(bad)
+    tr = types.SimpleNamespace(_Nf=80.0, rates=[0.0, 10.0, 0.0, 10.5], arrival_rate=lambda: 10.0,
+                               head_rate=lambda: 6.0, safe_budget=lambda: 3.0)
+    saved = spaces._unrounded_budget
+    try:
+        sc._UNROUNDED, real = (lambda k, t, of, mb: 99.0), sc._UNROUNDED
+        assert sc.steady_budget(1.0, 0.1, None)((2.0, 1.0), tr, "max-head", 64) == 5.0  # min(2 x 6, 1 x 5)
+        assert sc.steady_budget(1.0, 0.01, None)((2.0, 1.0), tr, "max-head", 64) == 99.0  # not steady enough
+        assert sc.steady_budget(1.0, 0.1, 4.0)((2.0, 1.0), tr, "max-head", 64) == 99.0  # 10.5 < 4 x 3: not overloaded
+        assert sc.steady_budget(1.0, 0.1, 3.0)((2.0, 1.0), tr, "max-head", 64) == 5.0
+        assert sc.steady_budget(0.1, 0.1, None)((2.0, 1.0), tr, "max-head", 64) == 3.0  # the safe anchor stands
+        tr.rates = [0.0, 0.0, 0.0, 10.5]  # no arrivals lately: not steady
+        assert sc.steady_budget(1.0, 0.1, None)((2.0, 1.0), tr, "max-head", 64) == 99.0
+        with pytest.raises(ValueError, match="max-head"):
+            sc.steady_budget(1.0, 0.1, None)((2.0, 1.0), tr, "max", 64)
+    finally:
+        sc._UNROUNDED = real
+        spaces._unrounded_budget = saved
+    _, _, v0 = sc._job(("H8-overload-then-light", "ars9", 7000, {}))
+    _, _, v = sc._job(("H8-overload-then-light", "1,0.1", 7000, {}))
+    assert spaces._unrounded_budget is sc._UNROUNDED and math.isfinite(v) and v > 0 and v != v0
+    kw, H = sc._load("ns9024")
+    assert H == 4000 and kw["M"] == 32768
+
+
 def test_the_stationary_sweep_probe_reports_what_each_agent_admits(monkeypatch, capsys):
     """stationary_sweep.py --probe: one row per agent (the model, then each budget in order); the row's
     figures are the episodes' own; a fixed budget ``b`` admits at most ``b`` a slot; a wrong name, a budget
