@@ -1511,6 +1511,8 @@ def test_the_fill_floor_experiment_floors_the_budget_by_the_free_room():
         assert ff.floored_budget(16.0)(None, room, "max-head", 64) == 64.0  # the largest budget still caps
         room._held = 2000
         assert ff.floored_budget(4.0)(None, room, "max-head", 64) == 5.0  # a full cache: the model's budget
+        room._held, room.mean_length = 0, None
+        assert ff.floored_budget(4.0)(None, room, "max-head", 64) == 5.0  # nothing completed yet: no floor
     finally:
         ff._UNROUNDED = real
         spaces._unrounded_budget = saved
@@ -1518,7 +1520,7 @@ def test_the_fill_floor_experiment_floors_the_budget_by_the_free_room():
         with pytest.raises(ValueError, match="floor c"):
             ff.floored_budget(bad)
     _, _, v0 = ff._job(("H3-bursty-smallM", "shipped", 0, {}))
-    _, _, v = ff._job(("H3-bursty-smallM", "shipped|f=2", 0, {}))
+    _, _, v = ff._job(("H3-bursty-smallM", "shipped f=2", 0, {}))
     assert spaces._unrounded_budget is ff._UNROUNDED and math.isfinite(v) and v > 0 and v != v0
     from flowgym.agents.learned import DEFAULT_MODEL
 
@@ -1548,6 +1550,9 @@ def test_the_steady_cap_experiment_caps_only_a_steady_overload():
         assert sc.steady_budget(1.0, 0.01, None)((2.0, 1.0), tr, "max-head", 64) == 99.0  # not steady enough
         assert sc.steady_budget(1.0, 0.1, 4.0)((2.0, 1.0), tr, "max-head", 64) == 99.0  # 10.5 < 4 x 3: not overloaded
         assert sc.steady_budget(1.0, 0.1, 3.0)((2.0, 1.0), tr, "max-head", 64) == 5.0
+        tr.rates = [0.0, 6.3, 0.0, 6.0]  # rate_512 below 2 x 3 while rate_32 is above it: not overloaded
+        assert sc.steady_budget(1.0, 0.1, 2.0)((2.0, 1.0), tr, "max-head", 64) == 99.0
+        tr.rates = [0.0, 10.0, 0.0, 10.5]
         assert sc.steady_budget(0.1, 0.1, None)((2.0, 1.0), tr, "max-head", 64) == 3.0  # the safe anchor stands
         tr.rates = [0.0, 0.0, 0.0, 10.5]  # no arrivals lately: not steady
         assert sc.steady_budget(1.0, 0.1, None)((2.0, 1.0), tr, "max-head", 64) == 99.0
@@ -1559,6 +1564,10 @@ def test_the_steady_cap_experiment_caps_only_a_steady_overload():
     _, _, v0 = sc._job(("H8-overload-then-light", "ars9", 7000, {}))
     _, _, v = sc._job(("H8-overload-then-light", "1,0.1", 7000, {}))
     assert spaces._unrounded_budget is sc._UNROUNDED and math.isfinite(v) and v > 0 and v != v0
+    _, _, v5 = sc._job(("H8-overload-then-light", ".5,0.1", 7000, {}))  # a rule however written is a cap
+    assert v5 != v0  # (a rule starting with "." was once played as ars9)
+    kw, H = sc._load(sc.STATIONARY[0])
+    assert H == 4000 and kw["M"] == 8192 and kw["workload"]["kind"] == "iid"
     kw, H = sc._load("ns9024")
     assert H == 4000 and kw["M"] == 32768
 

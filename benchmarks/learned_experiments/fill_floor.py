@@ -18,7 +18,7 @@ steady overload (ars26s), the trade would be split between the action and the po
 report scenarios' screening seeds 7000-7003 (the Azure replay: one episode), ratios to the tuned rate-switch.
 The floor changes the environment's mapping of an action to a budget (``_unrounded_budget`` of
 :mod:`flowgym.envs.spaces`) in this process only: an experiment, not an option of the package. Results:
-``docs/training.md``, "Filling the free room".
+``docs/training.md``, "Stationary overload, continued".
 
     python benchmarks/learned_experiments/fill_floor.py --rate-switch runs/bench_rs.json --models shipped runs/ars26s
 """
@@ -54,13 +54,16 @@ def free_room(tracker: Any) -> float:
 
 
 def floored_budget(c: float) -> Callable[..., float]:
-    """``_unrounded_budget`` floored at ``c x free / s`` (capped at the largest budget as before)."""
+    """``_unrounded_budget`` floored at ``c x free / s`` (capped at the largest budget as before); no floor before
+    the first completion, while ``s`` is unknown."""
     if not (isinstance(c, float) and c > 0):
         raise ValueError(f"floor c must be a positive number, got {c!r}")
 
     def budget(k: Any, tracker: Any, of: str, max_budget: int) -> float:
         b = _UNROUNDED(k, tracker, of, max_budget)
-        s = tracker.mean_length or 1.0
+        s = tracker.mean_length
+        if s is None:  # nothing has completed yet: no estimate of a request's size, no floor
+            return b
         return min(max(b, c * free_room(tracker) / s), float(max_budget))
 
     return budget
@@ -69,7 +72,7 @@ def floored_budget(c: float) -> Callable[..., float]:
 def _job(task: tuple[str, str, int, dict[str, Any]]) -> tuple[str, str, float]:
     name, rule, seed, rs = task
     kw, H = scenario(name)
-    model, _, c = rule.partition("|f=")
+    model, _, c = rule.partition(" f=")
     spaces._unrounded_budget = floored_budget(float(c)) if c else _UNROUNDED
     try:
         if rule == "rate-switch (tuned)":
@@ -91,7 +94,16 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = ap.parse_args(argv)
     rs = tuned_rate_switch(args.rate_switch)
     names = args.scenarios or [*ADAPTIVE_SCENARIOS, *held_out()]
-    rules = ["rate-switch (tuned)", *(r for m in args.models for r in (m, *(f"{m}|f={c:g}" for c in args.floors)))]
+    unknown = [n for n in names if n not in rs]
+    if unknown:
+        ap.error(f"--scenarios: no tuned rate-switch for {', '.join(unknown)} in {args.rate_switch}; "
+                 f"the report scenarios are: {', '.join(rs)}")
+    if len(set(args.models)) < len(args.models) or len(set(args.floors)) < len(args.floors):
+        ap.error("--models and --floors: each value once")
+    for m in args.models:
+        if m != "shipped" and not os.path.isfile(os.path.join(m, "flowgym_agent.json")):
+            ap.error(f"--models: {m!r} is not a model directory (no flowgym_agent.json)")
+    rules = ["rate-switch (tuned)", *(r for m in args.models for r in (m, *(f"{m} f={c:g}" for c in args.floors)))]
     tasks = [(n, r, s, rs[n]) for n in names for r in rules for s in seeds_of(n)]
     with mp.get_context("spawn").Pool(args.workers) as pool:
         out = pool.map(_job, tasks, chunksize=1)

@@ -98,10 +98,14 @@ def _load(name: str) -> tuple[dict[str, Any], int]:
     return scenario(name)
 
 
+#: The rules that are not caps: the tuned rate-switch and the shipped generalist as it is.
+_REFERENCES = ("rate-switch (tuned)", "ars9")
+
+
 def _job(task: tuple[str, str, int, dict[str, Any]]) -> tuple[str, str, float]:
     name, rule, seed, rs = task
     kw, H = _load(name)
-    spaces._unrounded_budget = steady_budget(*parse_rule(rule)) if rule[0].isdigit() else _UNROUNDED
+    spaces._unrounded_budget = _UNROUNDED if rule in _REFERENCES else steady_budget(*parse_rule(rule))
     try:
         agent = make_agent("rate-switch", **rs) if rule == "rate-switch (tuned)" else make_agent("learned")
         return name, rule, run_episode(agent, kw, seed, H).metrics(H)["mean_time_in_system"]
@@ -121,6 +125,10 @@ def main(argv: Sequence[str] | None = None) -> int:
             parse_rule(r)
         except ValueError as e:
             ap.error(f"--rules: {e}")
+    if len(set(args.rules)) < len(args.rules):
+        ap.error("--rules: each rule once")
+    if args.rate_switch and args.set != "report":
+        ap.error(f"--rate-switch is read by --set report only, not --set {args.set}")
     if args.set == "report":
         if not args.rate_switch:
             ap.error("--set report needs --rate-switch FILE (bench_learned.py --out's JSON)")
