@@ -952,7 +952,7 @@ class LearnedBudget(Agent):
             raise ValueError(f"learned agent: {self.path!r} lacks {[META_FILE]} (not a flowgym train output?)")
         try:
             with open(os.path.join(self.path, META_FILE)) as fh:
-                self.meta: dict[str, Any] = json.load(fh)
+                self.meta: dict[str, Any] = _json.loads(fh.read())  # a key given twice is refused, not overwritten
         except (ValueError, RecursionError) as e:  # JSONDecodeError, UnicodeDecodeError, an integer of 5000 digits
             raise ValueError(f"learned agent: {META_FILE} in {self.path!r} is not JSON ({_brief(e)})") from None
         except OSError as e:

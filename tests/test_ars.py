@@ -228,6 +228,7 @@ def test_ars_writes_a_model_the_learned_agent_loads(tiny_model):
     assert meta["agent_env_options"]["multiplier_of"] == "max-head"  # the default: two anchors, two outputs
     assert meta["agent_env_options"]["observation"] == "load-v2"  # the default: 20 load features
     assert meta["best_iteration"] == res.best_iteration and res.episodes == meta["episodes"]
+    assert meta["unscored_draws"] == 0  # every training draw finished a request under every candidate
     # 2 evaluation episodes before the updates, 2 updates of 2 x 2 candidates x 2 draws, each followed by 2
     assert res.episodes == 2 + 2 * (8 + 2)
     agent = LearnedBudget(out)

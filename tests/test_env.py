@@ -508,7 +508,8 @@ def test_a_config_after_a_json_round_trip_equals_the_original():
     them as tuples, so the round-tripped config compares equal."""
     from gymnasium.envs.registration import EnvSpec
 
-    env = gym.make("FlowControl-v0", hist_edges=(0, 4, 64), projection_offsets=(0, 3), multipliers=(0.5, 2.0))
+    env = gym.make("FlowControl-v0", hist_edges=(0, 4, 64), projection_offsets=(0, 3), action="multiplier",
+                   multipliers=(0.5, 2.0))
     again = gym.make(EnvSpec.from_json(env.spec.to_json()))
     assert again.unwrapped.config == env.unwrapped.config
     assert again.unwrapped.config.hist_edges == (0, 4, 64)

@@ -1633,3 +1633,93 @@ def test_the_clock_bounds_are_inclusive_at_their_values():
     with pytest.raises(ValueError, match="long-run arrival rate of 9.99e-07"):
         gym.make("FlowControl-v0", M=1000, time_model={"kind": "linear", "c0": 0.01},
                  workload={"kind": "iid", "timed": True, "rate": 9.99e-7, "lengths": lm})
+
+
+def test_json_a_user_gives_refuses_a_key_given_twice(tmp_path):
+    """--distribution, --env-overrides and a model's flowgym_agent.json: a key given twice in one object is
+    refused by name (json.loads would keep the last one silently); scenario files already were."""
+    import json
+    import shutil
+
+    from flowgym.agents import make_agent
+    from flowgym.agents.learned import DEFAULT_MODEL
+    from flowgym.lab.cli import main
+    from flowgym.sim import _json
+
+    assert _json.loads('{"a": {"b": 1}, "c": [1, {"d": 2}]}') == {"a": {"b": 1}, "c": [1, {"d": 2}]}
+    with pytest.raises(_json.DuplicateKeyError, match="'b' is given twice"):
+        _json.loads('{"a": {"b": 1, "b": 2}}')
+    for flag in ("--distribution", "--env-overrides"):
+        with pytest.raises(SystemExit):
+            main(["train", "--quiet", flag, '{"kind": "random-mix", "horizon": 40, "horizon": 50}'])
+    model = tmp_path / "m"
+    shutil.copytree(DEFAULT_MODEL, model)
+    text = (model / "flowgym_agent.json").read_text()
+    assert '"action_repeat": 8' in text  # the model's own, and its search's among the hyperparameters
+    (model / "flowgym_agent.json").write_text(
+        text.replace('"action_repeat": 8', '"action_repeat": 8, "action_repeat": 1', 1))
+    with pytest.raises(ValueError, match="'action_repeat' is given twice"):
+        make_agent("learned", path=str(model))
+    json.loads((model / "flowgym_agent.json").read_text())  # plain json would have read it (keeping 1)
+
+
+def test_cli_names_a_key_given_twice(capsys):
+    from flowgym.lab.cli import main
+
+    with pytest.raises(SystemExit):
+        main(["train", "--quiet", "--distribution", '{"kind": "random-mix", "trace_p": 0, "trace_p": 0.5}'])
+    assert "key 'trace_p' is given twice in one object" in capsys.readouterr().err
+
+
+def test_the_env_refuses_multipliers_its_budget_action_would_ignore():
+    with pytest.raises(ValueError, match="multipliers and multiplier_of shape action='multiplier'"):
+        gym.make("FlowControl-v0", multipliers=[1.0, 2.0], multiplier_of="rate")
+    with pytest.raises(ValueError, match=r"^multiplier_of shape"):
+        gym.make("FlowControl-v0", multiplier_of="rate")
+    env = gym.make("FlowControl-v0", action="multiplier", multipliers=[1.0, 2.0], multiplier_of="rate")
+    assert env.action_space.n == 2
+    gym.make("FlowControl-v0", multipliers=list(flowgym.FlowControlConfig.multipliers))  # the defaults, as given
+    with pytest.raises(ValueError, match="projection_offsets must not repeat an offset"):
+        gym.make("FlowControl-v0", projection_offsets=[0, 1, 1])
+
+
+def test_random_mix_refuses_at_construction_what_a_draw_would_fail_on():
+    """trace_rate_range below what the clock can stretch to, and a horizon past 2**53, are refused when the
+    distribution is built (naming the field), not when a trace piece is drawn minutes into training; a trace piece
+    the simulator refuses is named with the distribution's fields at the draw."""
+    from flowgym.lab.distributions import make_distribution
+
+    with pytest.raises(ValueError, match=r"random-mix: trace_rate_range must start at 4.19e-07 or more"):
+        make_distribution({"kind": "random-mix", "trace_rate_range": [1e-300, 1e-300]})
+    make_distribution({"kind": "random-mix", "trace_rate_range": [1e-6, 1e-6]})  # just above the floor: fine
+    make_distribution({"kind": "random-mix", "trace_p": 0, "trace_rate_range": [1e-300, 1e-300]})  # no pieces
+    with pytest.raises(ValueError, match=r"random-mix: horizon must be a positive integer up to 2\*\*53"):
+        make_distribution({"kind": "random-mix", "horizon": 2**53 + 1})
+    d = make_distribution({"kind": "random-mix", "trace_p": 1, "trace_window": [0, 100]})
+    with pytest.raises(ValueError, match=r"random-mix: a trace piece \(the \w+ trace from .* trace_window"):
+        for i in range(50):
+            d(np.random.default_rng(i))
+
+
+def test_ars_refuses_settings_before_it_makes_the_output_directory(tmp_path):
+    from flowgym.lab.ars import ARSConfig, train_ars
+
+    out = tmp_path / "never"
+    for kw, msg in (({"max_budget": 10**11}, "max_budget"), ({"env_overrides": {"reward_scale": -1}}, "reward_scale"),
+                    ({"action_repeat": 5000}, r"action_repeat 5000 exceeds the episode \(4000 slots\)")):
+        with pytest.raises(ValueError, match=msg):
+            train_ars(ARSConfig(out=str(out), iterations=1, progress=False, **kw))
+        assert not out.exists()
+
+
+def test_ars_refuses_a_workload_where_no_request_can_finish(tmp_path):
+    """A distribution whose draws finish no request: the run says so and writes no model (before, it kept update 0
+    with an infinite score and exit status 0)."""
+    from flowgym.lab.ars import ARSConfig, train_ars
+
+    cfg = ARSConfig(out=str(tmp_path / "m"), iterations=1, draws=1, directions=1, norm_draws=1, eval_episodes=1,
+                    final_eval_seeds=0, workers=1, progress=False,
+                    distribution={"kind": "random-mix", "trace_p": 1, "azure_M_range": [4, 4], "horizon": 50})
+    with pytest.raises(ValueError, match=r"no selection draw \(seeds 20000..20000\) finished a request"):
+        train_ars(cfg)
+    assert not (tmp_path / "m" / "policy.npz").exists()

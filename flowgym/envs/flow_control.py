@@ -285,6 +285,13 @@ class FlowControlConfig:
             raise ValueError(f"multiplier_of={self.multiplier_of!r} multiplies both anchors"
                              f"{' and a drain term' if self.multiplier_of == 'max-drain' else ''}, one float each: it needs "
                              f"action='log-multiplier', got action={self.action!r}")
+        if self.action == "budget" and (tuple(ks) != FlowControlConfig.multipliers
+                                        or self.multiplier_of != FlowControlConfig.multiplier_of):
+            given = [n for n, v, d in (("multipliers", tuple(ks), FlowControlConfig.multipliers),
+                                       ("multiplier_of", self.multiplier_of, FlowControlConfig.multiplier_of)) if v != d]
+            raise ValueError(f"{' and '.join(given)} shape action='multiplier' or 'log-multiplier'; with "
+                             "action='budget' (the default) the agent sets the budget itself and they would be "
+                             "ignored: give action='multiplier' or 'log-multiplier', or leave them out")
         if self.action != "budget" and self.per_class_budget:
             raise ValueError(f"action={self.action!r} sets one global budget: it cannot be combined with "
                              "per_class_budget=True")
@@ -311,6 +318,8 @@ class FlowControlConfig:
         offs = int_list("projection_offsets", self.projection_offsets)
         if any(o < 0 for o in offs):
             raise ValueError(f"projection_offsets must be non-negative slots, got {self.projection_offsets!r}")
+        if len(set(offs)) < len(offs):  # the same projection twice: an observation entry repeated, not a new one
+            raise ValueError(f"projection_offsets must not repeat an offset, got {self.projection_offsets!r}")
         for name, vals in (("hist_edges", edges), ("projection_offsets", offs)):
             at_most(name, max(vals), MAX_BUDGET_CAP, "tokens or slots")
         if not isinstance(self.reward_weights, Mapping):

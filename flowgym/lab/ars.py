@@ -40,6 +40,7 @@ import csv
 import dataclasses
 import math
 import os
+import sys
 import time
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
@@ -255,13 +256,23 @@ class ARSConfig:
                              f"{MAX_ARRAY_ELEMENTS} a model file may hold")
         from flowgym.lab.scenarios import get_scenario
 
-        FlowControlConfig(multipliers=tuple(self.multipliers), multiplier_of=self.multiplier_of,
-                          action="log-multiplier").validate()
-        get_scenario(self.scenario, rate=self.rate)
+        from flowgym.lab.train import learned_env_kwargs
+
+        sc = get_scenario(self.scenario, rate=self.rate)
+        # the environment of the search as a whole (the scenario's workload stands in for a distribution's draws):
+        # max_budget and env_overrides are checked here, before the output directory is made
+        env_kw = learned_env_kwargs(sc.tune_env_kwargs(), self.max_budget, self.env_overrides,
+                                    observation=self.observation, action="log-multiplier",
+                                    multipliers=tuple(self.multipliers), multiplier_of=self.multiplier_of)
+        FlowControlConfig(**env_kw).validate()
+        horizon = env_kw.get("horizon")
         if self.distribution is not None:
             from flowgym.lab.distributions import make_distribution
 
-            make_distribution(self.distribution)
+            horizon = getattr(make_distribution(self.distribution), "horizon", None)
+        if is_finite_real(horizon) and self.action_repeat > horizon:
+            raise ValueError(f"action_repeat {self.action_repeat} exceeds the episode ({horizon:g} slots): the "
+                             "policy would decide once an episode")
         if not self.out:
             raise ValueError("out (the output directory) must be given")
         if self.init == "shipped" and not os.path.isdir(DEFAULT_MODEL):
@@ -682,6 +693,7 @@ def train_ars(cfg: ARSConfig | None = None, *, on_iteration: Any = None, **overr
         rows.append({"iteration": 0, "episodes": episodes, "decisions": 0, "wall_seconds": 0.0,
                      "eval_geo_time_in_system": best[0]})
         iterates = [theta.copy()]
+        unscored = 0  # training draws left out of the scores: some candidate (or the reference) finished no request
         for it in range(1, cfg.iterations + 1):
             seeds = [cfg.seed + (it - 1) * cfg.draws + j for j in range(cfg.draws)]
             kws = [draw(s) for s in seeds]
@@ -691,6 +703,8 @@ def train_ars(cfg: ARSConfig | None = None, *, on_iteration: Any = None, **overr
             cands = [theta + cfg.noise * d for d in deltas] + [theta - cfg.noise * d for d in deltas]
             ref = runner.map(_reference_episode, list(zip(seeds, kws))) if hinge > 0 else None
             vals = runner.map(_episode, [(c, norm, s, kw, cfg.input_noise) for c in cands for s, kw in zip(seeds, kws)])
+            unscored += cfg.draws - int(_scored_draws(np.asarray(vals, dtype=np.float64).reshape(len(cands), cfg.draws),
+                                                      ref, hinge).sum())
             scores = _log_scores(vals, len(cands), cfg.draws, ref, hinge)
             rp, rm = scores[:cfg.directions], scores[cfg.directions:]
             spread = float(np.std(scores))
@@ -717,6 +731,15 @@ def train_ars(cfg: ARSConfig | None = None, *, on_iteration: Any = None, **overr
     finally:
         runner.close()
     wall = time.perf_counter() - t0
+    if not math.isfinite(best[0]):  # not one selection episode finished a request: nothing was measured
+        raise ValueError(
+            f"no selection draw (seeds {cfg.eval_seed}..{cfg.eval_seed + cfg.eval_episodes - 1}) finished a request "
+            f"under any policy evaluated, and {unscored} of the {cfg.iterations * cfg.draws} training draws "
+            "had none either: the workload holds no request that can finish (a cache too small for its requests, "
+            "e.g. M_range or azure_M_range; too few arrivals, e.g. rho_range or horizon); nothing was trained")
+    if unscored:
+        print(f"note: {unscored} of the {cfg.iterations * cfg.draws} training draws finished no request under some "
+              "candidate and were left out of the scores", file=sys.stderr)
 
     policy = _policy(iterates[best[1]], spec)
     seed_ranges = cfg.seed_ranges()
@@ -755,6 +778,7 @@ def train_ars(cfg: ARSConfig | None = None, *, on_iteration: Any = None, **overr
         "selected": "best",
         "best_iteration": best[1],
         "best_eval_time_in_system": best[0],
+        "unscored_draws": unscored,
         "episodes": episodes,
         "decisions": decisions,
         "wall_seconds": wall,

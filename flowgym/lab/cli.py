@@ -586,9 +586,13 @@ def _backend(args: argparse.Namespace) -> Any:
 
 def _json_arg(text: str) -> Any:
     try:
-        return json.loads(text)
+        return _json.loads(text)
     except json.JSONDecodeError as e:
         raise argparse.ArgumentTypeError(f"not valid JSON ({e.msg}): {text!r}") from None
+    except _json.DuplicateKeyError as e:  # json.loads would keep the last one, silently
+        raise argparse.ArgumentTypeError(f"{e}: {text!r}") from None
+    except RecursionError:
+        raise argparse.ArgumentTypeError("its arrays or objects are nested too deeply to read") from None
 
 
 def _distribution_arg(text: str) -> Any:
@@ -660,16 +664,25 @@ _ARS_ONLY = ("iterations", "directions", "draws", "noise", "step_size", "hidden"
              "search", "hinge", "input_noise", "memory")
 
 
-def _train_flags_without_effect(args: argparse.Namespace, cfg: Any) -> str | None:
-    """Why a flag given to ``flowgym train`` would change nothing under ``cfg`` (``None``: each one acts), so that it
-    is refused rather than dropped."""
-    if args.tune_seeds is not None and cfg.final_eval_seeds == 0:
-        return "--tune-seeds tunes the baselines of the final table, which --final-eval-seeds 0 leaves out"
+def _multiplier_flags_without_effect(args: argparse.Namespace, cfg: Any) -> str | None:
+    """Why ``--multipliers`` or ``--multiplier-of`` would change nothing under ``cfg``: its action is the budget
+    (checked before the configuration's own validation, whose message would not name the flags)."""
     if getattr(cfg, "action", "log-multiplier") == "budget":
         given = [f for f, v in (("--multipliers", args.multipliers), ("--multiplier-of", args.multiplier_of))
                  if v is not None]
         if given:
             return f"{' and '.join(given)} shape the multiplier actions; this run's action is the budget itself"
+    return None
+
+
+def _train_flags_without_effect(args: argparse.Namespace, cfg: Any) -> str | None:
+    """Why a flag given to ``flowgym train`` would change nothing under ``cfg`` (``None``: each one acts), so that it
+    is refused rather than dropped."""
+    if args.tune_seeds is not None and cfg.final_eval_seeds == 0:
+        return "--tune-seeds tunes the baselines of the final table, which --final-eval-seeds 0 leaves out"
+    why = _multiplier_flags_without_effect(args, cfg)
+    if why is not None:
+        return why
     if getattr(cfg, "eval_freq", 1) == 0:
         given = [f for f, v in (("--eval-seed", args.eval_seed), ("--eval-episodes", args.eval_episodes),
                                 ("--select", args.select)) if v is not None]
@@ -766,6 +779,10 @@ def _train(args: argparse.Namespace) -> int:
         if dist is not None:
             kw["distribution"] = dist
         cfg = TrainConfig.generalist(**kw)
+    why = _multiplier_flags_without_effect(args, cfg)
+    if why is not None:
+        print(f"error: {why}; drop it", file=sys.stderr)
+        return 2
     cfg.validate()  # bad settings are named first, with or without the training extra
     if args.backend != "ray":
         given = [f for f, v in (("--workers", args.workers), ("--address", args.address)) if v is not None]

@@ -8,9 +8,9 @@ so nothing it sees or does carries the units of one workload.
 
 :class:`RandomMix` is the built-in distribution (``flowgym train --distribution random-mix``).
 Every field has a documented default; pass a mapping of overrides as
-``{"kind": "random-mix", "field": value, ...}`` (in Python or a ``[train.distribution]``
-table of a scenario file). Draws are a pure function of the generator: same seed,
-same workloads.
+``{"kind": "random-mix", "field": value, ...}`` (in Python, ``ARSConfig(distribution=...)``, or on the
+command line, ``flowgym train --distribution '{...}'``; a scenario file does not hold one). Draws are a pure
+function of the generator: same seed, same workloads.
 """
 
 from __future__ import annotations
@@ -25,8 +25,8 @@ from typing import Any
 
 import numpy as np
 
-from flowgym.sim._checks import is_finite_real, is_real
-from flowgym.sim.workloads import EmpiricalLengths, make_workload
+from flowgym.sim._checks import MAX_COUNT, is_finite_real, is_real
+from flowgym.sim.workloads import MAX_ARRIVAL_SECONDS, EmpiricalLengths, make_workload
 
 __all__ = ["RandomMix", "DISTRIBUTIONS", "DRAW_KEYS", "check_overrides", "make_distribution"]
 
@@ -82,7 +82,9 @@ class RandomMix:
       ``background_range`` times its own while off);
     * a stream's lengths: with probability ``azure_p`` the Azure ``conv`` or ``code`` trace's
       (l, o) pairs, else three pairs ``(l, o/2), (l, o), (l, 3o/2)`` with ``l`` log-uniform in
-      ``prompt_range`` and ``o`` in ``output_range``;
+      ``prompt_range`` and ``o`` in ``output_range``, fitted to the draw's cache: ``l`` capped at ``M // 4``
+      and ``o`` halved (again if need be, to 1 at least) until ``l + 3o/2`` is below ``M`` (so ranges beyond a
+      small cache are clipped per draw, not refused);
     * a stream's load while on: ``rho`` uniform in ``rho_range`` (``overload_rho_range`` with
       probability ``overload_p`` for a stationary draw: the paper's overloaded regime; with
       probability ``phase_overload_p``, default 0, for a stream of a draw that takes turns, so
@@ -173,6 +175,12 @@ class RandomMix:
             if w[1] > span:
                 raise ValueError(f"random-mix: trace_window must end within both Azure traces (by {span:.0f} s), "
                                  f"got {w!r}")
+            floor = (w[1] - w[0]) / MAX_ARRIVAL_SECONDS  # a piece divided by the multiplier must fit the clock
+            if self.trace_rate_range[0] < floor:
+                raise ValueError(f"random-mix: trace_rate_range must start at {floor:.3g} or more (a piece of up to "
+                                 f"{w[1] - w[0]:g} s of trace_window, its time divided by the multiplier, must end "
+                                 f"within the {MAX_ARRIVAL_SECONDS} s a timed arrival may take), "
+                                 f"got {self.trace_rate_range!r}")
         if not isinstance(self.trace_time_model, str) or self.trace_time_model == "slot":
             raise ValueError("random-mix: trace_time_model must be a latency preset name (a trace's arrivals are "
                              f"in seconds), got {self.trace_time_model!r}")
@@ -182,8 +190,8 @@ class RandomMix:
             make_latency_model(self.trace_time_model)
         except ValueError as e:
             raise ValueError(f"random-mix: trace_time_model: {e}") from None
-        if isinstance(self.horizon, bool) or not isinstance(self.horizon, int) or self.horizon < 1:
-            raise ValueError(f"random-mix: horizon must be a positive integer, got {self.horizon!r}")
+        if isinstance(self.horizon, bool) or not isinstance(self.horizon, int) or not 1 <= self.horizon <= MAX_COUNT:
+            raise ValueError(f"random-mix: horizon must be a positive integer up to 2**53, got {self.horizon!r}")
         if self.phase_scale not in ("log", "uniform"):
             raise ValueError(f"random-mix: phase_scale must be 'log' or 'uniform', got {self.phase_scale!r}")
         if self.reward not in ("time", "slowdown"):
@@ -285,6 +293,12 @@ class RandomMix:
         start = float(rng.uniform(lo, lo + 0.9 * (hi - lo)))
         rm = _loguniform(rng, *self.trace_rate_range)
         workload = {"kind": "azure", "trace": trace, "rate_multiplier": rm, "window": [start, hi]}
+        try:  # refused here, naming the fields, not when the draw's episode starts (the trace is cached: cheap)
+            make_workload(workload)
+        except ValueError as e:
+            raise ValueError(f"random-mix: a trace piece (the {trace} trace from {start:.2f} s to {hi:g} s of "
+                             f"trace_window, rate multiplier {rm:.3g} of trace_rate_range) is refused: {e}; change "
+                             "trace_window or trace_rate_range") from None
         return {"M": M, "workload": workload, "horizon": self.horizon, "output_length_known": False,
                 "time_model": self.trace_time_model}
 

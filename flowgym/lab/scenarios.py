@@ -22,6 +22,7 @@ from typing import Any
 
 from flowgym.envs.flow_control import MAX_BUDGET_CAP, MAX_COUNT, FlowControlConfig
 from flowgym.lab import _toml
+from flowgym.sim import _json
 from flowgym.sim._checks import is_real
 
 __all__ = [
@@ -541,16 +542,10 @@ def _read(path: str) -> dict[str, Any]:
     except UnicodeDecodeError as e:
         raise ValueError(f"{path}: not UTF-8 text ({e.reason} at byte {e.start})") from None
     if path.lower().endswith(".json"):
-        def no_duplicates(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
-            seen: dict[str, Any] = {}
-            for k, v in pairs:
-                if k in seen:  # json.loads would keep the last one, silently (TOML refuses them)
-                    raise ValueError(f"{path}: key {k!r} is given twice in one object")
-                seen[k] = v
-            return seen
-
         try:
-            return json.loads(text, object_pairs_hook=no_duplicates)
+            return _json.loads(text)  # a key given twice is refused (json.loads would keep the last; TOML refuses)
+        except _json.DuplicateKeyError as e:
+            raise ValueError(f"{path}: {e}") from None
         except json.JSONDecodeError as e:
             raise ValueError(f"{path}: invalid JSON at line {e.lineno}, column {e.colno}: "
                              f"{e.msg}") from None

@@ -327,8 +327,9 @@ class TrainConfig:
                              "among multipliers= instead")
         from flowgym.envs.flow_control import FlowControlConfig
 
-        FlowControlConfig(multipliers=tuple(self.multipliers), multiplier_of=self.multiplier_of,
-                          action=self.action).validate()  # names a bad value
+        if self.action != "budget":  # the environment is built with them only then (learned_env_kwargs)
+            FlowControlConfig(multipliers=tuple(self.multipliers), multiplier_of=self.multiplier_of,
+                              action=self.action).validate()  # names a bad value
         if self.distribution is not None:
             from flowgym.lab.distributions import make_distribution
 

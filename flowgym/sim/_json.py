@@ -1,7 +1,9 @@
 """Strict JSON for every file and line flowgym writes (in the lowest layer, so that every layer writes it):
 numpy scalars and arrays as plain numbers and lists, and a number that is not finite (a metric with no
 finished request, an unbounded score) as ``null``, never as the bare ``NaN`` / ``Infinity`` that Python's
-:mod:`json` writes by default and that other JSON readers (``jq``, JavaScript, most databases) refuse."""
+:mod:`json` writes by default and that other JSON readers (``jq``, JavaScript, most databases) refuse.
+And one strict reader, :func:`loads`, for the JSON a user gives: a key given twice in one object is refused,
+where :func:`json.loads` would silently keep the last one."""
 
 from __future__ import annotations
 
@@ -13,7 +15,7 @@ from typing import IO, Any
 
 import numpy as np
 
-__all__ = ["plain", "dump", "dumps"]
+__all__ = ["plain", "dump", "dumps", "loads", "DuplicateKeyError"]
 
 
 def plain(o: Any) -> Any:
@@ -45,3 +47,22 @@ def dump(obj: Any, fh: IO[str], **kwargs: Any) -> None:
 def dumps(obj: Any, **kwargs: Any) -> str:
     """:func:`json.dumps` of :func:`plain` ``(obj)``."""
     return json.dumps(plain(obj), allow_nan=False, **kwargs)
+
+
+class DuplicateKeyError(ValueError):
+    """A key given twice in one JSON object (its message names the key)."""
+
+
+def _unique(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
+    out: dict[str, Any] = {}
+    for k, v in pairs:
+        if k in out:
+            raise DuplicateKeyError(f"key {k!r} is given twice in one object")
+        out[k] = v
+    return out
+
+
+def loads(text: str | bytes) -> Any:
+    """:func:`json.loads` that refuses a key given twice in one object (:class:`DuplicateKeyError`, a
+    ``ValueError``); malformed JSON raises :class:`json.JSONDecodeError` as :func:`json.loads` does."""
+    return json.loads(text, object_pairs_hook=_unique)
