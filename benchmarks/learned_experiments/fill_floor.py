@@ -26,17 +26,17 @@ The floor changes the environment's mapping of an action to a budget (``_unround
 from __future__ import annotations
 
 import argparse
-import multiprocessing as mp
 import os
 import sys
 from collections.abc import Callable, Sequence
 from typing import Any
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from anchors import scenario, seeds_of, tuned_rate_switch  # noqa: E402  (puts benchmarks/ on the path too)
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))  # benchmarks/: _args, bench_learned
+from anchors import scenario, seeds_of, tuned_rate_switch  # noqa: E402
 from _args import positive_float  # noqa: E402
 from bench_learned import held_out  # noqa: E402
-from fractional import print_ratio_table  # noqa: E402
+from fractional import play_ratio_table  # noqa: E402
 
 import flowgym.envs.spaces as spaces  # noqa: E402
 from flowgym.agents import make_agent  # noqa: E402
@@ -105,9 +105,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             ap.error(f"--models: {m!r} is not a model directory (no flowgym_agent.json)")
     rules = ["rate-switch (tuned)", *(r for m in args.models for r in (m, *(f"{m} f={c:g}" for c in args.floors)))]
     tasks = [(n, r, s, rs[n]) for n in names for r in rules for s in seeds_of(n)]
-    with mp.get_context("spawn").Pool(args.workers) as pool:
-        out = pool.map(_job, tasks, chunksize=1)
-    print_ratio_table(out, names, rules, geo=rules[1:])
+    play_ratio_table(_job, tasks, names, rules, args.workers)
     return 0
 
 

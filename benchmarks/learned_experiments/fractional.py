@@ -28,12 +28,13 @@ import math
 import multiprocessing as mp
 import os
 import sys
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import numpy as np
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))  # benchmarks/: _args, bench_learned
 from anchors import SEEDS, scenario, seeds_of, tuned_rate_switch  # noqa: E402
 from bench_learned import held_out  # noqa: E402
 
@@ -129,6 +130,15 @@ def budgets(name: str, seed: int = SEEDS[0]) -> np.ndarray:
         obs, _, te, tr, _ = env.step(a)
         done = te or tr
     return np.array(out)
+
+
+def play_ratio_table(job: Callable[[Any], tuple[str, str, float]], tasks: Sequence[Any], names: Sequence[str],
+                     rules: Sequence[str], workers: int) -> None:
+    """Run ``job`` on every task in ``workers`` spawned processes and print :func:`print_ratio_table` of the
+    results, every rule after the first in the geometric means (the probes' common ending)."""
+    with mp.get_context("spawn").Pool(workers) as pool:
+        out = pool.map(job, tasks, chunksize=1)
+    print_ratio_table(out, names, rules, geo=rules[1:])
 
 
 def print_ratio_table(out: Sequence[tuple[str, str, float]], names: Sequence[str], rules: Sequence[str],

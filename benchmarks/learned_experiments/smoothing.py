@@ -19,16 +19,16 @@ from __future__ import annotations
 
 import argparse
 import math
-import multiprocessing as mp
 import os
 import sys
 from collections.abc import Callable, Sequence
 from typing import Any
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))  # benchmarks/: _args, bench_learned
 from anchors import scenario, seeds_of, tuned_rate_switch  # noqa: E402
 from bench_learned import held_out  # noqa: E402
-from fractional import print_ratio_table  # noqa: E402
+from fractional import play_ratio_table  # noqa: E402
 
 import flowgym.envs.spaces as spaces  # noqa: E402
 from flowgym.agents import make_agent  # noqa: E402
@@ -86,9 +86,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     names = [*ADAPTIVE_SCENARIOS, *held_out()]
     rules = ["rate-switch (tuned)", "ars9", *(f"tau={t:g}" for t in args.taus)]
     tasks = [(n, r, s, rs[n]) for n in names for r in rules for s in seeds_of(n)]
-    with mp.get_context("spawn").Pool(args.workers) as pool:
-        out = pool.map(_job, tasks, chunksize=1)
-    print_ratio_table(out, names, rules, geo=rules[1:])
+    play_ratio_table(_job, tasks, names, rules, args.workers)
     return 0
 
 

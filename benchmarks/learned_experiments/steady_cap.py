@@ -31,19 +31,19 @@ from __future__ import annotations
 
 import argparse
 import math
-import multiprocessing as mp
 import os
 import sys
 from collections.abc import Callable, Sequence
 from typing import Any
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))  # benchmarks/: _args, bench_learned
 import nonstationary_sweep  # noqa: E402
 import stationary_sweep  # noqa: E402
-from anchors import scenario, seeds_of, tuned_rate_switch  # noqa: E402  (puts benchmarks/ on the path too)
+from anchors import scenario, seeds_of, tuned_rate_switch  # noqa: E402
 from bench_learned import held_out  # noqa: E402
 from completion_cap import completion_rate  # noqa: E402
-from fractional import print_ratio_table  # noqa: E402
+from fractional import play_ratio_table  # noqa: E402
 
 import flowgym.envs.spaces as spaces  # noqa: E402
 from flowgym.agents import make_agent  # noqa: E402
@@ -141,9 +141,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         seeds = range(8000, 8010) if args.set == "stationary" else range(8000, 8005)
         rules = ["ars9", *args.rules]
         tasks = [(n, r, s, {}) for n in names for r in rules for s in seeds]
-    with mp.get_context("spawn").Pool(args.workers) as pool:
-        out = pool.map(_job, tasks, chunksize=1)
-    print_ratio_table(out, names, rules, geo=rules[1:])
+    play_ratio_table(_job, tasks, names, rules, args.workers)
     return 0
 
 
