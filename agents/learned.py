@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import importlib.resources
-import json
 import math
 import os
 import pickle
@@ -466,7 +465,7 @@ def write_safe(path: str, policy: Any, norm: Any, meta: dict[str, Any]) -> dict[
 def resave(path: str) -> None:
     """Convert a trusted model directory to the format that loads without pickle (in place)."""
     with open(os.path.join(path, META_FILE)) as fh:
-        meta = json.load(fh)
+        meta = _json.loads(fh.read())
     model, _ = _load_trusted(path, meta)
     vec = None
     vn = os.path.join(path, VECNORM_FILE)
@@ -953,6 +952,8 @@ class LearnedBudget(Agent):
         try:
             with open(os.path.join(self.path, META_FILE)) as fh:
                 self.meta: dict[str, Any] = _json.loads(fh.read())  # a key given twice is refused, not overwritten
+        except _json.DuplicateKeyError as e:  # valid JSON, but which of the two values would be meant?
+            raise ValueError(f"learned agent: {META_FILE} in {self.path!r}: {e}") from None
         except (ValueError, RecursionError) as e:  # JSONDecodeError, UnicodeDecodeError, an integer of 5000 digits
             raise ValueError(f"learned agent: {META_FILE} in {self.path!r} is not JSON ({_brief(e)})") from None
         except OSError as e:

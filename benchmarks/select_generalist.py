@@ -22,7 +22,6 @@ are also reported on their own.
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import sys
 from collections.abc import Sequence
@@ -32,6 +31,7 @@ import numpy as np
 from flowgym.agents import LearnedBudget
 from flowgym.lab.distributions import RandomMix
 from flowgym.lab.evaluation import run_episode
+from flowgym.sim import _json
 
 FIRST_SEED = 30_000
 LIGHT = 50.0
@@ -76,7 +76,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     for m in args.models:  # every model checked before the first one's draws run
         model_dir(ap, "models", m)
     try:
-        over = json.loads(args.distribution)
+        over = _json.loads(args.distribution)  # a key given twice is refused (a ValueError)
         if not isinstance(over, dict):
             raise ValueError(f"expected a JSON object of RandomMix fields, got {args.distribution!r}")
         dist = RandomMix.from_spec(over)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import importlib.util
+import math
 import pathlib
 
 import gymnasium as gym
@@ -1672,10 +1673,10 @@ def test_cli_names_a_key_given_twice(capsys):
 
 
 def test_the_env_refuses_multipliers_its_budget_action_would_ignore():
-    with pytest.raises(ValueError, match="multipliers and multiplier_of shape action='multiplier'"):
+    with pytest.raises(ValueError, match=r"multipliers=\(1.0, 2.0\) and multiplier_of='rate' shape action='multiplier'"):
         gym.make("FlowControl-v0", multipliers=[1.0, 2.0], multiplier_of="rate")
-    with pytest.raises(ValueError, match=r"^multiplier_of shape"):
-        gym.make("FlowControl-v0", multiplier_of="rate")
+    with pytest.raises(ValueError, match=r"^multiplier_of='rate' shape"):
+        gym.make("FlowControl-v0", multiplier_of="rate", action="budget")
     env = gym.make("FlowControl-v0", action="multiplier", multipliers=[1.0, 2.0], multiplier_of="rate")
     assert env.action_space.n == 2
     gym.make("FlowControl-v0", multipliers=list(flowgym.FlowControlConfig.multipliers))  # the defaults, as given
@@ -1720,6 +1721,69 @@ def test_ars_refuses_a_workload_where_no_request_can_finish(tmp_path):
     cfg = ARSConfig(out=str(tmp_path / "m"), iterations=1, draws=1, directions=1, norm_draws=1, eval_episodes=1,
                     final_eval_seeds=0, workers=1, progress=False,
                     distribution={"kind": "random-mix", "trace_p": 1, "azure_M_range": [4, 4], "horizon": 50})
-    with pytest.raises(ValueError, match=r"no selection draw \(seeds 20000..20000\) finished a request"):
+    with pytest.raises(ValueError, match=r"no selection draw \(seeds 20000..20000\) could be scored: on each, the "
+                                         r"policy finished no request .* of the 1 training draws, 1 finished no "
+                                         r"request under any candidate .* azure_M_range"):
         train_ars(cfg)
-    assert not (tmp_path / "m" / "policy.npz").exists()
+    assert not (tmp_path / "m").exists()  # the directory the run made is removed again: nothing was written
+
+
+def test_ars_counts_the_training_draws_it_leaves_out(tmp_path, monkeypatch, capsys):
+    """A training draw on which a candidate finishes no request is left out of that update's scores; the run
+    counts them (flowgym_agent.json's unscored_draws, a note unless quiet) and still trains on the others."""
+    import json
+
+    import flowgym.lab.ars as ars
+
+    real = ars._episode
+
+    def episode(task):
+        return math.nan if task[2] == 40001 and task[0][0] > 0 else real(task)  # some candidates, one draw a run
+
+    monkeypatch.setattr(ars, "_episode", episode)
+    cfg = ars.ARSConfig(out=str(tmp_path / "m"), iterations=2, draws=2, directions=1, norm_draws=1, eval_episodes=1,
+                        final_eval_seeds=0, workers=1, progress=True,
+                        distribution={"kind": "random-mix", "trace_p": 0, "horizon": 80})
+    ars.train_ars(cfg)
+    meta = json.load(open(tmp_path / "m" / "flowgym_agent.json"))
+    assert meta["unscored_draws"] == 1  # seed 40001 is the second draw of update 1 only
+    assert "note: 1 of the 4 training draws were left out of the scores" in capsys.readouterr().err
+
+
+def test_ars_validates_overrides_against_its_first_draw():
+    """With a distribution, max_budget and env_overrides are checked on the search's first episode (the first
+    training draw), not on the report scenario's workload: a continuous-time override passes for trace pieces
+    and is refused, naming it, for draws in slots."""
+    from flowgym.lab.ars import ARSConfig
+
+    ARSConfig(out="x", distribution={"kind": "random-mix", "trace_p": 1}, env_overrides={"rate_window": 0.5}).validate()
+    with pytest.raises(ValueError, match="rate_window"):
+        ARSConfig(out="x", distribution={"kind": "random-mix", "trace_p": 0},
+                  env_overrides={"rate_window": 0.5}).validate()
+
+
+def test_train_config_refuses_multipliers_a_budget_action_drops():
+    from flowgym.lab.train import TrainConfig
+
+    with pytest.raises(ValueError, match=r"multipliers=\(1.0, 2.0\) shape action='multiplier'"):
+        TrainConfig(action="budget", multipliers=(1.0, 2.0)).validate()
+    TrainConfig.generalist(action="budget").validate()  # the generalist's own multipliers are dropped with it
+    assert TrainConfig.generalist(action="budget").multipliers == TrainConfig().multipliers
+
+
+def test_json_arguments_refuse_duplicates_and_deep_nesting(capsys):
+    from flowgym.lab.cli import main
+    from flowgym.lab.scenarios import AgentSpec
+
+    with pytest.raises(SystemExit):
+        main(["train", "--algo", "ppo", "--algo-kwargs", '{"a": 1, "a": 2}'])
+    assert "key 'a' is given twice in one object" in capsys.readouterr().err
+    with pytest.raises(SystemExit):
+        main(["train", "--distribution", '{"a": ' + "[" * 100_000 + "]" * 100_000 + "}"])
+    assert "nested too deeply to read" in capsys.readouterr().err
+    with pytest.raises(SystemExit):
+        main(["train", "--distribution", '{"a": ' + "1" * 1000 + ",}"])
+    err = capsys.readouterr().err
+    assert "not valid JSON" in err and "(1008 characters)" in err and len(err) < 3000  # the text shown cut short
+    with pytest.raises(ValueError, match=r"parameter 'b': key 'x' is given twice"):
+        AgentSpec.parse('flow-control:b={"x": 1, "x": 2}')

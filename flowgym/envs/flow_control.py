@@ -287,11 +287,12 @@ class FlowControlConfig:
                              f"action='log-multiplier', got action={self.action!r}")
         if self.action == "budget" and (tuple(ks) != FlowControlConfig.multipliers
                                         or self.multiplier_of != FlowControlConfig.multiplier_of):
-            given = [n for n, v, d in (("multipliers", tuple(ks), FlowControlConfig.multipliers),
-                                       ("multiplier_of", self.multiplier_of, FlowControlConfig.multiplier_of)) if v != d]
+            given = [f"{n}={v!r}" for n, v, d in (("multipliers", ks, FlowControlConfig.multipliers),
+                                                  ("multiplier_of", self.multiplier_of, FlowControlConfig.multiplier_of))
+                     if (tuple(v) if n == "multipliers" else v) != d]
             raise ValueError(f"{' and '.join(given)} shape action='multiplier' or 'log-multiplier'; with "
-                             "action='budget' (the default) the agent sets the budget itself and they would be "
-                             "ignored: give action='multiplier' or 'log-multiplier', or leave them out")
+                             "action='budget' the agent sets the budget itself and they would be ignored: give "
+                             "action='multiplier' or 'log-multiplier', or leave them out")
         if self.action != "budget" and self.per_class_budget:
             raise ValueError(f"action={self.action!r} sets one global budget: it cannot be combined with "
                              "per_class_budget=True")

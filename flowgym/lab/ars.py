@@ -259,17 +259,21 @@ class ARSConfig:
         from flowgym.lab.train import learned_env_kwargs
 
         sc = get_scenario(self.scenario, rate=self.rate)
-        # the environment of the search as a whole (the scenario's workload stands in for a distribution's draws):
-        # max_budget and env_overrides are checked here, before the output directory is made
+        # the environment of the search's first episode, as train_ars builds it (with a distribution, its first
+        # training draw under the scenario's other arguments): max_budget and env_overrides are checked here,
+        # before the output directory is made
         env_kw = learned_env_kwargs(sc.tune_env_kwargs(), self.max_budget, self.env_overrides,
                                     observation=self.observation, action="log-multiplier",
                                     multipliers=tuple(self.multipliers), multiplier_of=self.multiplier_of)
-        FlowControlConfig(**env_kw).validate()
         horizon = env_kw.get("horizon")
         if self.distribution is not None:
-            from flowgym.lab.distributions import make_distribution
+            from flowgym.lab.distributions import DRAW_KEYS, make_distribution
 
-            horizon = getattr(make_distribution(self.distribution), "horizon", None)
+            sampler = make_distribution(self.distribution)
+            drawn = dict(sampler(np.random.default_rng(self.seed)))
+            env_kw = {**drawn, **{k: v for k, v in env_kw.items() if k not in DRAW_KEYS}}
+            horizon = getattr(sampler, "horizon", drawn.get("horizon"))
+        FlowControlConfig(**env_kw).validate()
         if is_finite_real(horizon) and self.action_repeat > horizon:
             raise ValueError(f"action_repeat {self.action_repeat} exceeds the episode ({horizon:g} slots): the "
                              "policy would decide once an episode")
@@ -481,6 +485,19 @@ def _scored_draws(v: np.ndarray, reference: Sequence[float] | None, hinge: float
     return ok
 
 
+def _unscorable(cfg: ARSConfig, unscored: int, empty: int) -> str:
+    """Why a search whose selection draws never scored stops, naming what to change."""
+    who = "the policy, or the reference rule (hinge > 0)," if cfg.hinge > 0 else "the policy"
+    n = cfg.iterations * cfg.draws
+    where = ("a cache too small for the requests: M_range or azure_M_range; too few arrivals: rho_range, "
+             "overload_rho_range or horizon" if cfg.distribution is not None else
+             "the scenario's cache, arrival rates or horizon")
+    return (f"no selection draw (seeds {cfg.eval_seed}..{cfg.eval_seed + cfg.eval_episodes - 1}) could be scored: on "
+            f"each, {who} finished no request under every policy evaluated; of the {n} training draws, {empty} "
+            f"finished no request under any candidate and {unscored} were left out of the scores. Nothing was "
+            f"trained; check {where}")
+
+
 # --------------------------------------------------------------------------- the search
 
 
@@ -657,6 +674,7 @@ def train_ars(cfg: ARSConfig | None = None, *, on_iteration: Any = None, **overr
             k += a * b + b
     if cfg.memory and (start is None or len(start[0]) == n_net):  # a fresh memory: random input weights, A = c = 0
         theta[n_net:n_net + cfg.memory * n_obs] = rng.normal(0.0, 1.0 / math.sqrt(n_obs), cfg.memory * n_obs)
+    made_out = not os.path.exists(cfg.out)  # removed again if the run stops before writing anything
     os.makedirs(cfg.out, exist_ok=True)
     runner = _Runner(spec, cfg.workers)
     t0 = time.perf_counter()
@@ -694,6 +712,7 @@ def train_ars(cfg: ARSConfig | None = None, *, on_iteration: Any = None, **overr
                      "eval_geo_time_in_system": best[0]})
         iterates = [theta.copy()]
         unscored = 0  # training draws left out of the scores: some candidate (or the reference) finished no request
+        empty = 0  # of those, the draws where no candidate finished one
         for it in range(1, cfg.iterations + 1):
             seeds = [cfg.seed + (it - 1) * cfg.draws + j for j in range(cfg.draws)]
             kws = [draw(s) for s in seeds]
@@ -703,8 +722,9 @@ def train_ars(cfg: ARSConfig | None = None, *, on_iteration: Any = None, **overr
             cands = [theta + cfg.noise * d for d in deltas] + [theta - cfg.noise * d for d in deltas]
             ref = runner.map(_reference_episode, list(zip(seeds, kws))) if hinge > 0 else None
             vals = runner.map(_episode, [(c, norm, s, kw, cfg.input_noise) for c in cands for s, kw in zip(seeds, kws)])
-            unscored += cfg.draws - int(_scored_draws(np.asarray(vals, dtype=np.float64).reshape(len(cands), cfg.draws),
-                                                      ref, hinge).sum())
+            v = np.asarray(vals, dtype=np.float64).reshape(len(cands), cfg.draws)
+            unscored += cfg.draws - int(_scored_draws(v, ref, hinge).sum())
+            empty += int((~np.any(np.isfinite(v) & (v > 0), axis=0)).sum())
             scores = _log_scores(vals, len(cands), cfg.draws, ref, hinge)
             rp, rm = scores[:cfg.directions], scores[cfg.directions:]
             spread = float(np.std(scores))
@@ -731,15 +751,14 @@ def train_ars(cfg: ARSConfig | None = None, *, on_iteration: Any = None, **overr
     finally:
         runner.close()
     wall = time.perf_counter() - t0
-    if not math.isfinite(best[0]):  # not one selection episode finished a request: nothing was measured
-        raise ValueError(
-            f"no selection draw (seeds {cfg.eval_seed}..{cfg.eval_seed + cfg.eval_episodes - 1}) finished a request "
-            f"under any policy evaluated, and {unscored} of the {cfg.iterations * cfg.draws} training draws "
-            "had none either: the workload holds no request that can finish (a cache too small for its requests, "
-            "e.g. M_range or azure_M_range; too few arrivals, e.g. rho_range or horizon); nothing was trained")
-    if unscored:
-        print(f"note: {unscored} of the {cfg.iterations * cfg.draws} training draws finished no request under some "
-              "candidate and were left out of the scores", file=sys.stderr)
+    if not math.isfinite(best[0]):  # not one selection episode could be scored: nothing was measured
+        if made_out and not os.listdir(cfg.out):
+            os.rmdir(cfg.out)
+        raise ValueError(_unscorable(cfg, unscored, empty))
+    if unscored and cfg.progress:  # recorded in flowgym_agent.json either way
+        print(f"note: {unscored} of the {cfg.iterations * cfg.draws} training draws were left out of the scores "
+              f"(some candidate{', or the reference rule,' if hinge > 0 else ''} finished no request there; "
+              f"on {empty} no candidate did)", file=sys.stderr)
 
     policy = _policy(iterates[best[1]], spec)
     seed_ranges = cfg.seed_ranges()

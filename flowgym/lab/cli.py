@@ -585,12 +585,13 @@ def _backend(args: argparse.Namespace) -> Any:
 
 
 def _json_arg(text: str) -> Any:
+    shown = repr(text) if len(text) <= 200 else repr(text[:200]) + f" ... ({len(text)} characters)"
     try:
         return _json.loads(text)
     except json.JSONDecodeError as e:
-        raise argparse.ArgumentTypeError(f"not valid JSON ({e.msg}): {text!r}") from None
+        raise argparse.ArgumentTypeError(f"not valid JSON ({e.msg}): {shown}") from None
     except _json.DuplicateKeyError as e:  # json.loads would keep the last one, silently
-        raise argparse.ArgumentTypeError(f"{e}: {text!r}") from None
+        raise argparse.ArgumentTypeError(f"{e}: {shown}") from None
     except RecursionError:
         raise argparse.ArgumentTypeError("its arrays or objects are nested too deeply to read") from None
 

@@ -135,7 +135,9 @@ class AgentSpec:
                         raise ValueError(f"agent {text!r}: label is empty")
                     continue
                 try:
-                    params[k] = json.loads(v)
+                    params[k] = _json.loads(v)
+                except _json.DuplicateKeyError as e:
+                    raise ValueError(f"agent {text!r}: parameter {k!r}: {e}") from None
                 except json.JSONDecodeError:
                     params[k] = v
         if label is not None and name == "learned":  # the learned agent takes its label as a parameter too
@@ -144,7 +146,8 @@ class AgentSpec:
 
 
 def _split_params(s: str) -> list[str]:
-    """``key=value`` parts at the commas outside brackets and double quotes (``b=[4,4],label="a, b"``)."""
+    """``key=value`` parts at the commas outside brackets, braces and double quotes (``b=[4,4],label="a, b"``,
+    ``p={"x": 1, "y": 2}``)."""
     out, depth, cur, quoted = [], 0, "", False
     for ch in s:
         if ch == '"':
@@ -155,9 +158,9 @@ def _split_params(s: str) -> list[str]:
             out.append(cur)
             cur = ""
             continue
-        elif ch in "[(":
+        elif ch in "[({":
             depth += 1
-        elif ch in "])":
+        elif ch in "])}":
             depth -= 1
         cur += ch
     if quoted:  # the rest would be read as one value, dropping the parameters after it

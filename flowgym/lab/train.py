@@ -327,9 +327,10 @@ class TrainConfig:
                              "among multipliers= instead")
         from flowgym.envs.flow_control import FlowControlConfig
 
-        if self.action != "budget":  # the environment is built with them only then (learned_env_kwargs)
-            FlowControlConfig(multipliers=tuple(self.multipliers), multiplier_of=self.multiplier_of,
-                              action=self.action).validate()  # names a bad value
+        # with action='budget' the environment is built without them (learned_env_kwargs): values other than the
+        # defaults would be dropped, so FlowControlConfig refuses them, as the environment does
+        FlowControlConfig(multipliers=tuple(self.multipliers), multiplier_of=self.multiplier_of,
+                          action=self.action).validate()  # names a bad value
         if self.distribution is not None:
             from flowgym.lab.distributions import make_distribution
 
@@ -355,6 +356,10 @@ class TrainConfig:
             multipliers=GENERALIST_MULTIPLIERS, gamma=0.995, total_timesteps=1_000_000, eval_freq=100_000,
             eval_episodes=12, checkpoint_freq=0, scenario="adaptive-mix", out="runs/ppo-generalist",
         )
+        if overrides.get("action") == "budget":  # the generalist's multipliers shape its multiplier action only
+            for k in ("multipliers", "multiplier_of"):
+                if k not in overrides:
+                    base.pop(k)
         base.update(overrides)
         return cls(**base)
 
