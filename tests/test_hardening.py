@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import importlib.util
 import math
 import pathlib
@@ -1680,6 +1681,10 @@ def test_the_env_refuses_multipliers_its_budget_action_would_ignore():
     env = gym.make("FlowControl-v0", action="multiplier", multipliers=[1.0, 2.0], multiplier_of="rate")
     assert env.action_space.n == 2
     gym.make("FlowControl-v0", multipliers=list(flowgym.FlowControlConfig.multipliers))  # the defaults, as given
+    with pytest.raises(ValueError, match="max-drain' multiplies both anchors and a drain term, one float each"):
+        gym.make("FlowControl-v0", action="multiplier", multiplier_of="max-drain")
+    with pytest.raises(ValueError, match="'max' multiplies both anchors, one float each"):
+        gym.make("FlowControl-v0", action="multiplier", multiplier_of="max")
     with pytest.raises(ValueError, match="projection_offsets must not repeat an offset"):
         gym.make("FlowControl-v0", projection_offsets=[0, 1, 1])
 
@@ -1693,6 +1698,14 @@ def test_random_mix_refuses_at_construction_what_a_draw_would_fail_on():
     with pytest.raises(ValueError, match=r"random-mix: trace_rate_range must start at 4.19e-07 or more"):
         make_distribution({"kind": "random-mix", "trace_rate_range": [1e-300, 1e-300]})
     make_distribution({"kind": "random-mix", "trace_rate_range": [1e-6, 1e-6]})  # just above the floor: fine
+    floor = 1800 / 2**32  # the default window's 1,800 s over the clock's 2**32 s
+    make_distribution({"kind": "random-mix", "trace_rate_range": [floor, 1.0]})  # at the floor: fine
+    with pytest.raises(ValueError, match="trace_rate_range must start at"):  # its low end decides, not its high
+        make_distribution({"kind": "random-mix", "trace_rate_range": [1e-300, 1.0]})
+    # the floor is the window's width: 800 s from 1,000 s to 1,800 s
+    make_distribution({"kind": "random-mix", "trace_window": [1000, 1800], "trace_rate_range": [2e-7, 1.0]})
+    with pytest.raises(ValueError, match=r"start at 1.86e-07 or more \(a piece of up to 800 s of trace_window"):
+        make_distribution({"kind": "random-mix", "trace_window": [1000, 1800], "trace_rate_range": [1e-7, 1.0]})
     make_distribution({"kind": "random-mix", "trace_p": 0, "trace_rate_range": [1e-300, 1e-300]})  # no pieces
     with pytest.raises(ValueError, match=r"random-mix: horizon must be a positive integer up to 2\*\*53"):
         make_distribution({"kind": "random-mix", "horizon": 2**53 + 1})
@@ -1718,14 +1731,18 @@ def test_ars_refuses_a_workload_where_no_request_can_finish(tmp_path):
     with an infinite score and exit status 0)."""
     from flowgym.lab.ars import ARSConfig, train_ars
 
-    cfg = ARSConfig(out=str(tmp_path / "m"), iterations=1, draws=1, directions=1, norm_draws=1, eval_episodes=1,
+    cfg = ARSConfig(out=str(tmp_path / "m"), iterations=1, draws=2, directions=1, norm_draws=1, eval_episodes=1,
                     final_eval_seeds=0, workers=1, progress=False,
                     distribution={"kind": "random-mix", "trace_p": 1, "azure_M_range": [4, 4], "horizon": 50})
     with pytest.raises(ValueError, match=r"no selection draw \(seeds 20000..20000\) could be scored: on each, the "
-                                         r"policy finished no request .* of the 1 training draws, 1 finished no "
+                                         r"policy finished no request .* of the 2 training draws, 2 finished no "
                                          r"request under any candidate .* azure_M_range"):
         train_ars(cfg)
     assert not (tmp_path / "m").exists()  # the directory the run made is removed again: nothing was written
+    (tmp_path / "mine").mkdir()  # a directory that was there before is the user's: left, even empty
+    with pytest.raises(ValueError, match="could be scored"):
+        train_ars(dataclasses.replace(cfg, out=str(tmp_path / "mine")))
+    assert (tmp_path / "mine").is_dir()
 
 
 def test_ars_counts_the_training_draws_it_leaves_out(tmp_path, monkeypatch, capsys):
@@ -1748,6 +1765,9 @@ def test_ars_counts_the_training_draws_it_leaves_out(tmp_path, monkeypatch, caps
     meta = json.load(open(tmp_path / "m" / "flowgym_agent.json"))
     assert meta["unscored_draws"] == 1  # seed 40001 is the second draw of update 1 only
     assert "note: 1 of the 4 training draws were left out of the scores" in capsys.readouterr().err
+    ars.train_ars(dataclasses.replace(cfg, out=str(tmp_path / "q"), progress=False))  # quiet: the file only
+    assert "note:" not in capsys.readouterr().err
+    assert json.load(open(tmp_path / "q" / "flowgym_agent.json"))["unscored_draws"] == 1
 
 
 def test_ars_validates_overrides_against_its_first_draw():
