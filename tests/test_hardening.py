@@ -1720,10 +1720,11 @@ def test_ars_refuses_settings_before_it_makes_the_output_directory(tmp_path):
 
     out = tmp_path / "never"
     for kw, msg in (({"max_budget": 10**11}, "max_budget"), ({"env_overrides": {"reward_scale": -1}}, "reward_scale"),
-                    ({"action_repeat": 5000}, r"action_repeat 5000 exceeds the episode \(4000 slots\)")):
+                    ({"action_repeat": 4001}, r"action_repeat 4001 exceeds the episode \(4000 slots\)")):
         with pytest.raises(ValueError, match=msg):
             train_ars(ARSConfig(out=str(out), iterations=1, progress=False, **kw))
         assert not out.exists()
+    ARSConfig(out=str(out), action_repeat=4000).validate()  # one decision an episode: odd, but it is the episode
 
 
 def test_ars_refuses_a_workload_where_no_request_can_finish(tmp_path):
@@ -1739,6 +1740,8 @@ def test_ars_refuses_a_workload_where_no_request_can_finish(tmp_path):
                                          r"request under any candidate .* azure_M_range"):
         train_ars(cfg)
     assert not (tmp_path / "m").exists()  # the directory the run made is removed again: nothing was written
+    with pytest.raises(ValueError, match=r"on each, the policy, or the reference rule \(hinge > 0\), finished no"):
+        train_ars(dataclasses.replace(cfg, hinge=0.5))
     (tmp_path / "mine").mkdir()  # a directory that was there before is the user's: left, even empty
     with pytest.raises(ValueError, match="could be scored"):
         train_ars(dataclasses.replace(cfg, out=str(tmp_path / "mine")))
