@@ -255,7 +255,6 @@ class ARSConfig:
             raise ValueError(f"hidden={list(self.hidden)!r} and memory={self.memory} make {n} weights, more than the "
                              f"{MAX_ARRAY_ELEMENTS} a model file may hold")
         from flowgym.lab.scenarios import get_scenario
-
         from flowgym.lab.train import learned_env_kwargs
 
         sc = get_scenario(self.scenario, rate=self.rate)
