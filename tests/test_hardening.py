@@ -1758,7 +1758,11 @@ def test_ars_counts_the_training_draws_it_leaves_out(tmp_path, monkeypatch, caps
     real = ars._episode
 
     def episode(task):
-        return math.nan if task[2] == 40001 and task[0][0] > 0 else real(task)  # some candidates, one draw a run
+        if len(task) == 5 and task[2] == 40001:  # a training draw no candidate finishes a request on
+            return math.nan
+        if len(task) == 5 and task[2] == 40000:  # one every candidate finishes, each request in one slot
+            return 1.0
+        return real(task)
 
     monkeypatch.setattr(ars, "_episode", episode)
     cfg = ars.ARSConfig(out=str(tmp_path / "m"), iterations=2, draws=2, directions=1, norm_draws=1, eval_episodes=1,
@@ -1767,7 +1771,8 @@ def test_ars_counts_the_training_draws_it_leaves_out(tmp_path, monkeypatch, caps
     ars.train_ars(cfg)
     meta = json.load(open(tmp_path / "m" / "flowgym_agent.json"))
     assert meta["unscored_draws"] == 1  # seed 40001 is the second draw of update 1 only
-    assert "note: 1 of the 4 training draws were left out of the scores" in capsys.readouterr().err
+    assert ("note: 1 of the 4 training draws were left out of the scores (some candidate finished no request there; "
+            "on 1 no candidate did)") in capsys.readouterr().err
     ars.train_ars(dataclasses.replace(cfg, out=str(tmp_path / "q"), progress=False))  # quiet: the file only
     assert "note:" not in capsys.readouterr().err
     assert json.load(open(tmp_path / "q" / "flowgym_agent.json"))["unscored_draws"] == 1
