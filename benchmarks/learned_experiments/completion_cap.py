@@ -40,11 +40,10 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__)))) 
 from anchors import scenario, seeds_of, tuned_rate_switch  # noqa: E402
 from _args import positive_float  # noqa: E402
 from bench_learned import held_out  # noqa: E402
-from fractional import play_ratio_table  # noqa: E402
+from fractional import play_patched, play_ratio_table  # noqa: E402
 
 import flowgym.envs.spaces as spaces  # noqa: E402
 from flowgym.agents import make_agent  # noqa: E402
-from flowgym.lab.evaluation import run_episode  # noqa: E402
 from flowgym.lab.scenarios import ADAPTIVE_SCENARIOS  # noqa: E402
 
 _UNROUNDED = spaces._unrounded_budget
@@ -89,13 +88,10 @@ def _job(task: tuple[str, str, int, dict[str, Any]]) -> tuple[str, str, float]:
     name, rule, seed, rs = task
     kw, H = scenario(name)
     c = float(rule.split("=")[1]) if "=" in rule else 0.0
-    spaces._unrounded_budget = (capped_budget(c) if rule.startswith("c=") else headroom_budget(c)
-                                if rule.startswith("h=") else _UNROUNDED)
-    try:
-        agent = make_agent("rate-switch", **rs) if rule == "rate-switch (tuned)" else make_agent("learned")
-        return name, rule, run_episode(agent, kw, seed, H).metrics(H)["mean_time_in_system"]
-    finally:
-        spaces._unrounded_budget = _UNROUNDED
+    mapping = (capped_budget(c) if rule.startswith("c=") else headroom_budget(c)
+               if rule.startswith("h=") else _UNROUNDED)
+    agent = make_agent("rate-switch", **rs) if rule == "rate-switch (tuned)" else make_agent("learned")
+    return name, rule, play_patched("_unrounded_budget", mapping, agent, kw, seed, H)
 
 
 def main(argv: Sequence[str] | None = None) -> int:

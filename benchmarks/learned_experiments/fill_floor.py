@@ -36,11 +36,10 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__)))) 
 from anchors import scenario, seeds_of, tuned_rate_switch  # noqa: E402
 from _args import positive_float  # noqa: E402
 from bench_learned import held_out  # noqa: E402
-from fractional import play_ratio_table  # noqa: E402
+from fractional import play_patched, play_ratio_table  # noqa: E402
 
 import flowgym.envs.spaces as spaces  # noqa: E402
 from flowgym.agents import make_agent  # noqa: E402
-from flowgym.lab.evaluation import run_episode  # noqa: E402
 from flowgym.lab.scenarios import ADAPTIVE_SCENARIOS  # noqa: E402
 
 _UNROUNDED = spaces._unrounded_budget
@@ -73,15 +72,12 @@ def _job(task: tuple[str, str, int, dict[str, Any]]) -> tuple[str, str, float]:
     name, rule, seed, rs = task
     kw, H = scenario(name)
     model, _, c = rule.partition(" f=")
-    spaces._unrounded_budget = floored_budget(float(c)) if c else _UNROUNDED
-    try:
-        if rule == "rate-switch (tuned)":
-            agent = make_agent("rate-switch", **rs)
-        else:
-            agent = make_agent("learned") if model == "shipped" else make_agent("learned", path=model)
-        return name, rule, run_episode(agent, kw, seed, H).metrics(H)["mean_time_in_system"]
-    finally:
-        spaces._unrounded_budget = _UNROUNDED
+    if rule == "rate-switch (tuned)":
+        agent = make_agent("rate-switch", **rs)
+    else:
+        agent = make_agent("learned") if model == "shipped" else make_agent("learned", path=model)
+    mapping = floored_budget(float(c)) if c else _UNROUNDED
+    return name, rule, play_patched("_unrounded_budget", mapping, agent, kw, seed, H)
 
 
 def main(argv: Sequence[str] | None = None) -> int:

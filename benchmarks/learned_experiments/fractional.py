@@ -98,17 +98,14 @@ class FractionalRateSwitch(Agent):
 def _job(task: tuple[str, str, int, dict[str, Any]]) -> tuple[str, str, float]:
     name, rule, seed, rs = task
     kw, H = scenario(name)
-    spaces._scaled_budget = fractional_budget if rule == "ars9 fractional" else _ROUNDED
-    try:
-        if rule == "rate-switch (tuned)":
-            agent: Agent = make_agent("rate-switch", **rs)
-        elif rule.startswith("ars9"):
-            agent = make_agent("learned")
-        else:
-            agent = FractionalRateSwitch(rs["high"], float(rule.split("=")[1]), rs["threshold"])
-        return name, rule, run_episode(agent, kw, seed, H).metrics(H)["mean_time_in_system"]
-    finally:
-        spaces._scaled_budget = _ROUNDED
+    if rule == "rate-switch (tuned)":
+        agent: Agent = make_agent("rate-switch", **rs)
+    elif rule.startswith("ars9"):
+        agent = make_agent("learned")
+    else:
+        agent = FractionalRateSwitch(rs["high"], float(rule.split("=")[1]), rs["threshold"])
+    mapping = fractional_budget if rule == "ars9 fractional" else _ROUNDED
+    return name, rule, play_patched("_scaled_budget", mapping, agent, kw, seed, H)
 
 
 def budgets(name: str, seed: int = SEEDS[0]) -> np.ndarray:
@@ -130,6 +127,17 @@ def budgets(name: str, seed: int = SEEDS[0]) -> np.ndarray:
         obs, _, te, tr, _ = env.step(a)
         done = te or tr
     return np.array(out)
+
+
+def play_patched(attr: str, mapping: Callable[..., Any], agent: Agent, kw: dict[str, Any], seed: int, H: int) -> float:
+    """The mean time in system of ``agent`` on one episode with :mod:`flowgym.envs.spaces`' ``attr`` (its mapping of an
+    action to a budget) replaced by ``mapping`` in this process; the module's own is back afterwards."""
+    saved = getattr(spaces, attr)
+    setattr(spaces, attr, mapping)
+    try:
+        return run_episode(agent, kw, seed, H).metrics(H)["mean_time_in_system"]
+    finally:
+        setattr(spaces, attr, saved)
 
 
 def play_ratio_table(job: Callable[[Any], tuple[str, str, float]], tasks: Sequence[Any], names: Sequence[str],

@@ -28,11 +28,10 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))  # benchmarks/: _args, bench_learned
 from anchors import scenario, seeds_of, tuned_rate_switch  # noqa: E402
 from bench_learned import held_out  # noqa: E402
-from fractional import play_ratio_table  # noqa: E402
+from fractional import play_patched, play_ratio_table  # noqa: E402
 
 import flowgym.envs.spaces as spaces  # noqa: E402
 from flowgym.agents import make_agent  # noqa: E402
-from flowgym.lab.evaluation import run_episode  # noqa: E402
 from flowgym.lab.scenarios import ADAPTIVE_SCENARIOS  # noqa: E402
 
 _ROUNDED = spaces._scaled_budget
@@ -58,12 +57,9 @@ def smoothed_budget(tau: float) -> Callable[..., int]:
 def _job(task: tuple[str, str, int, dict[str, Any]]) -> tuple[str, str, float]:
     name, rule, seed, rs = task
     kw, H = scenario(name)
-    spaces._scaled_budget = smoothed_budget(float(rule.split("=")[1])) if rule.startswith("tau=") else _ROUNDED
-    try:
-        agent = make_agent("rate-switch", **rs) if rule == "rate-switch (tuned)" else make_agent("learned")
-        return name, rule, run_episode(agent, kw, seed, H).metrics(H)["mean_time_in_system"]
-    finally:
-        spaces._scaled_budget = _ROUNDED
+    mapping = smoothed_budget(float(rule.split("=")[1])) if rule.startswith("tau=") else _ROUNDED
+    agent = make_agent("rate-switch", **rs) if rule == "rate-switch (tuned)" else make_agent("learned")
+    return name, rule, play_patched("_scaled_budget", mapping, agent, kw, seed, H)
 
 
 def _tau(text: str) -> float:

@@ -43,11 +43,10 @@ import stationary_sweep  # noqa: E402
 from anchors import scenario, seeds_of, tuned_rate_switch  # noqa: E402
 from bench_learned import held_out  # noqa: E402
 from completion_cap import completion_rate  # noqa: E402
-from fractional import play_ratio_table  # noqa: E402
+from fractional import play_patched, play_ratio_table  # noqa: E402
 
 import flowgym.envs.spaces as spaces  # noqa: E402
 from flowgym.agents import make_agent  # noqa: E402
-from flowgym.lab.evaluation import run_episode  # noqa: E402
 from flowgym.lab.scenarios import ADAPTIVE_SCENARIOS  # noqa: E402
 
 _UNROUNDED = spaces._unrounded_budget
@@ -105,12 +104,9 @@ _REFERENCES = ("rate-switch (tuned)", "ars9")
 def _job(task: tuple[str, str, int, dict[str, Any]]) -> tuple[str, str, float]:
     name, rule, seed, rs = task
     kw, H = _load(name)
-    spaces._unrounded_budget = _UNROUNDED if rule in _REFERENCES else steady_budget(*parse_rule(rule))
-    try:
-        agent = make_agent("rate-switch", **rs) if rule == "rate-switch (tuned)" else make_agent("learned")
-        return name, rule, run_episode(agent, kw, seed, H).metrics(H)["mean_time_in_system"]
-    finally:
-        spaces._unrounded_budget = _UNROUNDED
+    mapping = _UNROUNDED if rule in _REFERENCES else steady_budget(*parse_rule(rule))
+    agent = make_agent("rate-switch", **rs) if rule == "rate-switch (tuned)" else make_agent("learned")
+    return name, rule, play_patched("_unrounded_budget", mapping, agent, kw, seed, H)
 
 
 def main(argv: Sequence[str] | None = None) -> int:
